@@ -1,0 +1,90 @@
+#if canImport(Darwin)
+import Darwin
+#elseif canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// A pthread mutex with one condition variable whose timed wait uses the monotonic
+/// clock (the same clock as ``MonotonicClock``).
+///
+/// `Synchronization.Mutex` has no condition variable, and the scheduler thread must
+/// sleep until a deadline *and* be woken early, so the engine uses this instead.
+///
+/// `@unchecked Sendable` invariant: the two pthread objects live in memory allocated
+/// once in `init` and freed once in `deinit`, never moved; every access goes through
+/// the pthread calls, which are thread-safe by contract.
+final class ConditionLock: @unchecked Sendable {
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let condition: UnsafeMutablePointer<pthread_cond_t>
+
+    init() {
+        mutex = .allocate(capacity: 1)
+        mutex.initialize(to: pthread_mutex_t())
+        condition = .allocate(capacity: 1)
+        condition.initialize(to: pthread_cond_t())
+        var error = pthread_mutex_init(mutex, nil)
+        precondition(error == 0, "pthread_mutex_init failed: \(error)")
+        #if canImport(Darwin)
+        error = pthread_cond_init(condition, nil)
+        #else
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        error = pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+        #endif
+        precondition(error == 0, "pthread_cond_init failed: \(error)")
+    }
+
+    deinit {
+        pthread_cond_destroy(condition)
+        pthread_mutex_destroy(mutex)
+        condition.deinitialize(count: 1)
+        condition.deallocate()
+        mutex.deinitialize(count: 1)
+        mutex.deallocate()
+    }
+
+    @inline(__always)
+    func lock() { pthread_mutex_lock(mutex) }
+
+    @inline(__always)
+    func unlock() { pthread_mutex_unlock(mutex) }
+
+    /// Runs `body` with the mutex held.
+    @inline(__always)
+    func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+        lock()
+        defer { unlock() }
+        return try body()
+    }
+
+    /// Wakes one waiter. Cheap (no system call) when nobody waits.
+    @inline(__always)
+    func signal() { pthread_cond_signal(condition) }
+
+    /// Wakes every waiter.
+    func broadcast() { pthread_cond_broadcast(condition) }
+
+    /// Waits until signalled; the mutex must be held. May wake spuriously.
+    func wait() { pthread_cond_wait(condition, mutex) }
+
+    /// Waits until signalled or until the monotonic clock reaches `deadline`
+    /// (nanoseconds, as ``MonotonicClock/nanoseconds()``); the mutex must be held.
+    /// May wake spuriously.
+    func wait(untilMonotonic deadline: Int64) {
+        #if canImport(Darwin)
+        let remaining = max(0, deadline &- MonotonicClock.nanoseconds())
+        var relative = timespec(tv_sec: Int(remaining / 1_000_000_000), tv_nsec: Int(remaining % 1_000_000_000))
+        pthread_cond_timedwait_relative_np(condition, mutex, &relative)
+        #else
+        var absolute = timespec(
+            tv_sec: time_t(deadline / 1_000_000_000),
+            tv_nsec: Int(deadline % 1_000_000_000)
+        )
+        pthread_cond_timedwait(condition, mutex, &absolute)
+        #endif
+    }
+}

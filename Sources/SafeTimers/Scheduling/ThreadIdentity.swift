@@ -1,0 +1,55 @@
+#if canImport(Darwin)
+import Darwin
+#elseif canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// Small facts about the current thread, without a C shim.
+///
+/// glibc declares `gettid` and `pthread_setname_np` only under `_GNU_SOURCE`,
+/// which Swift's `Glibc` module does not define, so on Linux they are looked up
+/// once with `dlsym`; where the lookup fails the functions quietly do nothing.
+enum ThreadIdentity {
+    #if os(Linux)
+    private typealias GetTID = @convention(c) () -> Int32
+    private typealias SetName = @convention(c) (pthread_t, UnsafePointer<CChar>) -> Int32
+
+    private static let getTID: GetTID? = symbol("gettid")
+    private static let setName: SetName? = symbol("pthread_setname_np")
+
+    private static func symbol<F>(_ name: String) -> F? {
+        guard let address = dlsym(UnsafeMutableRawPointer(bitPattern: 0), name) else { return nil }
+        return unsafeBitCast(address, to: F.self)
+    }
+    #endif
+
+    /// The kernel's id of the current thread (Linux), or 0 where there is none.
+    static func currentKernelThreadID() -> Int32 {
+        #if os(Linux)
+        return getTID?() ?? 0
+        #else
+        return 0
+        #endif
+    }
+
+    /// An id of the current thread, comparable with `==` among live threads.
+    @inline(__always)
+    static func current() -> UInt {
+        #if canImport(Darwin)
+        return UInt(bitPattern: pthread_self())
+        #else
+        return UInt(pthread_self())
+        #endif
+    }
+
+    /// Names the current thread (shown by debuggers, `top -H` and crash reports).
+    static func nameCurrentThread(_ name: String) {
+        #if canImport(Darwin)
+        pthread_setname_np(name)
+        #elseif os(Linux)
+        _ = setName?(pthread_self(), name)
+        #endif
+    }
+}

@@ -1,0 +1,23 @@
+/// Something an engine can arm: in practice the storage object of a primitive
+/// (a `DelayedWork`, a `Watchdog`'s or a `RepeatingTimer`'s storage).
+///
+/// The engine keeps the entry's position in its heap *inside the entry*, so that
+/// cancelling is a direct O(log n) removal with no search and no extra allocation.
+/// An entry is in at most one engine's heap at a time; arming it again moves it.
+protocol TimerEntry: AnyObject, Sendable {
+    /// The entry's position in the engine's heap, or `-1` when it is not armed.
+    ///
+    /// Read and written only by ``TimerEngine`` while it holds its lock;
+    /// conformers store it in an `Atomic<Int>` accessed with relaxed ordering (the
+    /// engine's lock provides the ordering), which keeps them checked `Sendable`.
+    var heapIndex: Int { get set }
+
+    /// Called once the deadline armed as `sequence` has passed.
+    ///
+    /// The engine calls this **outside** its lock: on the scheduler thread for a
+    /// ``SystemTimerScheduler``, on the thread calling `advance(by:)` for a manual
+    /// scheduler. The entry may have been cancelled or re-armed since it was
+    /// removed from the heap; it compares `sequence` with the one ``TimerEngine/arm(_:at:)``
+    /// returned to decide whether this call is still current.
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine)
+}

@@ -1,0 +1,62 @@
+import Synchronization
+import Testing
+
+@testable @_spi(SchedulerImplementation) import SafeTimers
+
+/// A minimal entry for driving the engine directly: records each firing and
+/// holds a payload that weak probes can watch.
+final class RecordingEntry: TimerEntry {
+    let name: String
+    private let index = Atomic<Int>(-1)
+    /// The arming this entry answers to; held while arming so a firing cannot
+    /// overtake the bookkeeping (the same discipline the primitives follow).
+    private let armedSequence = Mutex<UInt64>(0)
+    let payload: Mutex<Probe?>
+    private let onFire: @Sendable (String, Int64) -> Void
+
+    init(_ name: String, payload: Probe? = nil, onFire: @escaping @Sendable (String, Int64) -> Void = { _, _ in }) {
+        self.name = name
+        self.payload = Mutex(payload)
+        self.onFire = onFire
+    }
+
+    var heapIndex: Int {
+        get { index.load(ordering: .relaxed) }
+        set { index.store(newValue, ordering: .relaxed) }
+    }
+
+    func arm(_ engine: TimerEngine, at deadline: Int64) {
+        armedSequence.withLock { $0 = engine.arm(self, at: deadline) }
+    }
+
+    func cancel(_ engine: TimerEngine) -> Bool {
+        let removed = armedSequence.withLock {
+            $0 = 0
+            return engine.disarm(self)
+        }
+        payload.withLock { $0 = nil }
+        return removed
+    }
+
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+        guard armedSequence.withLock({ $0 }) == sequence else { return }
+        onFire(name, deadline)
+    }
+}
+
+/// A thread-safe log of what fired, in order.
+final class FireLog: Sendable {
+    private let entries = Mutex<[String]>([])
+    func record(_ name: String) { entries.withLock { $0.append(name) } }
+    var names: [String] { entries.withLock { $0 } }
+    var count: Int { entries.withLock { $0.count } }
+}
+
+final class Probe: Sendable {}
+
+/// A counter that closures of any isolation can share.
+final class Counter: Sendable {
+    private let value = Atomic<Int>(0)
+    func increment() { value.add(1, ordering: .relaxed) }
+    var count: Int { value.load(ordering: .relaxed) }
+}
