@@ -178,6 +178,21 @@ public final class TimerEngine: @unchecked Sendable {
         _ = dropped  // released outside the lock
     }
 
+    /// When the scheduler thread must wake next, in ticks (lock held).
+    ///
+    /// The earliest entry may be fired up to its leeway late, so the thread sleeps
+    /// until `first.deadline + first.leeway`, but never past the next deadline in
+    /// the heap: every other entry's deadline is at least that one, so no entry is
+    /// ever fired after its own deadline plus its own leeway, and entries due in
+    /// the window share one wake-up.
+    private func wakeUpTarget() -> Int64 {
+        guard let first = state.heap.first else { return DeadlineArithmetic.never }
+        let leeway = first.entry.leewayTicks
+        guard leeway > 0 else { return first.deadline }
+        let relaxed = DeadlineArithmetic.adding(leeway, to: first.deadline)
+        return min(relaxed, state.heap.secondDeadline ?? relaxed)
+    }
+
     private func startThread() {
         let context = Unmanaged.passRetained(self).toOpaque()
         #if canImport(Darwin)
@@ -224,7 +239,7 @@ public final class TimerEngine: @unchecked Sendable {
                 lock.lock()
                 continue
             }
-            let earliest = state.heap.first?.deadline ?? DeadlineArithmetic.never
+            let earliest = wakeUpTarget()
             let absolute = DeadlineArithmetic.adding(earliest, to: origin)
             if earliest == DeadlineArithmetic.never || absolute == DeadlineArithmetic.never {
                 state.sleepingUntil = DeadlineArithmetic.never

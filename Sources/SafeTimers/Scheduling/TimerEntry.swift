@@ -12,6 +12,10 @@ protocol TimerEntry: AnyObject, Sendable {
     /// engine's lock provides the ordering), which keeps them checked `Sendable`.
     var heapIndex: Int { get set }
 
+    /// How late the engine may fire this entry, in nanoseconds, so that one wake-up
+    /// can serve several nearby deadlines. Never negative; 0 means "at the deadline".
+    var leewayTicks: Int64 { get }
+
     /// Called once the deadline armed as `sequence` has passed.
     ///
     /// The engine calls this **outside** its lock: on the scheduler thread for a
@@ -20,4 +24,8 @@ protocol TimerEntry: AnyObject, Sendable {
     /// removed from the heap; it compares `sequence` with the one ``TimerEngine/arm(_:at:)``
     /// returned to decide whether this call is still current.
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine)
+}
+
+extension TimerEntry {
+    var leewayTicks: Int64 { 0 }
 }

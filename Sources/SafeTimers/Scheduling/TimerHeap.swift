@@ -29,6 +29,17 @@ struct TimerHeap {
     /// - Complexity: O(1)
     var first: Element? { elements.first }
 
+    /// The earliest deadline after the first element's (among the root's children).
+    ///
+    /// - Complexity: O(1): at most four comparisons.
+    var secondDeadline: Int64? {
+        let end = min(elements.count, 5)
+        guard end > 1 else { return nil }
+        var best = elements[1].deadline
+        for index in 2..<end where elements[index].deadline < best { best = elements[index].deadline }
+        return best
+    }
+
     /// Inserts `entry`, which must not be in any heap.
     ///
     /// - Complexity: O(log n)

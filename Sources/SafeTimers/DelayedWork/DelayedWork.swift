@@ -1,0 +1,165 @@
+import Dispatch
+import Synchronization
+
+/// A closure scheduled to run once after a delay, with a cancel that means it.
+///
+/// ```swift
+/// let work = DelayedWork.schedule(after: .seconds(2), on: .main) { refresh() }
+/// // …
+/// if work.cancel() {
+///     // refresh() will never run, and everything it captured is already released.
+/// }
+/// ```
+///
+/// Compared with `DispatchQueue.asyncAfter` and `DispatchWorkItem.cancel()`:
+/// - ``cancel()`` releases the closure and its captures before it returns; a
+///   cancelled `DispatchWorkItem` keeps them until its deadline.
+/// - ``cancel()`` tells you whether it prevented the run.
+/// - ``cancel()`` is a barrier: once it returns, the closure has either finished
+///   or will never begin. If the closure is running on another thread, `cancel()`
+///   waits for it to return; called from inside the closure, it returns at once.
+/// - The closure is released right after it has run, too.
+///
+/// Dropping the handle does not cancel the work (as with `asyncAfter`): keep the
+/// handle if you may need to cancel.
+///
+/// The delay is measured on the scheduler's monotonic clock; a zero or negative
+/// delay runs the work as soon as possible; a delay too long to represent
+/// (`.seconds(Int64.max)`) means the work stays pending until cancelled.
+///
+/// Thread safety: every member may be used from any thread.
+public final class DelayedWork: Sendable {
+    /// Where a delayed work item is in its life.
+    public enum State: Sendable, Hashable {
+        /// Waiting for its deadline, or due and about to run.
+        case pending
+        /// The closure is running.
+        case running
+        /// The closure has run and returned.
+        case completed
+        /// Cancelled before it began.
+        case cancelled
+    }
+
+    private struct Storage: InvocationBarrierHolder {
+        var state = State.pending
+        var work: (@Sendable () -> Void)?
+        var armedSequence: UInt64 = 0
+        var barrier = InvocationBarrier()
+    }
+
+    private let storage: Mutex<Storage>
+    private let index = Atomic<Int>(-1)
+    private let queue: DispatchQueue
+    private let scheduler: any TimerScheduler
+
+    private init(queue: DispatchQueue, scheduler: any TimerScheduler, work: @escaping @Sendable () -> Void) {
+        self.queue = queue
+        self.scheduler = scheduler
+        self.storage = Mutex(Storage(work: work))
+    }
+
+    /// Schedules `work` to run once on `queue` after `delay`.
+    ///
+    /// - Parameters:
+    ///   - delay: How long to wait. Zero or negative: as soon as possible.
+    ///     Too long to represent: never (until cancelled).
+    ///   - queue: Where the closure runs. Under a `ManualTimerScheduler` it runs
+    ///     inside `advance(by:)` instead.
+    ///   - scheduler: The scheduler that keeps the deadline.
+    ///   - work: The closure. It is released right after it runs or is cancelled.
+    /// - Returns: A handle to cancel the work or query its state.
+    /// - Complexity: O(log n) in the number of pending timers; no search.
+    public static func schedule(
+        after delay: Duration,
+        on queue: DispatchQueue = .global(),
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        _ work: @escaping @Sendable () -> Void
+    ) -> DelayedWork {
+        let item = DelayedWork(queue: queue, scheduler: scheduler, work: work)
+        let engine = scheduler.engine
+        item.storage.withLock { storage in
+            storage.armedSequence = engine.arm(
+                item, at: DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay))
+        }
+        return item
+    }
+
+    /// The current state.
+    public var state: State { storage.withLock { $0.state } }
+
+    /// Cancels the work if it has not begun.
+    ///
+    /// Returns `true` only if this call prevented the run. By the time it returns,
+    /// the closure and everything it captured have been released (unless the
+    /// closure is the caller), and the closure is not running on another thread:
+    /// if it was, `cancel()` waited for it to return. Idempotent: later calls
+    /// return `false`.
+    ///
+    /// Do not call `cancel()` while holding a lock or occupying a queue that the
+    /// running closure waits for: it would wait for the closure, and the closure
+    /// for you.
+    ///
+    /// - Complexity: O(log n) in the number of pending timers.
+    @discardableResult
+    public func cancel() -> Bool {
+        cancel(waitingForRun: true)
+    }
+
+    /// Cancels like ``cancel()``; without waiting for a closure that is already
+    /// running on another thread when `waitingForRun` is false.
+    @discardableResult
+    func cancel(waitingForRun: Bool) -> Bool {
+        let engine = scheduler.engine
+        let (prevented, released, waitFor) = storage.withLock {
+            storage -> (Bool, (@Sendable () -> Void)?, UInt64?) in
+            switch storage.state {
+            case .pending:
+                storage.state = .cancelled
+                let work = storage.work
+                storage.work = nil
+                engine.disarm(self)
+                return (true, work, nil)
+            case .running:
+                return (false, nil, waitingForRun ? storage.barrier.registerWaiter() : nil)
+            case .completed, .cancelled:
+                return (false, nil, nil)
+            }
+        }
+        withExtendedLifetime(released) {}  // the captures go here, outside the lock
+        if let waitFor { storage.waitForInvocation(waitFor) }
+        return prevented
+    }
+
+    private func run() {
+        var work: (@Sendable () -> Void)? = storage.withLock { storage in
+            guard storage.state == .pending else { return nil }
+            storage.state = .running
+            storage.barrier.begin()
+            let work = storage.work
+            storage.work = nil
+            return work
+        }
+        guard work != nil else { return }
+        work?()
+        work = nil  // release the captures before the run counts as ended
+        let wake = storage.withLock { storage in
+            storage.state = .completed
+            return storage.barrier.end()
+        }
+        if wake { InvocationParking.wakeAll() }
+    }
+}
+
+extension DelayedWork: TimerEntry {
+    var heapIndex: Int {
+        get { index.load(ordering: .relaxed) }
+        set { index.store(newValue, ordering: .relaxed) }
+    }
+
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+        let due = storage.withLock { $0.state == .pending && $0.armedSequence == sequence }
+        guard due else { return }
+        deliver(on: queue, engine: engine) { self.run() }
+    }
+}

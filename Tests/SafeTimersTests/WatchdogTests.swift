@@ -1,0 +1,212 @@
+import Dispatch
+import SafeTimersTesting
+import Synchronization
+import Testing
+
+@testable import SafeTimers
+
+@Suite("Watchdog (virtual time)")
+struct WatchdogTests {
+    @Test("fires once at the timeout when not invalidated")
+    func firesAtTimeout() {
+        let manual = ManualTimerScheduler()
+        let fired = Counter()
+        let dog = Watchdog(timeout: .seconds(2), scheduler: manual) { fired.increment() }
+        manual.advance(by: .milliseconds(1999))
+        #expect(fired.count == 0)
+        #expect(!dog.hasFired)
+        manual.advance(by: .milliseconds(1))
+        #expect(fired.count == 1)
+        #expect(dog.hasFired)
+        manual.advance(by: .seconds(60))
+        #expect(fired.count == 1)
+        #expect(manual.pendingCount == 0)
+    }
+
+    @Test("invalidate before the timeout: no firing, handler released, idempotent")
+    func invalidate() {
+        let manual = ManualTimerScheduler()
+        let released = Counter()
+        let fired = Counter()
+        let dog: Watchdog = {
+            let captured = Tracked { released.increment() }
+            return Watchdog(timeout: .seconds(2), scheduler: manual) {
+                captured.touch()
+                fired.increment()
+            }
+        }()
+        dog.invalidate()
+        #expect(released.count == 1)
+        dog.invalidate()
+        manual.advance(by: .seconds(5))
+        #expect(fired.count == 0)
+        #expect(!dog.hasFired)
+        #expect(manual.pendingCount == 0)
+    }
+
+    @Test("kick moves the deadline to now + timeout; after firing it has no effect")
+    func kick() {
+        let manual = ManualTimerScheduler()
+        let firedAt = Mutex<[Duration]>([])
+        let dog = Watchdog(timeout: .seconds(2), scheduler: manual) {
+            firedAt.withLock { $0.append(manual.now) }
+        }
+        manual.advance(by: .milliseconds(1500))
+        dog.kick()  // deadline 3.5 s
+        manual.advance(by: .milliseconds(1500))  // 3.0 s
+        dog.kick()  // deadline 5.0 s
+        manual.advance(by: .milliseconds(1999))
+        #expect(firedAt.withLock { $0 }.isEmpty)
+        manual.advance(by: .milliseconds(1))
+        #expect(firedAt.withLock { $0 } == [.seconds(5)])
+        dog.kick()
+        manual.advance(by: .seconds(10))
+        #expect(firedAt.withLock { $0 } == [.seconds(5)])
+    }
+
+    @Test("releasing the watchdog invalidates it")
+    func deinitInvalidates() {
+        let manual = ManualTimerScheduler()
+        let fired = Counter()
+        do {
+            _ = Watchdog(timeout: .seconds(1), scheduler: manual) { fired.increment() }
+        }
+        manual.advance(by: .seconds(2))
+        #expect(fired.count == 0)
+        #expect(manual.pendingCount == 0)
+    }
+
+    @Test("zero and negative timeouts fire at the next advance; an overflowing one never")
+    func badTimeouts() {
+        let manual = ManualTimerScheduler()
+        let fired = Counter()
+        let zero = Watchdog(timeout: .zero, scheduler: manual) { fired.increment() }
+        let negative = Watchdog(timeout: .seconds(-1), scheduler: manual) { fired.increment() }
+        let never = Watchdog(timeout: .seconds(Int64.max), scheduler: manual) { fired.increment() }
+        never.kick()
+        manual.advance(by: .zero)
+        #expect(fired.count == 2)
+        #expect(zero.hasFired && negative.hasFired)
+        manual.advance(by: .seconds(Int64.max))
+        #expect(!never.hasFired)
+    }
+
+    @Test("invalidate from inside the handler returns at once")
+    func invalidateFromInside() {
+        let manual = ManualTimerScheduler()
+        let box = Mutex<Watchdog?>(nil)
+        let dog = Watchdog(timeout: .seconds(1), scheduler: manual) {
+            box.withLock { $0 }?.invalidate()
+        }
+        box.withLock { $0 = dog }
+        manual.advance(by: .seconds(1))
+        #expect(dog.hasFired)
+        box.withLock { $0 = nil }
+    }
+
+    @Test("withWatchdog: a fast body stays silent, a slow body is reported while it runs")
+    func scopedSync() throws {
+        let manual = ManualTimerScheduler()
+        let reports = Counter()
+        let fast = withWatchdog(timeout: .seconds(1), scheduler: manual, onTimeout: { reports.increment() }) {
+            manual.advance(by: .milliseconds(500))
+            return 1
+        }
+        #expect(fast == 1)
+        #expect(reports.count == 0)
+        let slow = withWatchdog(timeout: .seconds(1), scheduler: manual, onTimeout: { reports.increment() }) {
+            manual.advance(by: .milliseconds(1500))
+            #expect(reports.count == 1, "reported while the body is still running")
+            return 2
+        }
+        #expect(slow == 2)
+        manual.advance(by: .seconds(5))
+        #expect(reports.count == 1)
+        #expect(manual.pendingCount == 0)
+
+        struct Boom: Error {}
+        #expect(throws: Boom.self) {
+            try withWatchdog(timeout: .seconds(1), scheduler: manual, onTimeout: {}) { throw Boom() }
+        }
+        #expect(manual.pendingCount == 0)
+    }
+
+    @Test("withWatchdog async: the body runs to completion and the watchdog is invalidated after")
+    func scopedAsync() async {
+        let manual = ManualTimerScheduler()
+        let reports = Counter()
+        let value = await withWatchdog(timeout: .seconds(1), scheduler: manual, onTimeout: { reports.increment() }) {
+            await Task.yield()
+            manual.advance(by: .seconds(2))
+            return "done"
+        }
+        #expect(value == "done")
+        #expect(reports.count == 1)
+        #expect(manual.pendingCount == 0)
+    }
+}
+
+@Suite("withTimeout (virtual time)")
+struct WithTimeoutTests {
+    @Test("returns the operation's value when it wins, and cancels the deadline")
+    func operationWins() async throws {
+        let manual = ManualTimerScheduler()
+        let value = try await withTimeout(.seconds(1), scheduler: manual) { 42 }
+        #expect(value == 42)
+        #expect(manual.pendingCount == 0)
+    }
+
+    @Test("throws TimeoutError at the deadline and cancels an operation that never finishes")
+    func deadlineWins() async throws {
+        let manual = ManualTimerScheduler()
+        let sawCancellation = Counter()
+        let task = Task {
+            try await withTimeout(.seconds(1), scheduler: manual) {
+                await withTaskCancellationHandler {
+                    await withUnsafeContinuation { (_: UnsafeContinuation<Void, Never>) in }  // never resumes
+                } onCancel: {
+                    sawCancellation.increment()
+                }
+            }
+        }
+        while manual.pendingCount == 0 { await Task.yield() }
+        manual.advance(by: .milliseconds(999))
+        manual.advance(by: .milliseconds(1))
+        do {
+            try await task.value
+            Issue.record("expected a TimeoutError")
+        } catch let error as TimeoutError {
+            #expect(error.timeout == .seconds(1))
+            #expect("\(error)".contains("1.0 seconds"))
+        }
+        #expect(sawCancellation.count == 1)
+    }
+
+    @Test("the operation's own error is rethrown")
+    func operationThrows() async {
+        struct Failure: Error {}
+        let manual = ManualTimerScheduler()
+        await #expect(throws: Failure.self) {
+            try await withTimeout(.seconds(1), scheduler: manual) { throw Failure() }
+        }
+        #expect(manual.pendingCount == 0)
+    }
+
+    @Test("cancelling the caller cancels the operation")
+    func callerCancelled() async {
+        let manual = ManualTimerScheduler()
+        let task = Task {
+            try await withTimeout(.seconds(100), scheduler: manual) {
+                try await withUnsafeThrowingContinuation { (continuation: UnsafeContinuation<Void, any Error>) in
+                    continuation.resume()
+                }
+                while !Task.isCancelled { await Task.yield() }
+                throw CancellationError()
+            }
+        }
+        while manual.pendingCount == 0 { await Task.yield() }
+        task.cancel()
+        await #expect(throws: CancellationError.self) { try await task.value }
+        #expect(manual.pendingCount == 0)
+    }
+}
