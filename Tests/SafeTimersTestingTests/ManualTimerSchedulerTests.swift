@@ -50,7 +50,7 @@ struct ManualTimerSchedulerTests {
     @Test("entries fire in deadline order, ties in arming order, with the clock at each deadline")
     func order() {
         let manual = ManualTimerScheduler()
-        let log = Mutex<[String]>([])
+        let log = StateLock<[String]>([])
         func entry(_ name: String) -> ClosureEntry {
             ClosureEntry { deadline, engine in
                 log.withLock { $0.append("\(name)@\(deadline / 1_000_000)ms now=\(engine.now)") }
@@ -76,7 +76,7 @@ struct ManualTimerSchedulerTests {
     @Test("entries armed by a handler during an advance fire within it when due")
     func armingDuringAdvance() {
         let manual = ManualTimerScheduler()
-        let log = Mutex<[String]>([])
+        let log = StateLock<[String]>([])
         let inner = ClosureEntry { deadline, _ in log.withLock { $0.append("inner@\(deadline)") } }
         let tooLate = ClosureEntry { deadline, _ in log.withLock { $0.append("late@\(deadline)") } }
         let outer = ClosureEntry { deadline, engine in

@@ -28,7 +28,7 @@ struct ConcurrencyTests {
                 fired.increment()
             }
         }
-        let slots = Mutex((0..<slotCount).map(makeTimer))
+        let slots = StateLock((0..<slotCount).map(makeTimer))
         DispatchQueue.concurrentPerform(iterations: threads) { lane in
             var random = SplitMix64(seed: UInt64(lane) &+ 1)
             for step in 0..<operationsPerThread {

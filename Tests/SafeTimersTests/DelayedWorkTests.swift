@@ -69,8 +69,8 @@ struct DelayedWorkTests {
     @Test("cancel from inside the closure returns false at once and does not deadlock")
     func cancelFromInside() {
         let manual = ManualTimerScheduler()
-        let handle = Mutex<DelayedWork?>(nil)
-        let result = Mutex<Bool?>(nil)
+        let handle = StateLock<DelayedWork?>(nil)
+        let result = StateLock<Bool?>(nil)
         let work = DelayedWork.schedule(after: .seconds(1), scheduler: manual) {
             let work = handle.withLock { $0 }
             let state = work?.state

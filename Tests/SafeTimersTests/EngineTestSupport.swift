@@ -10,13 +10,13 @@ final class RecordingEntry: TimerEntry {
     private let index = Atomic<Int>(-1)
     /// The arming this entry answers to; held while arming so a firing cannot
     /// overtake the bookkeeping (the same discipline the primitives follow).
-    private let armedSequence = Mutex<UInt64>(0)
-    let payload: Mutex<Probe?>
+    private let armedSequence = StateLock<UInt64>(0)
+    let payload: StateLock<Probe?>
     private let onFire: @Sendable (String, Int64) -> Void
 
     init(_ name: String, payload: Probe? = nil, onFire: @escaping @Sendable (String, Int64) -> Void = { _, _ in }) {
         self.name = name
-        self.payload = Mutex(payload)
+        self.payload = StateLock(payload)
         self.onFire = onFire
     }
 
@@ -46,7 +46,7 @@ final class RecordingEntry: TimerEntry {
 
 /// A thread-safe log of what fired, in order.
 final class FireLog: Sendable {
-    private let entries = Mutex<[String]>([])
+    private let entries = StateLock<[String]>([])
     func record(_ name: String) { entries.withLock { $0.append(name) } }
     var names: [String] { entries.withLock { $0 } }
     var count: Int { entries.withLock { $0.count } }

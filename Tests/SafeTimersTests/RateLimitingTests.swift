@@ -14,7 +14,7 @@ struct RateLimitingTests {
         _ calls: [(Int, String)], manual: ManualTimerScheduler, until end: Int = 10_000,
         send: (@escaping @Sendable () -> Void) -> Void, between: (Int) -> Void = { _ in }
     ) -> [String] {
-        let runs = Mutex<[String]>([])
+        let runs = StateLock<[String]>([])
         for (time, value) in calls {
             manual.advance(to: .milliseconds(time))
             between(time)
@@ -96,7 +96,7 @@ struct RateLimitingTests {
     func throttleCancel() {
         let manual = ManualTimerScheduler()
         let throttler = Throttler(interval: .seconds(1), scheduler: manual)
-        let runs = Mutex<[String]>([])
+        let runs = StateLock<[String]>([])
         throttler.call { runs.withLock { $0.append("a") } }
         manual.advance(by: .milliseconds(10))
         throttler.call { runs.withLock { $0.append("b") } }

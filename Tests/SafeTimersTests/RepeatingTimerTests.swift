@@ -7,7 +7,7 @@ import Testing
 
 /// Lets a handler reach the timer it belongs to.
 final class TimerBox: Sendable {
-    private let storage = Mutex<RepeatingTimer?>(nil)
+    private let storage = StateLock<RepeatingTimer?>(nil)
     var timer: RepeatingTimer? {
         get { storage.withLock { $0 } }
         set { storage.withLock { $0 = newValue } }
@@ -19,7 +19,7 @@ struct RepeatingTimerTests {
     @Test("an hour of a 30 s timer fires exactly 120 times on the grid")
     func anHour() {
         let manual = ManualTimerScheduler()
-        let times = Mutex<[Duration]>([])
+        let times = StateLock<[Duration]>([])
         let timer = RepeatingTimer(interval: .seconds(30), scheduler: manual) {
             times.withLock { $0.append(manual.now) }
         }
@@ -132,7 +132,7 @@ struct RepeatingTimerTests {
     func restartFromHandler() {
         let manual = ManualTimerScheduler()
         let box = TimerBox()
-        let times = Mutex<[Duration]>([])
+        let times = StateLock<[Duration]>([])
         let timer = RepeatingTimer(interval: .seconds(2), scheduler: manual) {
             times.withLock { $0.append(manual.now) }
             if manual.now == .seconds(2), let timer = box.timer {
@@ -169,7 +169,7 @@ struct RepeatingTimerTests {
     @Test("firesImmediately runs the first tick at start")
     func firesImmediately() {
         let manual = ManualTimerScheduler()
-        let times = Mutex<[Duration]>([])
+        let times = StateLock<[Duration]>([])
         let timer = RepeatingTimer(interval: .seconds(10), repetitions: 3, firesImmediately: true, scheduler: manual) {
             times.withLock { $0.append(manual.now) }
         }
@@ -183,7 +183,7 @@ struct RepeatingTimerTests {
     @Test("suspend drops the cadence; resume ticks one interval later")
     func suspendResume() {
         let manual = ManualTimerScheduler()
-        let times = Mutex<[Duration]>([])
+        let times = StateLock<[Duration]>([])
         let timer = RepeatingTimer(interval: .seconds(10), scheduler: manual) {
             times.withLock { $0.append(manual.now) }
         }
@@ -200,7 +200,7 @@ struct RepeatingTimerTests {
     /// (the handler "falls behind"): ticks at 2, 3 and 4 s fall due while it runs.
     func fallBehind(_ policy: MissedTickPolicy) -> [Duration] {
         let manual = ManualTimerScheduler()
-        let times = Mutex<[Duration]>([])
+        let times = StateLock<[Duration]>([])
         let timer = RepeatingTimer(interval: .seconds(1), missedTicks: policy, scheduler: manual) {
             let first = times.withLock { times in
                 times.append(manual.now)

@@ -238,9 +238,9 @@ final class WeakProbe {
 }
 
 final class FiredFlags: Sendable {
-    private let flags: Mutex<[Bool]>
+    private let flags: StateLock<[Bool]>
     private let counter = Atomic<Int>(0)
-    init(count: Int) { flags = Mutex(Array(repeating: false, count: count)) }
+    init(count: Int) { flags = StateLock(Array(repeating: false, count: count)) }
     func mark(_ number: Int) {
         flags.withLock { $0[number] = true }
         counter.add(1, ordering: .relaxed)

@@ -47,7 +47,7 @@ struct WatchdogTests {
     @Test("kick moves the deadline to now + timeout; after firing it has no effect")
     func kick() {
         let manual = ManualTimerScheduler()
-        let firedAt = Mutex<[Duration]>([])
+        let firedAt = StateLock<[Duration]>([])
         let dog = Watchdog(timeout: .seconds(2), scheduler: manual) {
             firedAt.withLock { $0.append(manual.now) }
         }
@@ -94,7 +94,7 @@ struct WatchdogTests {
     @Test("invalidate from inside the handler returns at once")
     func invalidateFromInside() {
         let manual = ManualTimerScheduler()
-        let box = Mutex<Watchdog?>(nil)
+        let box = StateLock<Watchdog?>(nil)
         let dog = Watchdog(timeout: .seconds(1), scheduler: manual) {
             box.withLock { $0 }?.invalidate()
         }

@@ -48,15 +48,15 @@ public final class DelayedWork: Sendable {
         var barrier = InvocationBarrier()
     }
 
-    private let storage: Mutex<Storage>
+    private let storage: StateLock<Storage>
     private let index = Atomic<Int>(-1)
-    private let queue: DispatchQueue
+    private let executor: HandlerExecutor
     private let scheduler: any TimerScheduler
 
-    private init(queue: DispatchQueue, scheduler: any TimerScheduler, work: @escaping @Sendable () -> Void) {
-        self.queue = queue
+    private init(executor: HandlerExecutor, scheduler: any TimerScheduler, work: @escaping @Sendable () -> Void) {
+        self.executor = executor
         self.scheduler = scheduler
-        self.storage = Mutex(Storage(work: work))
+        self.storage = StateLock(Storage(work: work))
     }
 
     /// Schedules `work` to run once on `queue` after `delay`.
@@ -76,7 +76,35 @@ public final class DelayedWork: Sendable {
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        let item = DelayedWork(queue: queue, scheduler: scheduler, work: work)
+        schedule(after: delay, executor: .queue(queue), scheduler: scheduler, work)
+    }
+
+    /// Schedules `work` to run once on the main actor after `delay`.
+    ///
+    /// ```swift
+    /// let hide = DelayedWork.schedule(after: .seconds(3)) { @MainActor in
+    ///     banner.isHidden = true
+    /// }
+    /// ```
+    ///
+    /// Everything else is as in ``schedule(after:on:scheduler:_:)``. Under a
+    /// `ManualTimerScheduler`, the work runs inside `advance(by:)` when that is
+    /// called on the main thread, and is enqueued on the main actor otherwise.
+    public static func schedule(
+        after delay: Duration,
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        _ work: @escaping @MainActor @Sendable () -> Void
+    ) -> DelayedWork {
+        schedule(after: delay, executor: .mainActor, scheduler: scheduler, HandlerExecutor.adapt(work))
+    }
+
+    private static func schedule(
+        after delay: Duration,
+        executor: HandlerExecutor,
+        scheduler: any TimerScheduler,
+        _ work: @escaping @Sendable () -> Void
+    ) -> DelayedWork {
+        let item = DelayedWork(executor: executor, scheduler: scheduler, work: work)
         let engine = scheduler.engine
         item.storage.withLock { storage in
             storage.armedSequence = engine.arm(
@@ -160,6 +188,6 @@ extension DelayedWork: TimerEntry {
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         let due = storage.withLock { $0.state == .pending && $0.armedSequence == sequence }
         guard due else { return }
-        deliver(on: queue, engine: engine) { self.run() }
+        executor.deliver(engine: engine) { self.run() }
     }
 }

@@ -92,23 +92,12 @@ enum InvocationParking {
     }
 }
 
-extension Mutex where Value: InvocationBarrierHolder {
+extension StateLock where Value: InvocationBarrierHolder {
     /// Waits until the invocation counted as `begun` has ended, then unregisters
     /// the waiter that ``InvocationBarrier/registerWaiter()`` registered.
     /// Call it without holding the lock.
     func waitForInvocation(_ begun: UInt64) {
         InvocationParking.wait { withLock { $0.barrier.ended >= begun } }
         withLock { $0.barrier.unregisterWaiter() }
-    }
-}
-
-/// Runs `body` where a primitive's handler belongs: inline under a manual
-/// scheduler (so tests need no waiting), otherwise on `queue`.
-@inline(__always)
-func deliver(on queue: DispatchQueue, engine: TimerEngine, _ body: @escaping @Sendable () -> Void) {
-    if engine.isVirtual {
-        body()
-    } else {
-        queue.async(execute: body)
     }
 }

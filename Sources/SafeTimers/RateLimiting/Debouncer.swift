@@ -28,7 +28,7 @@ public final class Debouncer: Sendable {
     private let delay: Duration
     private let queue: DispatchQueue
     private let scheduler: any TimerScheduler
-    private let pending = Mutex<DelayedWork?>(nil)
+    private let pending = StateLock<DelayedWork?>(nil)
 
     /// Creates a debouncer.
     ///

@@ -43,7 +43,7 @@ public final class Throttler: Sendable {
     private let interval: Duration
     private let queue: DispatchQueue
     private let scheduler: any TimerScheduler
-    private let state = Mutex(State())
+    private let state = StateLock(State())
 
     /// Creates a throttler.
     ///

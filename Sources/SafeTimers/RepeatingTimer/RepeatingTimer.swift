@@ -83,9 +83,42 @@ public final class RepeatingTimer: Sendable {
     ) {
         self.init(
             interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
-            missedTicks: missedTicks, queue: queue, scheduler: scheduler,
+            missedTicks: missedTicks, executor: .queue(queue), scheduler: scheduler,
             coreHandler: {
                 handler()
+                return true
+            })
+    }
+
+    /// Creates a timer whose handler runs on the main actor.
+    ///
+    /// ```swift
+    /// let clock = RepeatingTimer(interval: .seconds(1)) { @MainActor in
+    ///     clockLabel.text = formatter.string(from: .now)
+    /// }
+    /// clock.start()
+    /// ```
+    ///
+    /// Everything else is as in
+    /// ``init(interval:leeway:repetitions:firesImmediately:missedTicks:queue:scheduler:handler:)``.
+    /// Under a `ManualTimerScheduler` the handler runs inside `advance(by:)` when
+    /// that is called on the main thread, and is enqueued on the main actor
+    /// otherwise.
+    public convenience init(
+        interval: Duration,
+        leeway: Duration = .zero,
+        repetitions: Int? = nil,
+        firesImmediately: Bool = false,
+        missedTicks: MissedTickPolicy = .coalesce,
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        handler: @escaping @MainActor @Sendable () -> Void
+    ) {
+        let adapted = HandlerExecutor.adapt(handler)
+        self.init(
+            interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
+            missedTicks: missedTicks, executor: .mainActor, scheduler: scheduler,
+            coreHandler: {
+                adapted()
                 return true
             })
     }
@@ -96,7 +129,7 @@ public final class RepeatingTimer: Sendable {
     /// ```swift
     /// final class WallScreen: Sendable {
     ///     let interactor = WallInteractor()
-    ///     private let poll: Mutex<RepeatingTimer?> = Mutex(nil)
+    ///     private let poll: StateLock<RepeatingTimer?> = StateLock(nil)
     ///
     ///     func appear() {
     ///         let timer = RepeatingTimer(interval: .seconds(15), owner: interactor) { interactor in
@@ -126,10 +159,44 @@ public final class RepeatingTimer: Sendable {
         let reference = WeakReference(owner)
         self.init(
             interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
-            missedTicks: missedTicks, queue: queue, scheduler: scheduler,
+            missedTicks: missedTicks, executor: .queue(queue), scheduler: scheduler,
             coreHandler: {
                 guard let owner = reference.object else { return false }
                 handler(owner)
+                return true
+            })
+    }
+
+    /// Creates a timer bound to `owner` whose handler runs on the main actor: the
+    /// main-actor twin of
+    /// ``init(interval:owner:leeway:repetitions:firesImmediately:missedTicks:queue:scheduler:handler:)``.
+    ///
+    /// ```swift
+    /// @MainActor final class FeedViewModel {
+    ///     private var poll: RepeatingTimer?
+    ///     func appear() {
+    ///         poll = RepeatingTimer(interval: .seconds(15), owner: self) { @MainActor model in model.reload() }
+    ///         poll?.start()
+    ///     }
+    /// }
+    /// ```
+    public convenience init<Owner: AnyObject & Sendable>(
+        interval: Duration,
+        owner: Owner,
+        leeway: Duration = .zero,
+        repetitions: Int? = nil,
+        firesImmediately: Bool = false,
+        missedTicks: MissedTickPolicy = .coalesce,
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        handler: @escaping @MainActor @Sendable (Owner) -> Void
+    ) {
+        let reference = WeakReference(owner)
+        self.init(
+            interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
+            missedTicks: missedTicks, executor: .mainActor, scheduler: scheduler,
+            coreHandler: {
+                guard let owner = reference.object else { return false }
+                MainActor.assumeIsolated { handler(owner) }
                 return true
             })
     }
@@ -140,7 +207,7 @@ public final class RepeatingTimer: Sendable {
         repetitions: Int?,
         firesImmediately: Bool,
         missedTicks: MissedTickPolicy,
-        queue: DispatchQueue,
+        executor: HandlerExecutor,
         scheduler: any TimerScheduler,
         coreHandler: @escaping RepeatingTimerCore.Handler
     ) {
@@ -152,7 +219,8 @@ public final class RepeatingTimer: Sendable {
             missedTicks: missedTicks
         )
         core = RepeatingTimerCore(
-            configuration: configuration, leeway: leeway, queue: queue, scheduler: scheduler, handler: coreHandler)
+            configuration: configuration, leeway: leeway, executor: executor, scheduler: scheduler, handler: coreHandler
+        )
     }
 
     deinit {

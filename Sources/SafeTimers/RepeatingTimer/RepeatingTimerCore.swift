@@ -26,25 +26,25 @@ final class RepeatingTimerCore: TimerEntry {
 
     let interval: Duration
     let leewayTicks: Int64
-    private let storage: Mutex<Storage>
+    private let storage: StateLock<Storage>
     private let index = Atomic<Int>(-1)
-    private let queue: DispatchQueue
+    private let executor: HandlerExecutor
     private let scheduler: any TimerScheduler
     private let handler: Handler
 
     init(
         configuration: RepeatingTimerStateMachine.Configuration,
         leeway: Duration,
-        queue: DispatchQueue,
+        executor: HandlerExecutor,
         scheduler: any TimerScheduler,
         handler: @escaping Handler
     ) {
         self.interval = .nanoseconds(configuration.interval)
         self.leewayTicks = DeadlineArithmetic.delayNanoseconds(leeway)
-        self.queue = queue
+        self.executor = executor
         self.scheduler = scheduler
         self.handler = handler
-        self.storage = Mutex(Storage(machine: RepeatingTimerStateMachine(configuration: configuration)))
+        self.storage = StateLock(Storage(machine: RepeatingTimerStateMachine(configuration: configuration)))
     }
 
     var heapIndex: Int {
@@ -103,7 +103,7 @@ final class RepeatingTimerCore: TimerEntry {
     private func perform(_ followup: Followup, engine: TimerEngine) {
         for stream in followup.endedStreams { stream.finish() }
         if let tag = followup.deliverTag {
-            deliver(on: queue, engine: engine) { self.invoke(tag: tag) }
+            executor.deliver(engine: engine) { self.invoke(tag: tag) }
         }
     }
 

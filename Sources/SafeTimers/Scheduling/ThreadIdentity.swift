@@ -44,6 +44,17 @@ enum ThreadIdentity {
         #endif
     }
 
+    /// Whether the current thread is the process's main thread.
+    static var isMainThread: Bool {
+        #if canImport(Darwin)
+        return pthread_main_np() != 0
+        #elseif os(Linux)
+        return currentKernelThreadID() == getpid()
+        #else
+        return false
+        #endif
+    }
+
     /// Names the current thread (shown by debuggers, `top -H` and crash reports).
     static func nameCurrentThread(_ name: String) {
         #if canImport(Darwin)

@@ -41,7 +41,25 @@ public final class Watchdog: Sendable {
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         onTimeout: @escaping @Sendable () -> Void
     ) {
-        core = WatchdogCore(timeout: timeout, queue: queue, scheduler: scheduler, handler: onTimeout)
+        core = WatchdogCore(timeout: timeout, executor: .queue(queue), scheduler: scheduler, handler: onTimeout)
+    }
+
+    /// Creates and arms a watchdog whose handler runs on the main actor.
+    ///
+    /// ```swift
+    /// let dog = Watchdog(timeout: .seconds(5)) { @MainActor in
+    ///     spinner.showSlowNetworkHint()
+    /// }
+    /// ```
+    ///
+    /// Everything else is as in ``init(timeout:queue:scheduler:onTimeout:)``.
+    public init(
+        timeout: Duration,
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        onTimeout: @escaping @MainActor @Sendable () -> Void
+    ) {
+        core = WatchdogCore(
+            timeout: timeout, executor: .mainActor, scheduler: scheduler, handler: HandlerExecutor.adapt(onTimeout))
     }
 
     deinit {
@@ -86,19 +104,20 @@ final class WatchdogCore: TimerEntry {
 
     let timeout: Duration
     private let timeoutTicks: Int64
-    private let storage: Mutex<Storage>
+    private let storage: StateLock<Storage>
     private let index = Atomic<Int>(-1)
-    private let queue: DispatchQueue
+    private let executor: HandlerExecutor
     private let scheduler: any TimerScheduler
 
     init(
-        timeout: Duration, queue: DispatchQueue, scheduler: any TimerScheduler, handler: @escaping @Sendable () -> Void
+        timeout: Duration, executor: HandlerExecutor, scheduler: any TimerScheduler,
+        handler: @escaping @Sendable () -> Void
     ) {
         self.timeout = timeout
         self.timeoutTicks = DeadlineArithmetic.delayNanoseconds(timeout)
-        self.queue = queue
+        self.executor = executor
         self.scheduler = scheduler
-        self.storage = Mutex(Storage(handler: handler))
+        self.storage = StateLock(Storage(handler: handler))
         let engine = scheduler.engine
         storage.withLock { storage in
             storage.deadline = DeadlineArithmetic.adding(timeoutTicks, to: engine.nowTicks)
@@ -152,7 +171,7 @@ final class WatchdogCore: TimerEntry {
             return true
         }
         guard due else { return }
-        deliver(on: queue, engine: engine) { self.run() }
+        executor.deliver(engine: engine) { self.run() }
     }
 
     private func run() {

@@ -81,7 +81,7 @@ private final class TimeoutRace<Result: Sendable>: Sendable {
         var cancelRequested = false
     }
 
-    private let state = Mutex(State())
+    private let state = StateLock(State())
 
     func install(_ continuation: CheckedContinuation<Result, any Error>) {
         state.withLock { $0.continuation = continuation }

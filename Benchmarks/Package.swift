@@ -1,0 +1,36 @@
+// swift-tools-version:6.1
+//
+// SafeTimers' benchmarks, in a package of their own so that users of SafeTimers
+// never fetch benchmark dependencies.
+//
+//   swift run -c release safetimers-compare        one side-by-side table with ratios
+//
+// Every row runs SafeTimers and what users would pick instead (GCD, Foundation
+// `Timer`, swift-nio, `Task.sleep`) on the same work, in the same process.
+
+import PackageDescription
+
+let package = Package(
+    name: "SafeTimersBenchmarks",
+    platforms: [.macOS(.v15), .iOS(.v18), .tvOS(.v18), .watchOS(.v11), .visionOS(.v2)],
+    dependencies: [
+        .package(path: ".."),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+    ],
+    targets: [
+        // Reads glibc's allocator counters (mallinfo2), which Swift's Glibc module
+        // does not expose; benchmarks only.
+        .target(name: "CMallocStats"),
+        .executableTarget(
+            name: "safetimers-compare",
+            dependencies: [
+                .product(name: "SafeTimers", package: "SafeTimers"),
+                .product(name: "SafeTimersTesting", package: "SafeTimers"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                "CMallocStats",
+            ]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)
