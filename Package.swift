@@ -19,18 +19,47 @@ let package = Package(
         .library(name: "SafeTimers", targets: ["SafeTimers"]),
         .library(name: "SafeTimersTesting", targets: ["SafeTimersTesting"]),
         .library(name: "StallDetection", targets: ["StallDetection"]),
+        // Opt-in: StallDetection events to swift-log and swift-metrics. The only
+        // product with dependencies; the others use the toolchain alone.
+        .library(name: "StallDetectionReporting", targets: ["StallDetectionReporting"]),
         .executable(name: "safetimers-demo", targets: ["safetimers-demo"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
     ],
     targets: [
         .target(name: "SafeTimers"),
         .target(name: "SafeTimersTesting", dependencies: ["SafeTimers"]),
-        .target(name: "StallDetection", dependencies: ["SafeTimers"]),
+        // The only C in the package: the async-signal-safe SIGPROF handler that
+        // samples a blocked thread's stack.
+        .target(name: "CStallCapture"),
+        .target(name: "StallDetection", dependencies: ["SafeTimers", "CStallCapture"]),
+        .target(
+            name: "StallDetectionReporting",
+            dependencies: [
+                "StallDetection",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+            ]
+        ),
         .executableTarget(
             name: "safetimers-demo",
             dependencies: ["SafeTimers", "StallDetection"]
         ),
+        // A child process for StallDetection's integration tests (not a product).
+        .executableTarget(name: "stall-probe", dependencies: ["StallDetection"]),
         .testTarget(name: "SafeTimersTests", dependencies: ["SafeTimers", "SafeTimersTesting"]),
         .testTarget(name: "SafeTimersTestingTests", dependencies: ["SafeTimers", "SafeTimersTesting"]),
+        .testTarget(name: "StallDetectionTests", dependencies: ["StallDetection", "CStallCapture", "stall-probe"]),
+        .testTarget(
+            name: "StallDetectionReportingTests",
+            dependencies: [
+                "StallDetectionReporting",
+                .product(name: "InMemoryLogging", package: "swift-log"),
+                .product(name: "MetricsTestKit", package: "swift-metrics"),
+            ]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -14,7 +14,7 @@ let package = Package(
     name: "SafeTimersBenchmarks",
     platforms: [.macOS(.v15), .iOS(.v18), .tvOS(.v18), .watchOS(.v11), .visionOS(.v2)],
     dependencies: [
-        .package(path: ".."),
+        .package(name: "SafeTimers", path: ".."),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
     ],
     targets: [

@@ -1,1 +1,141 @@
-import SafeTimers
+import Dispatch
+@_spi(SafeTimersInternal) import SafeTimers
+
+/// Detects when a thread or queue stops answering, reports the start and the end of
+/// each stall with its measured duration, and shows where the blocked thread was
+/// stuck.
+///
+/// ```swift
+/// let detector = StallDetector(target: .mainQueue, threshold: .milliseconds(250))
+/// detector.start()
+/// Task {
+///     for await event in detector.events {
+///         print(event)   // phase, duration, and the blocked thread's stack, one frame a line
+///     }
+/// }
+/// // …
+/// detector.stop()
+/// ```
+///
+/// ## Targets
+/// - ``Target/mainRunLoop``: a run-loop observer times every iteration of the main
+///   run loop exactly. Use it when the main thread runs `RunLoop.main` (or
+///   `CFRunLoopRun`); under `dispatchMain()` there is no run loop and it sees nothing.
+/// - ``Target/mainQueue``: a heartbeat: every `heartbeat` a tiny block is posted to
+///   the main queue and the detector notes when it runs. Works with a run loop,
+///   `dispatchMain()`, an async `main` and the `MainActor` alike.
+/// - ``Target/queue(_:)``: the same heartbeat on any serial queue.
+///
+/// ## What is reported
+/// A stall is reported once: `.started` as soon as the target has been blocked for
+/// `threshold` (so a deadlock is reported too, while it lasts), then `.ended` when
+/// it answers again, with the total duration. For a run loop the duration is exact;
+/// for a heartbeat its start is known within half a heartbeat (the default heartbeat
+/// is a tenth of the threshold, at most 50 ms).
+///
+/// At `.started` the detector samples the blocked thread's stack with a `SIGPROF`
+/// sent to that thread alone (Linux): a C handler copies its registers and stack,
+/// the detector unwinds and symbolicates them afterwards. The signal interrupts a
+/// `sleep`, `usleep` or `poll` in the target (installed with `SA_RESTART`), which is
+/// why one stall gets one sample. A thread that does not answer within 100 ms
+/// (signal blocked, uninterruptible sleep) yields "stack unavailable: …" instead of
+/// a hang. The handler stays installed for the life of the process, idle between
+/// samples, and passes other `SIGPROF`s to the handler installed before it.
+///
+/// ## False positives it suppresses
+/// - **Stopped process** (`SIGSTOP`, a debugger's breakpoint): the detector's own
+///   wake-up comes late by the stopped time; that time is taken out of every
+///   measurement, so a stop is never reported as a stall.
+/// - **Machine asleep**: durations use the monotonic clock, which does not advance
+///   while the machine sleeps.
+/// - **Debugger attached** (`TracerPid` in `/proc/self/status`): stalls that start
+///   while a debugger is attached are not reported, unless `reportsWhileDebugged`.
+///
+/// Thread safety: every member may be used from any thread. Several detectors may
+/// run at once; stack samples are taken one at a time.
+public final class StallDetector: Sendable {
+    /// What a detector watches.
+    public enum Target: Sendable, CustomStringConvertible {
+        /// The main thread's run loop, timed by a run-loop observer.
+        case mainRunLoop
+        /// The main dispatch queue, by heartbeat.
+        case mainQueue
+        /// Any serial dispatch queue, by heartbeat.
+        case queue(DispatchQueue)
+
+        /// "main run loop", "main queue", or "queue '<label>'".
+        public var description: String {
+            switch self {
+            case .mainRunLoop: "main run loop"
+            case .mainQueue: "main queue"
+            case .queue(let queue): "queue '\(queue.label)'"
+            }
+        }
+    }
+
+    /// The stall events: `.started` and `.ended` for each stall. The stream ends at
+    /// ``stop()``. Iterate it from one task; the newest 100 events are kept for a
+    /// slow reader.
+    public let events: AsyncStream<StallEvent>
+
+    private let core: DetectorCore
+
+    /// Creates a detector; nothing runs until ``start()``.
+    ///
+    /// - Parameters:
+    ///   - target: What to watch.
+    ///   - threshold: How long the target must be blocked to count as stalled.
+    ///     Values below 10 ms are raised to 10 ms.
+    ///   - heartbeat: How often a heartbeat target is probed (and how often the
+    ///     detector looks at the clock). Default: a tenth of the threshold, between
+    ///     5 ms and 50 ms.
+    ///   - reportsWhileDebugged: Report stalls that start while a debugger is
+    ///     attached. Default: false.
+    public convenience init(
+        target: Target,
+        threshold: Duration = .milliseconds(250),
+        heartbeat: Duration? = nil,
+        reportsWhileDebugged: Bool = false
+    ) {
+        self.init(
+            target: target, threshold: threshold, heartbeat: heartbeat, reportsWhileDebugged: reportsWhileDebugged,
+            isTraced: ProcessFacts.isTraced)
+    }
+
+    /// The designated initializer; tests inject `isTraced`.
+    init(
+        target: Target,
+        threshold: Duration,
+        heartbeat: Duration?,
+        reportsWhileDebugged: Bool,
+        isTraced: @escaping @Sendable () -> Bool
+    ) {
+        let (stream, continuation) = AsyncStream.makeStream(
+            of: StallEvent.self, bufferingPolicy: .bufferingNewest(100))
+        events = stream
+        let threshold = max(threshold, .milliseconds(10))
+        let heartbeat =
+            heartbeat.map { min(max($0, .milliseconds(1)), threshold) }
+            ?? min(max(threshold / 10, .milliseconds(5)), .milliseconds(50))
+        core = DetectorCore(
+            target: target, threshold: threshold, heartbeat: heartbeat,
+            reportsWhileDebugged: reportsWhileDebugged, isTraced: isTraced, continuation: continuation)
+    }
+
+    deinit {
+        core.stop()
+    }
+
+    /// Starts watching. Idempotent; a stopped detector does not start again.
+    public func start() { core.start() }
+
+    /// Stops watching and ends ``events``. Idempotent. When it returns, the
+    /// detector's thread has exited and its run-loop observer is removed.
+    public func stop() { core.stop() }
+
+    /// The threshold in effect.
+    public var threshold: Duration { core.threshold }
+
+    /// The heartbeat in effect.
+    public var heartbeat: Duration { core.heartbeat }
+}

@@ -1,1 +1,47 @@
-print("SafeTimers demo")
+// The guided tour: `swift run safetimers-demo` (about 15 seconds), or
+// `swift run safetimers-demo --section NAME` for one part.
+
+import Foundation
+
+let sections: [(name: String, summary: String, run: () -> Void)] = [
+    ("watchdog", "a Watchdog catching an overrunning section, silent for a fast one", watchdogSection),
+    ("timer", "a RepeatingTimer through every state, and a periodic-jobs registry", timerSection),
+    ("delayed", "DelayedWork cancelled: captures released before cancel() returns", delayedWorkSection),
+    ("owner", "an owner-bound timer stopping when its owner goes away", ownerSection),
+    ("stall", "a real main-thread stall, reported with the blocking function's file and line", stallSection),
+]
+
+@MainActor
+func usage() -> String {
+    var text = "usage: safetimers-demo [--section NAME] [--help]\n\nsections:\n"
+    for section in sections {
+        text += "  \(section.name.padding(toLength: 9, withPad: " ", startingAt: 0)) \(section.summary)\n"
+    }
+    return text
+}
+
+var arguments = Array(CommandLine.arguments.dropFirst())
+var selected = sections
+while let argument = arguments.first {
+    arguments.removeFirst()
+    switch argument {
+    case "--help", "-h":
+        print(usage(), terminator: "")
+        exit(0)
+    case "--section":
+        guard let name = arguments.first, let section = sections.first(where: { $0.name == name }) else {
+            FileHandle.standardError.write(Data(("unknown or missing section name\n" + usage()).utf8))
+            exit(2)
+        }
+        arguments.removeFirst()
+        selected = [section]
+    default:
+        FileHandle.standardError.write(Data(("unknown argument '\(argument)'\n" + usage()).utf8))
+        exit(2)
+    }
+}
+
+say("SafeTimers guided tour: \(selected.map(\.name).joined(separator: ", "))")
+for section in selected { section.run() }
+say()
+say("Done. Read on in README.md: every primitive takes a `scheduler:`; tests pass a ManualTimerScheduler.")

@@ -1,6 +1,6 @@
 import Testing
 
-@testable import SafeTimers
+@testable @_spi(SafeTimersInternal) import SafeTimers
 
 @Suite("Deadline arithmetic")
 struct DeadlineArithmeticTests {

@@ -1,6 +1,6 @@
 import Testing
 
-@testable import SafeTimers
+@testable @_spi(SafeTimersInternal) import SafeTimers
 
 /// Property tests over random input sequences of the pure state machine: whatever
 /// the order, its bookkeeping stays consistent.

@@ -1,6 +1,6 @@
 import Testing
 
-@testable @_spi(SchedulerImplementation) import SafeTimers
+@testable @_spi(SchedulerImplementation) @_spi(SafeTimersInternal) import SafeTimers
 
 @Suite("TimerHeap")
 struct TimerHeapTests {

@@ -15,11 +15,13 @@ import Musl
 /// `@unchecked Sendable` invariant: the two pthread objects live in memory allocated
 /// once in `init` and freed once in `deinit`, never moved; every access goes through
 /// the pthread calls, which are thread-safe by contract.
-final class ConditionLock: @unchecked Sendable {
+@_spi(SafeTimersInternal)
+public final class ConditionLock: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
 
-    init() {
+    /// Creates an unlocked lock.
+    public init() {
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
         condition = .allocate(capacity: 1)
@@ -47,15 +49,17 @@ final class ConditionLock: @unchecked Sendable {
         mutex.deallocate()
     }
 
+    /// Locks the mutex.
     @inline(__always)
-    func lock() { pthread_mutex_lock(mutex) }
+    public func lock() { pthread_mutex_lock(mutex) }
 
+    /// Unlocks the mutex.
     @inline(__always)
-    func unlock() { pthread_mutex_unlock(mutex) }
+    public func unlock() { pthread_mutex_unlock(mutex) }
 
     /// Runs `body` with the mutex held.
     @inline(__always)
-    func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+    public func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
         lock()
         defer { unlock() }
         return try body()
@@ -63,18 +67,18 @@ final class ConditionLock: @unchecked Sendable {
 
     /// Wakes one waiter. Cheap (no system call) when nobody waits.
     @inline(__always)
-    func signal() { pthread_cond_signal(condition) }
+    public func signal() { pthread_cond_signal(condition) }
 
     /// Wakes every waiter.
-    func broadcast() { pthread_cond_broadcast(condition) }
+    public func broadcast() { pthread_cond_broadcast(condition) }
 
     /// Waits until signalled; the mutex must be held. May wake spuriously.
-    func wait() { pthread_cond_wait(condition, mutex) }
+    public func wait() { pthread_cond_wait(condition, mutex) }
 
     /// Waits until signalled or until the monotonic clock reaches `deadline`
     /// (nanoseconds, as ``MonotonicClock/nanoseconds()``); the mutex must be held.
     /// May wake spuriously.
-    func wait(untilMonotonic deadline: Int64) {
+    public func wait(untilMonotonic deadline: Int64) {
         #if canImport(Darwin)
         let remaining = max(0, deadline &- MonotonicClock.nanoseconds())
         var relative = timespec(tv_sec: Int(remaining / 1_000_000_000), tv_nsec: Int(remaining % 1_000_000_000))

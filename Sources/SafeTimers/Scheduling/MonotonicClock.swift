@@ -13,10 +13,11 @@ import Musl
 /// is changed. A deadline is therefore "so much *running* time from now": a
 /// watchdog armed for 2 s just before the machine sleeps fires 2 s of awake time
 /// later, not at once on wake-up. Reading it costs about 25 ns here (vDSO).
-enum MonotonicClock {
+@_spi(SafeTimersInternal)
+public enum MonotonicClock {
     /// Nanoseconds since an arbitrary, fixed point in the past.
     @inline(__always)
-    static func nanoseconds() -> Int64 {
+    public static func nanoseconds() -> Int64 {
         #if canImport(Darwin)
         return Int64(truncatingIfNeeded: clock_gettime_nsec_np(CLOCK_UPTIME_RAW))
         #else

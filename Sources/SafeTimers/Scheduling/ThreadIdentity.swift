@@ -11,7 +11,8 @@ import Musl
 /// glibc declares `gettid` and `pthread_setname_np` only under `_GNU_SOURCE`,
 /// which Swift's `Glibc` module does not define, so on Linux they are looked up
 /// once with `dlsym`; where the lookup fails the functions quietly do nothing.
-enum ThreadIdentity {
+@_spi(SafeTimersInternal)
+public enum ThreadIdentity {
     #if os(Linux)
     private typealias GetTID = @convention(c) () -> Int32
     private typealias SetName = @convention(c) (pthread_t, UnsafePointer<CChar>) -> Int32
@@ -26,7 +27,7 @@ enum ThreadIdentity {
     #endif
 
     /// The kernel's id of the current thread (Linux), or 0 where there is none.
-    static func currentKernelThreadID() -> Int32 {
+    public static func currentKernelThreadID() -> Int32 {
         #if os(Linux)
         return getTID?() ?? 0
         #else
@@ -36,7 +37,7 @@ enum ThreadIdentity {
 
     /// An id of the current thread, comparable with `==` among live threads.
     @inline(__always)
-    static func current() -> UInt {
+    public static func current() -> UInt {
         #if canImport(Darwin)
         return UInt(bitPattern: pthread_self())
         #else
@@ -45,7 +46,7 @@ enum ThreadIdentity {
     }
 
     /// Whether the current thread is the process's main thread.
-    static var isMainThread: Bool {
+    public static var isMainThread: Bool {
         #if canImport(Darwin)
         return pthread_main_np() != 0
         #elseif os(Linux)
@@ -56,7 +57,7 @@ enum ThreadIdentity {
     }
 
     /// Names the current thread (shown by debuggers, `top -H` and crash reports).
-    static func nameCurrentThread(_ name: String) {
+    public static func nameCurrentThread(_ name: String) {
         #if canImport(Darwin)
         pthread_setname_np(name)
         #elseif os(Linux)

@@ -1,0 +1,167 @@
+#define _GNU_SOURCE
+#include "CStallCapture.h"
+
+#if defined(__linux__)
+
+#include <errno.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+// The request the handler answers: the thread id it is for, or 0 (none) or -1
+// (being answered right now). Only the thread named here fills `request_out`.
+static _Atomic pid_t request_tid = 0;
+static stallcapture_sample *request_out = NULL;
+static sem_t request_done;
+
+static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t install_once = PTHREAD_ONCE_INIT;
+static int install_result = 0;
+static struct sigaction previous_action;
+
+pid_t stallcapture_current_tid(void) { return (pid_t)syscall(SYS_gettid); }
+
+static void fill_sample(stallcapture_sample *out, void *context) {
+    ucontext_t *uc = (ucontext_t *)context;
+#if defined(__x86_64__)
+    out->pc = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+    out->sp = (uintptr_t)uc->uc_mcontext.gregs[REG_RSP];
+    out->fp = (uintptr_t)uc->uc_mcontext.gregs[REG_RBP];
+#elif defined(__aarch64__)
+    out->pc = (uintptr_t)uc->uc_mcontext.pc;
+    out->sp = (uintptr_t)uc->uc_mcontext.sp;
+    out->fp = (uintptr_t)uc->uc_mcontext.regs[29];
+#else
+    out->pc = out->sp = out->fp = 0;
+#endif
+    // glibc's unwinder; its one-time dlopen/malloc happened at install.
+    out->unwound_count = backtrace((void **)out->unwound, STALLCAPTURE_MAX_FRAMES);
+    // Copy the stack through the kernel, which stops at the first unmapped
+    // page instead of faulting.
+    out->stack_size = 0;
+    if (out->sp != 0) {
+        struct iovec local = {out->stack, STALLCAPTURE_STACK_BYTES};
+        struct iovec remote = {(void *)out->sp, STALLCAPTURE_STACK_BYTES};
+        ssize_t copied = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+        if (copied < 0) {
+            // Retry page by page: the range may end in an unmapped page.
+            size_t total = 0;
+            long page = sysconf(_SC_PAGESIZE);
+            size_t first = page - (out->sp % (uintptr_t)page);
+            size_t chunk = first;
+            while (total < STALLCAPTURE_STACK_BYTES) {
+                if (chunk > STALLCAPTURE_STACK_BYTES - total) chunk = STALLCAPTURE_STACK_BYTES - total;
+                struct iovec l = {out->stack + total, chunk};
+                struct iovec r = {(void *)(out->sp + total), chunk};
+                if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) != (ssize_t)chunk) break;
+                total += chunk;
+                chunk = (size_t)page;
+            }
+            out->stack_size = total;
+        } else {
+            out->stack_size = (size_t)copied;
+        }
+    }
+}
+
+static void chain(int signal_number, siginfo_t *info, void *context) {
+    if (previous_action.sa_flags & SA_SIGINFO) {
+        if (previous_action.sa_sigaction != NULL) previous_action.sa_sigaction(signal_number, info, context);
+    } else if (previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN &&
+               previous_action.sa_handler != NULL) {
+        previous_action.sa_handler(signal_number);
+    }
+    // SIG_DFL would end the process for a stray SIGPROF; SafeTimers ignores it instead.
+}
+
+static void handler(int signal_number, siginfo_t *info, void *context) {
+    int saved_errno = errno;
+    pid_t self = (pid_t)syscall(SYS_gettid);
+    pid_t expected = self;
+    if (info != NULL && info->si_code == SI_TKILL && info->si_pid == getpid() &&
+        atomic_compare_exchange_strong(&request_tid, &expected, -1)) {
+        fill_sample(request_out, context);
+        atomic_store(&request_tid, 0);
+        sem_post(&request_done);
+    } else {
+        chain(signal_number, info, context);
+    }
+    errno = saved_errno;
+}
+
+static void install(void) {
+    void *warm_up[4];
+    backtrace(warm_up, 4);  // loads libgcc_s now, never inside the handler
+    if (sem_init(&request_done, 0, 0) != 0) {
+        install_result = errno;
+        return;
+    }
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = handler;
+    action.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGPROF, &action, &previous_action) != 0) install_result = errno;
+}
+
+int stallcapture_install(void) {
+    pthread_once(&install_once, install);
+    return install_result;
+}
+
+int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, int *error_number) {
+    if (stallcapture_install() != 0) return STALLCAPTURE_NOT_INSTALLED;
+    pthread_mutex_lock(&capture_lock);
+    while (sem_trywait(&request_done) == 0) {}  // nothing stale may count as an answer
+    request_out = out;
+    atomic_store(&request_tid, tid);
+    if (syscall(SYS_tgkill, getpid(), tid, SIGPROF) != 0) {
+        if (error_number) *error_number = errno;
+        atomic_store(&request_tid, 0);
+        pthread_mutex_unlock(&capture_lock);
+        return STALLCAPTURE_SIGNAL_FAILED;
+    }
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    int result = STALLCAPTURE_OK;
+    while (sem_timedwait(&request_done, &deadline) != 0) {
+        if (errno == EINTR) continue;
+        // Timed out: withdraw the request, unless the handler is answering it
+        // right now, in which case its answer is moments away.
+        pid_t expected = tid;
+        if (atomic_compare_exchange_strong(&request_tid, &expected, 0)) {
+            result = STALLCAPTURE_TIMEOUT;
+        } else {
+            while (sem_wait(&request_done) != 0 && errno == EINTR) {}
+        }
+        break;
+    }
+    request_out = NULL;
+    pthread_mutex_unlock(&capture_lock);
+    return result;
+}
+
+#else
+
+int stallcapture_install(void) { return 0; }
+int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, int *error_number) {
+    (void)tid; (void)timeout_ms; (void)out; (void)error_number;
+    return STALLCAPTURE_UNSUPPORTED;
+}
+pid_t stallcapture_current_tid(void) { return 0; }
+
+#endif

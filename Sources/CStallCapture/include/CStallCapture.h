@@ -1,0 +1,69 @@
+#ifndef C_STALL_CAPTURE_H
+#define C_STALL_CAPTURE_H
+
+// The only C in SafeTimers: an async-signal-safe SIGPROF handler that samples the
+// stack of one chosen thread, and the calls that drive it. Everything else
+// (choosing the thread, merging the unwinds, symbolication) happens in Swift, on
+// the detector's thread, after the sample.
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define STALLCAPTURE_MAX_FRAMES 128
+#define STALLCAPTURE_STACK_BYTES 65536
+
+/// One sample of a thread's stack, filled inside the signal handler.
+typedef struct stallcapture_sample {
+    /// The interrupted thread's registers: program counter, stack pointer, frame pointer.
+    uintptr_t pc;
+    uintptr_t sp;
+    uintptr_t fp;
+    /// Return addresses found by glibc's unwinder (`backtrace`), starting in the handler.
+    int unwound_count;
+    uintptr_t unwound[STALLCAPTURE_MAX_FRAMES];
+    /// A copy of the stack from `sp` upward, as far as it is mapped (at most
+    /// STALLCAPTURE_STACK_BYTES); the frame-pointer walk and the return-address
+    /// scan read this copy, never the live stack.
+    size_t stack_size;
+    unsigned char stack[STALLCAPTURE_STACK_BYTES];
+} stallcapture_sample;
+
+/// The copied stack bytes (Swift does not import C arrays this large).
+static inline const unsigned char *stallcapture_sample_stack(const stallcapture_sample *sample) {
+    return sample->stack;
+}
+
+/// The unwinder's return addresses.
+static inline const uintptr_t *stallcapture_sample_unwound(const stallcapture_sample *sample) {
+    return sample->unwound;
+}
+
+/// Outcomes of `stallcapture_capture`.
+enum {
+    STALLCAPTURE_OK = 0,
+    /// The thread did not answer in time (signal blocked, uninterruptible sleep, stopped).
+    STALLCAPTURE_TIMEOUT = 1,
+    /// The signal could not be sent (the thread is gone: errno says why).
+    STALLCAPTURE_SIGNAL_FAILED = 2,
+    /// The handler could not be installed.
+    STALLCAPTURE_NOT_INSTALLED = 3,
+    /// Not supported on this platform.
+    STALLCAPTURE_UNSUPPORTED = 4,
+};
+
+/// Installs the SIGPROF handler once per process (idempotent, thread-safe).
+/// Chains SIGPROF signals that are not its own requests to the handler that was
+/// installed before. Returns 0, or an errno value.
+int stallcapture_install(void);
+
+/// Samples the stack of thread `tid` of this process into `out`, waiting at most
+/// `timeout_ms`. One capture runs at a time; concurrent callers wait their turn.
+/// Returns one of the STALLCAPTURE_* outcomes; `*error_number` gets errno on
+/// STALLCAPTURE_SIGNAL_FAILED.
+int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, int *error_number);
+
+/// The kernel id of the calling thread.
+pid_t stallcapture_current_tid(void);
+
+#endif

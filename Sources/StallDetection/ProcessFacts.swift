@@ -1,0 +1,81 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Facts about this process read from `/proc` (Linux); elsewhere the answers are
+/// "unknown" and the rules that need them stay off.
+enum ProcessFacts {
+    /// The kernel id of the main thread (the process id).
+    static var mainThreadID: Int32 { Int32(getpid()) }
+
+    /// Whether a debugger (or any tracer) is attached: `TracerPid` in
+    /// `/proc/self/status` is not 0.
+    static func isTraced() -> Bool {
+        guard let status = read("/proc/self/status") else { return false }
+        for line in status.split(separator: "\n") where line.hasPrefix("TracerPid:") {
+            return line.dropFirst("TracerPid:".count).trimmingCharacters(in: " \t") != "0"
+        }
+        return false
+    }
+
+    /// The threads of this process with their names (`comm`).
+    static func threads() -> [(id: Int32, name: String)] {
+        guard let directory = opendir("/proc/self/task") else { return [] }
+        defer { closedir(directory) }
+        var result: [(Int32, String)] = []
+        while let entry = readdir(directory) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
+            }
+            guard let id = Int32(name) else { continue }
+            let comm = read("/proc/self/task/\(id)/comm")?.trimmingCharacters(in: "\n") ?? ""
+            result.append((id, comm))
+        }
+        return result
+    }
+
+    /// Whether thread `id` still exists.
+    static func threadExists(_ id: Int32) -> Bool {
+        access("/proc/self/task/\(id)", F_OK) == 0
+    }
+
+    /// Nanoseconds on the clock that also counts time the machine spent asleep
+    /// (`CLOCK_BOOTTIME` on Linux); compared with the monotonic clock it tells how
+    /// long the machine slept.
+    static func bootTimeNanoseconds() -> Int64 {
+        #if os(Linux)
+        var spec = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &spec)
+        return Int64(spec.tv_sec) * 1_000_000_000 + Int64(spec.tv_nsec)
+        #else
+        return 0
+        #endif
+    }
+
+    private static func read(_ path: String) -> String? {
+        guard let file = fopen(path, "r") else { return nil }
+        defer { fclose(file) }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = fread(&buffer, 1, buffer.count, file)
+            if count <= 0 { break }
+            bytes += buffer.prefix(count)
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+}
+
+extension Substring {
+    func trimmingCharacters(in set: String) -> String {
+        String(drop(while: { set.contains($0) }).reversed().drop(while: { set.contains($0) }).reversed())
+    }
+}
+
+extension String {
+    func trimmingCharacters(in set: String) -> String {
+        Substring(self).trimmingCharacters(in: set)
+    }
+}

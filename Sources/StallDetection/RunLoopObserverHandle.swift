@@ -1,0 +1,45 @@
+@_spi(SafeTimersInternal) import SafeTimers
+
+#if canImport(CoreFoundation)
+import CoreFoundation
+// On Linux the Core Foundation symbols live in Foundation's library.
+import Foundation
+#endif
+
+/// A run-loop observer on the main run loop that reports each activity with its
+/// monotonic time: `idle` when the loop is about to sleep (or exits), busy otherwise.
+///
+/// `@unchecked Sendable` invariant: the wrapped `CFRunLoopObserver` is created in
+/// `init` and only ever passed to `CFRunLoopRemoveObserver` and
+/// `CFRunLoopObserverInvalidate`, which Core Foundation documents as thread-safe;
+/// nothing else touches it.
+final class RunLoopObserverHandle: @unchecked Sendable {
+    #if canImport(CoreFoundation)
+    private let observer: CFRunLoopObserver?
+    #endif
+
+    init(onActivity: @escaping @Sendable (_ time: Int64, _ idle: Bool) -> Void) {
+        #if canImport(CoreFoundation)
+        observer = CFRunLoopObserverCreateWithHandler(
+            kCFAllocatorDefault, CFRunLoopActivity.allActivities.rawValue, true, 0
+        ) { _, activity in
+            let idle = activity == .beforeWaiting || activity == .exit
+            onActivity(MonotonicClock.nanoseconds(), idle)
+        }
+        if let observer {
+            CFRunLoopAddObserver(CFRunLoopGetMain(), observer, kCFRunLoopCommonModes)
+        }
+        #endif
+    }
+
+    /// Removes the observer from the main run loop; after it returns no callback
+    /// begins.
+    func remove() {
+        #if canImport(CoreFoundation)
+        if let observer {
+            CFRunLoopRemoveObserver(CFRunLoopGetMain(), observer, kCFRunLoopCommonModes)
+            CFRunLoopObserverInvalidate(observer)
+        }
+        #endif
+    }
+}

@@ -1,0 +1,87 @@
+/// The pure bookkeeping of one detector: what the target last did, whether it owes
+/// an answer, and whether a stall is in progress. No clock, no threads: every input
+/// carries its time (monotonic nanoseconds), so the rules are tested directly.
+///
+/// Two kinds of evidence feed it:
+/// - a heartbeat probe: ``probeSent(at:)`` when a tiny block is posted to the target,
+///   ``progress(at:)`` when that block ran;
+/// - a run-loop observer: ``progress(at:)`` at each run-loop activity, ``idle(at:)``
+///   when the loop goes to sleep.
+///
+/// A stall starts when the target has owed an answer for `threshold`; it ends at the
+/// next progress. Its start is estimated as the midpoint between the last progress
+/// and the moment an answer became owed: exact for the run loop (the two are the
+/// same), within half a heartbeat for a probe.
+struct StallTracker: Sendable {
+    enum Event: Equatable, Sendable {
+        case started(id: UInt64, duration: Int64)
+        case ended(id: UInt64, duration: Int64)
+    }
+
+    let threshold: Int64
+    private(set) var lastProgress: Int64
+    /// Since when the target owes an answer; nil when it owes none (idle, or answered).
+    private(set) var pendingSince: Int64?
+    private(set) var stall: (id: UInt64, start: Int64)?
+    private var lastID: UInt64 = 0
+
+    init(threshold: Int64, now: Int64) {
+        self.threshold = threshold
+        self.lastProgress = now
+    }
+
+    var isStalled: Bool { stall != nil }
+
+    /// A heartbeat probe was posted: from now on the target owes an answer (if it
+    /// did not already).
+    mutating func probeSent(at time: Int64) {
+        if pendingSince == nil { pendingSince = time }
+    }
+
+    /// The target did something at `time` (a probe ran, or the run loop moved on);
+    /// for a run loop it is busy from then on.
+    mutating func progress(at time: Int64, busyAfterwards: Bool = false) -> Event? {
+        let event = finish(at: time)
+        lastProgress = max(lastProgress, time)
+        pendingSince = busyAfterwards ? time : nil
+        return event
+    }
+
+    /// The run loop went to sleep at `time`: it owes nothing.
+    mutating func idle(at time: Int64) -> Event? {
+        let event = finish(at: time)
+        lastProgress = max(lastProgress, time)
+        pendingSince = nil
+        return event
+    }
+
+    /// The detector's periodic look at the clock.
+    mutating func tick(now: Int64) -> Event? {
+        guard stall == nil, let pendingSince else { return nil }
+        let start = estimatedStart(pendingSince: pendingSince)
+        guard now - start >= threshold else { return nil }
+        lastID &+= 1
+        stall = (lastID, start)
+        return .started(id: lastID, duration: now - start)
+    }
+
+    /// Nobody ran for `gap` nanoseconds (the process was stopped, or the machine
+    /// slept): that time says nothing about the target, so it is taken out.
+    mutating func discontinuity(gap: Int64) {
+        guard gap > 0 else { return }
+        lastProgress += gap
+        if let pending = pendingSince { pendingSince = pending + gap }
+        if let current = stall { stall = (current.id, current.start + gap) }
+    }
+
+    private func estimatedStart(pendingSince: Int64) -> Int64 {
+        let earliest = min(lastProgress, pendingSince)
+        return earliest + (pendingSince - earliest) / 2
+    }
+
+    private mutating func finish(at time: Int64) -> Event? {
+        guard let current = stall else { return nil }
+        stall = nil
+        return .ended(id: current.id, duration: max(0, time - current.start))
+    }
+}

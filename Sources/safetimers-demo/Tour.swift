@@ -1,0 +1,243 @@
+import Dispatch
+import Foundation
+import SafeTimers
+import StallDetection
+
+/// Prints a line at once (the tour is watched live).
+func say(_ line: String = "") {
+    print(line)
+    fflush(nil)
+}
+
+func header(_ title: String, problem: String) {
+    say()
+    say("━━ \(title) " + String(repeating: "━", count: max(0, 66 - title.count)))
+    say("The problem: \(problem)")
+}
+
+/// Blocks the calling thread for real time, as slow code would.
+func work(for duration: Duration) {
+    let end = ContinuousClock.now + duration
+    while ContinuousClock.now < end { usleep(1_000) }
+}
+
+/// Waits until `condition` holds (checked every millisecond), at most `limit`.
+func wait(upTo limit: Duration = .seconds(5), until condition: () -> Bool) {
+    let end = ContinuousClock.now + limit
+    while !condition() && ContinuousClock.now < end { usleep(1_000) }
+}
+
+/// A value several threads may touch.
+final class Shared<Value: Sendable>: @unchecked Sendable {
+    // Invariant: `value` is only read and written with `lock` held.
+    private let lock = NSLock()
+    private var value: Value
+    init(_ value: Value) { self.value = value }
+    func get() -> Value { lock.withLock { value } }
+    func update<R>(_ body: (inout Value) -> R) -> R { lock.withLock { body(&value) } }
+}
+
+// MARK: - Watchdog
+
+func watchdogSection() {
+    header(
+        "Watchdog",
+        problem: "a home-made GCD watchdog needs a DispatchSourceTimer per critical section, and its cancel "
+            + "is asynchronous: the 'took too long' handler can still run after the section finished.")
+    let reports = Shared<[String]>([])
+    func guarded(_ name: String, takes duration: Duration) {
+        let started = ContinuousClock.now
+        withWatchdog(
+            timeout: .milliseconds(200),
+            onTimeout: {
+                reports.update { $0.append(name) }
+                say("  ⚠ watchdog: '\(name)' still running after 200 ms")
+            }
+        ) {
+            work(for: duration)
+        }
+        say("  '\(name)' finished after \(Int((ContinuousClock.now - started) / .milliseconds(1))) ms")
+    }
+    guarded("fast sync", takes: .milliseconds(50))
+    guarded("slow sync", takes: .milliseconds(450))
+    usleep(300_000)
+    say("SafeTimers: the watchdog fired for \(reports.get()) only, while the slow section was still running;")
+    say("            withWatchdog invalidated it when the section ended, and invalidate() is a barrier.")
+}
+
+// MARK: - RepeatingTimer
+
+/// A periodic-jobs registry: several named jobs on one timer, run on every tick.
+final class PeriodicJobs: Sendable {
+    private let jobs = Shared<[(name: String, run: @Sendable () -> Void)]>([])
+    let timer: RepeatingTimer
+
+    init(interval: Duration) {
+        let jobs = self.jobs
+        timer = RepeatingTimer(interval: interval) {
+            for job in jobs.get() { job.run() }
+        }
+    }
+
+    func register(_ name: String, _ run: @escaping @Sendable () -> Void) {
+        jobs.update { $0.append((name, run)) }
+    }
+
+    func job(named name: String) -> (@Sendable () -> Void)? {
+        jobs.get().first { $0.name == name }?.run
+    }
+
+    func remove(named name: String) {
+        jobs.update { $0.removeAll { $0.name == name } }
+    }
+
+    var names: [String] { jobs.get().map(\.name) }
+}
+
+func timerSection() {
+    header(
+        "RepeatingTimer",
+        problem: "DispatchSourceTimer traps on an unbalanced resume() and when released while "
+            + "suspended; its cancel() does not stop a handler that is about to run.")
+    let ticks = Shared(0)
+    let box = Shared<RepeatingTimer?>(nil)
+    let timer = RepeatingTimer(interval: .milliseconds(100)) {
+        let count = ticks.update { value -> Int in
+            value += 1
+            return value
+        }
+        say("  tick \(count)")
+        if count == 5, let timer = box.get() {
+            timer.cancel()  // from inside the handler: no deadlock, no further tick
+            say("  cancelled from inside the handler at tick 5 → \(timer.state)")
+        }
+    }
+    box.update { $0 = timer }
+    say("  created → \(timer.state)")
+    timer.resume()
+    say("  resume() while idle is a no-op, not a trap → \(timer.state)")
+    timer.start()
+    say("  start() → \(timer.state)")
+    usleep(250_000)
+    timer.suspend()
+    timer.suspend()
+    say("  suspend() twice → \(timer.state) (no unbalanced-suspend trap)")
+    usleep(250_000)
+    timer.resume()
+    say("  resume() → \(timer.state)")
+    wait { timer.state == .cancelled }
+    usleep(150_000)
+    say("  after cancel: \(ticks.get()) ticks in total, none after cancel() returned")
+    timer.start()
+    say("  start() again after cancel → \(timer.state), fireCount reset to \(timer.fireCount)")
+    usleep(250_000)
+    timer.cancel()
+    say("  restarted run ticked \(timer.fireCount) times, then cancel() → \(timer.state)")
+    box.update { $0 = nil }
+
+    say()
+    say("  A periodic-jobs registry on one timer:")
+    let registry = PeriodicJobs(interval: .milliseconds(100))
+    let log = Shared<[String]>([])
+    for name in ["refresh-feed", "flush-analytics", "prune-cache"] {
+        registry.register(name) { log.update { $0.append(name) } }
+    }
+    registry.timer.start()
+    usleep(220_000)
+    registry.job(named: "prune-cache")?()
+    say("  ran 'prune-cache' by name once more, between ticks")
+    registry.remove(named: "flush-analytics")
+    say("  removed 'flush-analytics'; registered now: \(registry.names)")
+    usleep(220_000)
+    registry.timer.cancel()
+    let counts = Dictionary(log.get().map { ($0, 1) }, uniquingKeysWith: +)
+    say("  runs per job: \(counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ", "))")
+    say("SafeTimers: every call in every state is defined; cancel() is a barrier; restart is allowed.")
+}
+
+// MARK: - DelayedWork
+
+final class ExpensiveCache: Sendable {
+    let name: String
+    init(name: String) { self.name = name }
+    deinit { say("  deinit: ExpensiveCache '\(name)' released") }
+}
+
+func delayedWorkSection() {
+    header(
+        "DelayedWork",
+        problem: "a cancelled DispatchWorkItem keeps its closure, and everything the closure "
+            + "captured, alive until its deadline passes.")
+    let work: DelayedWork = {
+        let cache = ExpensiveCache(name: "thumbnails")
+        return DelayedWork.schedule(after: .seconds(30)) { say("  refreshed \(cache.name)") }
+    }()
+    say("  scheduled a refresh in 30 s capturing an ExpensiveCache")
+    say("  calling cancel()…")
+    let prevented = work.cancel()
+    say("  cancel() returned \(prevented): the refresh will never run → state \(work.state)")
+    say("SafeTimers: the capture was released before cancel() returned (the deinit line came first).")
+}
+
+// MARK: - Owner-bound timers
+
+final class FeedScreen: Sendable {
+    let refreshes = Shared(0)
+    deinit { say("  deinit: FeedScreen released") }
+    func refresh() {
+        let count = refreshes.update { value -> Int in
+            value += 1
+            return value
+        }
+        say("  FeedScreen refresh #\(count)")
+    }
+}
+
+func ownerSection() {
+    header(
+        "Owner-bound timer",
+        problem: "Foundation's Timer retains its target, so a screen that owns its polling "
+            + "timer never deinitializes, and the timer polls forever.")
+    var screen: FeedScreen? = FeedScreen()
+    let poll = RepeatingTimer(interval: .milliseconds(100), owner: screen!) { screen in screen.refresh() }
+    poll.start()
+    usleep(350_000)
+    say("  releasing the screen…")
+    screen = nil
+    wait { poll.state == .cancelled }
+    say("  timer state after its owner went away: \(poll.state)")
+    say("SafeTimers: the timer held its owner weakly and cancelled itself at its next tick.")
+}
+
+// MARK: - Stall detection
+
+@inline(never)
+func deliberatelySlowImageDecode() {
+    // A stand-in for real work done on the main thread by mistake.
+    work(for: .milliseconds(1000))
+}
+
+func stallSection() {
+    header(
+        "StallDetector",
+        problem: "hang detectors report the threshold, not the real duration, give no stack, "
+            + "and do not run on Linux at all.")
+    let detector = StallDetector(target: .mainRunLoop, threshold: .milliseconds(250))
+    detector.start()
+    let finished = Shared(false)
+    Task.detached {
+        for await event in detector.events {
+            say(String(describing: event).split(separator: "\n").prefix(10).map { "  " + $0 }.joined(separator: "\n"))
+            if event.phase == .ended { finished.update { $0 = true } }
+        }
+    }
+    say("  the main thread runs RunLoop.main; a main-queue block now calls deliberatelySlowImageDecode()…")
+    DispatchQueue.main.asyncAfter(deadline: .now() + .milliseconds(200)) { deliberatelySlowImageDecode() }
+    let end = Date().addingTimeInterval(4)
+    while !finished.get() && Date() < end {
+        RunLoop.main.run(until: Date().addingTimeInterval(0.05))
+    }
+    detector.stop()
+    say("SafeTimers: .started named the function with file and line while it was still blocking;")
+    say("            .ended gave the measured duration, not the threshold.")
+}

@@ -1,0 +1,69 @@
+import Dispatch
+import Foundation
+import StallDetection
+
+/// Prints one line and flushes it at once, so the parent sees lines as they happen.
+func emit(_ line: String) {
+    print(line)
+    fflush(nil)
+}
+
+func milliseconds(_ duration: Duration) -> Double {
+    Double(duration.components.seconds) * 1000 + Double(duration.components.attoseconds) / 1e15
+}
+
+func report(_ event: StallEvent) {
+    let text = Data(String(describing: event).utf8).base64EncodedString()
+    emit("EVENT \(event.id) \(event.phase.rawValue) \(milliseconds(event.duration)) \(text)")
+}
+
+func cpuMilliseconds() -> Double {
+    var usage = rusage()
+    getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000
+        + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000
+}
+
+/// Blocks the calling thread for `ms` milliseconds, in a function whose name the
+/// tests look for in the reported stack.
+@inline(never)
+func uniquelyNamedQueueBlocker(_ ms: Int) {
+    let start = ContinuousClock.now
+    // Sleep until the deadline, resuming after signals (the stack sample
+    // interrupts a sleep, as any signal does).
+    while ContinuousClock.now - start < .milliseconds(ms) {
+        let left = Duration.milliseconds(ms) - (ContinuousClock.now - start)
+        usleep(UInt32(max(1, milliseconds(left) * 1000)))
+    }
+    emit("REAL \(milliseconds(ContinuousClock.now - start))")
+}
+
+@inline(never)
+func uniquelyNamedMainThreadBlocker(_ ms: Int) {
+    let start = ContinuousClock.now
+    // Busy, so that the stack shows this function itself, not only a sleep.
+    while ContinuousClock.now - start < .milliseconds(ms) {}
+    emit("REAL \(milliseconds(ContinuousClock.now - start))")
+}
+
+func watch(_ detector: StallDetector, endedCount: Int, then finish: @escaping @Sendable () -> Void) {
+    detector.start()
+    Task.detached {
+        var ended = 0
+        for await event in detector.events {
+            report(event)
+            if event.phase == .ended {
+                ended += 1
+                if ended == endedCount { finish() }
+            }
+        }
+    }
+}
+
+func finishAndExit(_ detector: StallDetector) -> @Sendable () -> Void {
+    {
+        detector.stop()
+        emit("CPU \(cpuMilliseconds())")
+        exit(0)
+    }
+}

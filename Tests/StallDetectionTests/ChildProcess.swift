@@ -1,0 +1,59 @@
+import Dispatch
+import Foundation
+
+/// Runs the `stall-probe` helper (built beside the test bundle) and collects what
+/// it printed.
+struct ProbeRun {
+    struct Event {
+        var id: Int
+        var phase: String
+        var milliseconds: Double
+        var report: String
+    }
+
+    var events: [Event] = []
+    var realMilliseconds: [Double] = []
+    var lines: [String] = []
+    var exitStatus: Int32 = -1
+
+    static var probeURL: URL {
+        URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
+            .appendingPathComponent("stall-probe")
+    }
+
+    /// Runs a scenario; `whileRunning` gets the child's pid once it started. A child
+    /// still running after `timeLimit` is killed, so a broken detector fails the
+    /// test instead of hanging it.
+    static func run(
+        _ arguments: [String], timeLimit: Double = 60, whileRunning: (Int32) -> Void = { _ in }
+    ) throws -> ProbeRun {
+        let process = Process()
+        process.executableURL = probeURL
+        process.arguments = arguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let pid = process.processIdentifier
+        DispatchQueue.global().asyncAfter(deadline: .now() + timeLimit) { kill(pid, SIGKILL) }
+        whileRunning(pid)
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        var run = ProbeRun()
+        run.exitStatus = process.terminationStatus
+        run.lines = String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
+        for line in run.lines {
+            let fields = line.split(separator: " ")
+            if fields.first == "EVENT", fields.count == 5, let id = Int(fields[1]), let value = Double(fields[3]) {
+                let report = Data(base64Encoded: String(fields[4])).map { String(decoding: $0, as: UTF8.self) } ?? ""
+                run.events.append(Event(id: id, phase: String(fields[2]), milliseconds: value, report: report))
+            } else if fields.first == "REAL", fields.count >= 2, let value = Double(fields[1]) {
+                run.realMilliseconds.append(value)
+            }
+        }
+        return run
+    }
+
+    var started: [Event] { events.filter { $0.phase == "started" } }
+    var ended: [Event] { events.filter { $0.phase == "ended" } }
+}

@@ -1,0 +1,162 @@
+import CStallCapture
+import Dispatch
+import Foundation
+import Testing
+
+@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import StallDetection
+
+/// Real stalls in child processes (the test runner's own main thread is in the
+/// way of run-loop scenarios). Bounds are the issue's: the `.started` event within
+/// threshold + one heartbeat of the block's start, the duration within 5 %.
+@Suite("StallDetector (child processes, real time)", .serialized)
+struct StallDetectorIntegrationTests {
+    /// Threshold 250 ms, default heartbeat 25 ms.
+    let detectionBound = 250.0 + 25.0 + 15.0
+
+    func expectOneStall(_ run: ProbeRun, function: String, sourceLocation: SourceLocation = #_sourceLocation) {
+        #expect(run.exitStatus == 0, sourceLocation: sourceLocation)
+        #expect(run.started.count == 1, "\(run.lines)", sourceLocation: sourceLocation)
+        #expect(run.ended.count == 1, "\(run.lines)", sourceLocation: sourceLocation)
+        guard let started = run.started.first, let ended = run.ended.first, let real = run.realMilliseconds.first
+        else { return }
+        #expect(started.id == ended.id, sourceLocation: sourceLocation)
+        #expect(
+            started.milliseconds <= detectionBound, "detected after \(started.milliseconds) ms",
+            sourceLocation: sourceLocation)
+        #expect(started.report.contains(function), "\(started.report)", sourceLocation: sourceLocation)
+        #expect(started.report.contains(".swift:"), "file and line are shown", sourceLocation: sourceLocation)
+        #expect(
+            abs(ended.milliseconds - real) <= real * 0.05, "\(ended.milliseconds) vs real \(real)",
+            sourceLocation: sourceLocation)
+    }
+
+    @Test("a serial queue blocked 600 ms: started on time with the blocking function, ended within 5 %")
+    func serialQueue() throws {
+        expectOneStall(try ProbeRun.run(["queue", "600"]), function: "uniquelyNamedQueueBlocker")
+    }
+
+    @Test("the main run loop blocked 600 ms, timed by the run-loop observer")
+    func mainRunLoop() throws {
+        expectOneStall(try ProbeRun.run(["runloop", "600"]), function: "uniquelyNamedMainThreadBlocker")
+    }
+
+    @Test("the main queue blocked 600 ms while the main thread runs RunLoop.main")
+    func mainQueueUnderRunLoop() throws {
+        expectOneStall(try ProbeRun.run(["mainqueue-runloop", "600"]), function: "uniquelyNamedMainThreadBlocker")
+    }
+
+    @Test("the main queue blocked 600 ms under dispatchMain(), where a worker drains it")
+    func mainQueueUnderDispatchMain() throws {
+        expectOneStall(try ProbeRun.run(["mainqueue-dispatchmain", "600"]), function: "uniquelyNamedMainThreadBlocker")
+    }
+
+    @Test("a busy but responsive queue (many 2 ms blocks for 3 s) produces no event")
+    func busyButResponsive() throws {
+        let run = try ProbeRun.run(["busy", "3"])
+        #expect(run.exitStatus == 0)
+        #expect(run.events.isEmpty, "\(run.lines)")
+    }
+
+    @Test("SIGSTOP for 2 s, then SIGCONT, produces no event")
+    func stoppedProcess() throws {
+        let run = try ProbeRun.run(["idle", "5"]) { pid in
+            usleep(1_000_000)
+            kill(pid, SIGSTOP)
+            usleep(2_000_000)
+            kill(pid, SIGCONT)
+        }
+        #expect(run.exitStatus == 0)
+        #expect(run.lines.contains("READY"))
+        #expect(run.events.isEmpty, "\(run.lines)")
+    }
+
+    @Test("recall and accuracy: 20 stalls of 300 ms to 1.5 s, each reported once, durations within 5 %")
+    func recall() throws {
+        let run = try ProbeRun.run(["recall"])
+        #expect(run.exitStatus == 0)
+        #expect(run.realMilliseconds.count == 20)
+        #expect(run.started.count == 20, "\(run.lines)")
+        #expect(run.ended.count == 20)
+        #expect(Set(run.ended.map(\.id)).count == 20, "one id per stall")
+        for (ended, real) in zip(run.ended, run.realMilliseconds) {
+            #expect(abs(ended.milliseconds - real) <= real * 0.05, "\(ended.milliseconds) ms reported, \(real) ms real")
+        }
+    }
+}
+
+@Suite("StallDetector (in process)", .serialized)
+struct StallDetectorInProcessTests {
+    @Test("stop() ends the event stream and leaves no detector thread behind")
+    func stopCleansUp() async {
+        let queue = DispatchQueue(label: "test.stop")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(50))
+        detector.start()
+        detector.start()  // idempotent
+        usleep(100_000)
+        #expect(ProcessFacts.threads().contains { $0.name == "StallDetector" })
+        detector.stop()
+        detector.stop()  // idempotent
+        #expect(!ProcessFacts.threads().contains { $0.name == "StallDetector" })
+        var count = 0
+        for await _ in detector.events { count += 1 }
+        #expect(count == 0)
+    }
+
+    /// Blocks `queue` for 400 ms under a detector whose debugger check says `traced`.
+    func stallEvents(traced: Bool, reportsWhileDebugged: Bool) async -> [StallEvent] {
+        let queue = DispatchQueue(label: "test.traced")
+        let detector = StallDetector(
+            target: .queue(queue), threshold: .milliseconds(100), heartbeat: .milliseconds(10),
+            reportsWhileDebugged: reportsWhileDebugged, isTraced: { traced })
+        detector.start()
+        usleep(100_000)
+        queue.sync { _ = usleep(400_000) }
+        usleep(100_000)
+        detector.stop()
+        var events: [StallEvent] = []
+        for await event in detector.events { events.append(event) }
+        return events
+    }
+
+    @Test("a stall that starts while a debugger is attached is not reported, unless asked for")
+    func debuggerAttached() async {
+        #expect(ProcessFacts.isTraced() == false, "the tests run untraced")
+        #expect(await stallEvents(traced: true, reportsWhileDebugged: false).isEmpty)
+        let reported = await stallEvents(traced: true, reportsWhileDebugged: true)
+        #expect(reported.map(\.phase) == [.started, .ended])
+        let control = await stallEvents(traced: false, reportsWhileDebugged: false)
+        #expect(control.map(\.phase) == [.started, .ended])
+    }
+
+    @Test("100k stack samples of a thread running allocation-heavy code: no crash, no hang, every one answered")
+    func stressCaptures() {
+        #expect(stallcapture_install() == 0)
+        let stop = StateLock(false)
+        let tid = StateLock<Int32>(0)
+        let worker = Thread {
+            tid.withLock { $0 = stallcapture_current_tid() }
+            var keep: [[Int]] = []
+            while !stop.withLock({ $0 }) {
+                keep.append(Array(repeating: keep.count, count: 64))
+                if keep.count > 1_000 { keep.removeAll(keepingCapacity: false) }
+                _ = String(describing: keep.count).utf8.count
+            }
+        }
+        worker.start()
+        while tid.withLock({ $0 }) == 0 { usleep(1_000) }
+        let target = tid.withLock { $0 }
+        // Under ThreadSanitizer (which delays signals to safe points) 10k samples.
+        let count = ThreadSanitizerAnnotations.functions == nil ? 100_000 : 10_000
+        let sample = UnsafeMutablePointer<stallcapture_sample>.allocate(capacity: 1)
+        defer { sample.deallocate() }
+        var answered = 0
+        var error: Int32 = 0
+        for _ in 0..<count where stallcapture_capture(target, 1_000, sample, &error) == Int32(STALLCAPTURE_OK) {
+            answered += 1
+        }
+        stop.withLock { $0 = true }
+        #expect(answered == count)
+        #expect(sample.pointee.stack_size > 0)
+    }
+}
