@@ -1,5 +1,7 @@
 #include "CMallocStats.h"
 
+#include <stdlib.h>  // defines __GLIBC__ on glibc systems
+
 #if defined(__linux__) && defined(__GLIBC__)
 #include <malloc.h>
 

@@ -1,3 +1,5 @@
+import Foundation
+
 /// One line of the comparison: SafeTimers and a peer on the same work.
 struct Comparison {
     var work: String
