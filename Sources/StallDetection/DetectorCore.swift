@@ -42,7 +42,7 @@ final class DetectorCore: Sendable {
         /// A stall is in progress: wake the detector as soon as the target answers.
         var wantsPromptWake = false
         var observer: RunLoopObserverHandle?
-        var thread: DetectorThreadHandle?
+        var thread: NamedThread?
     }
 
     private let mailbox = StateLock(Mailbox())
@@ -83,14 +83,14 @@ final class DetectorCore: Sendable {
         let started = mailbox.withLock { mailbox -> Bool in
             guard !mailbox.stopRequested, mailbox.lifecycle == .running else { return false }
             mailbox.observer = observer
-            mailbox.thread = DetectorThread { [self] in self.run() }.start()
+            mailbox.thread = NamedThread.start(name: "StallDetector") { [self] in self.run() }
             return true
         }
         if !started { observer?.remove() }
     }
 
     func stop() {
-        let (observer, thread) = mailbox.withLock { mailbox -> (RunLoopObserverHandle?, DetectorThreadHandle?) in
+        let (observer, thread) = mailbox.withLock { mailbox -> (RunLoopObserverHandle?, NamedThread?) in
             guard mailbox.lifecycle == .running else {
                 mailbox.lifecycle = .stopped
                 mailbox.stopRequested = true

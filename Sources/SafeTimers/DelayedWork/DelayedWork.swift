@@ -160,22 +160,14 @@ public final class DelayedWork: Sendable {
     }
 
     private func run() {
-        var work: (@Sendable () -> Void)? = storage.withLock { storage in
-            guard storage.state == .pending else { return nil }
-            storage.state = .running
-            storage.barrier.begin()
-            let work = storage.work
-            storage.work = nil
-            return work
-        }
-        guard work != nil else { return }
-        work?()
-        work = nil  // release the captures before the run counts as ended
-        let wake = storage.withLock { storage in
-            storage.state = .completed
-            return storage.barrier.end()
-        }
-        if wake { InvocationParking.wakeAll() }
+        storage.runOnce(
+            claim: { storage in
+                guard storage.state == .pending else { return nil }
+                storage.state = .running
+                defer { storage.work = nil }
+                return storage.work
+            },
+            finish: { $0.state = .completed })
     }
 }
 

@@ -93,6 +93,29 @@ enum InvocationParking {
 }
 
 extension StateLock where Value: InvocationBarrierHolder {
+    /// Runs a one-shot handler under the barrier discipline: `claim` (lock held)
+    /// moves the state on and hands the handler over, or returns nil when it must
+    /// not run; the handler then runs outside the lock and is released before the
+    /// invocation counts as ended; `finish` (lock held) records the end.
+    func runOnce(
+        claim: (inout Value) -> (@Sendable () -> Void)?,
+        finish: (inout Value) -> Void = { _ in }
+    ) {
+        var handler: (@Sendable () -> Void)? = withLock { value in
+            guard let handler = claim(&value) else { return nil }
+            value.barrier.begin()
+            return handler
+        }
+        guard handler != nil else { return }
+        handler?()
+        handler = nil  // release the captures before the run counts as ended
+        let wake = withLock { value in
+            finish(&value)
+            return value.barrier.end()
+        }
+        if wake { InvocationParking.wakeAll() }
+    }
+
     /// Waits until the invocation counted as `begun` has ended, then unregisters
     /// the waiter that ``InvocationBarrier/registerWaiter()`` registered.
     /// Call it without holding the lock.

@@ -194,33 +194,11 @@ public final class TimerEngine: @unchecked Sendable {
     }
 
     private func startThread() {
-        let context = Unmanaged.passRetained(self).toOpaque()
-        #if canImport(Darwin)
-        var thread: pthread_t? = nil
-        #else
-        var thread = pthread_t()
-        #endif
-        let result = pthread_create(
-            &thread, nil,
-            { context in
-                #if canImport(Darwin)
-                let engine = Unmanaged<TimerEngine>.fromOpaque(context).takeRetainedValue()
-                #else
-                let engine = Unmanaged<TimerEngine>.fromOpaque(context!).takeRetainedValue()
-                #endif
-                engine.runSchedulerThread()
-                return nil
-            }, context)
-        precondition(result == 0, "SafeTimers could not start its scheduler thread: pthread_create returned \(result)")
-        #if canImport(Darwin)
-        pthread_detach(thread!)
-        #else
-        pthread_detach(thread)
-        #endif
+        // The thread keeps the engine alive until `shutDown()` lets it end.
+        NamedThread.start(name: "SafeTimers") { [self] in self.runSchedulerThread() }.detach()
     }
 
     private func runSchedulerThread() {
-        ThreadIdentity.nameCurrentThread("SafeTimers")
         var batch: [TimerHeap.Element] = []
         batch.reserveCapacity(Self.batchLimit)
         lock.lock()

@@ -175,17 +175,11 @@ final class WatchdogCore: TimerEntry {
     }
 
     private func run() {
-        var handler: (@Sendable () -> Void)? = storage.withLock { storage in
+        storage.runOnce(claim: { storage in
             guard storage.status == .armed else { return nil }
             storage.status = .fired
-            storage.barrier.begin()
-            let handler = storage.handler
-            storage.handler = nil
-            return handler
-        }
-        guard handler != nil else { return }
-        handler?()
-        handler = nil  // release the captures before the run counts as ended
-        if storage.withLock({ $0.barrier.end() }) { InvocationParking.wakeAll() }
+            defer { storage.handler = nil }
+            return storage.handler
+        })
     }
 }

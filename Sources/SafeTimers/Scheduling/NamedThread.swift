@@ -1,0 +1,72 @@
+#if canImport(Darwin)
+import Darwin
+#elseif canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+/// A plain named pthread running one closure: the scheduler's thread and each stall
+/// detector's. Neither may depend on the Dispatch thread pool: the scheduler feeds
+/// it, and a detector watches it.
+///
+/// `@unchecked Sendable` invariant: the wrapped `pthread_t` is only passed to
+/// `pthread_join` or `pthread_detach`, once, by whoever started the thread.
+@_spi(SafeTimersInternal)
+public struct NamedThread: @unchecked Sendable {
+    #if canImport(Darwin)
+    private let thread: pthread_t?
+    #else
+    private let thread: pthread_t
+    #endif
+
+    /// Starts a thread named `name` (up to 15 characters show on Linux) running `body`.
+    public static func start(name: String, _ body: @escaping @Sendable () -> Void) -> NamedThread {
+        final class Start: Sendable {
+            let name: String
+            let body: @Sendable () -> Void
+            init(name: String, body: @escaping @Sendable () -> Void) {
+                self.name = name
+                self.body = body
+            }
+        }
+        let context = Unmanaged.passRetained(Start(name: name, body: body)).toOpaque()
+        #if canImport(Darwin)
+        var thread: pthread_t? = nil
+        #else
+        var thread = pthread_t()
+        #endif
+        let result = pthread_create(
+            &thread, nil,
+            { context in
+                #if canImport(Darwin)
+                let start = Unmanaged<Start>.fromOpaque(context).takeRetainedValue()
+                #else
+                let start = Unmanaged<Start>.fromOpaque(context!).takeRetainedValue()
+                #endif
+                ThreadIdentity.nameCurrentThread(start.name)
+                start.body()
+                return nil
+            }, context)
+        precondition(result == 0, "SafeTimers could not start thread '\(name)': pthread_create returned \(result)")
+        return NamedThread(thread: thread)
+    }
+
+    /// Waits until the thread has exited.
+    public func join() {
+        #if canImport(Darwin)
+        if let thread { pthread_join(thread, nil) }
+        #else
+        pthread_join(thread, nil)
+        #endif
+    }
+
+    /// Lets the thread's resources go when it exits, without anyone joining it.
+    public func detach() {
+        #if canImport(Darwin)
+        if let thread { pthread_detach(thread) }
+        #else
+        pthread_detach(thread)
+        #endif
+    }
+}
