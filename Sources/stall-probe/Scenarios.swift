@@ -15,6 +15,7 @@ func milliseconds(_ duration: Duration) -> Double {
 func report(_ event: StallEvent) {
     let text = Data(String(describing: event).utf8).base64EncodedString()
     emit("EVENT \(event.id) \(event.phase.rawValue) \(milliseconds(event.duration)) \(text)")
+    if event.phase == .started { emit("SAMPLING \(milliseconds(event.samplingTime))") }
 }
 
 func cpuMilliseconds() -> Double {

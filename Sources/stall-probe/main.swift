@@ -4,6 +4,7 @@
 //   EVENT <id> <phase> <duration_ms> <base64 of the report>
 //   REAL <duration_ms>        how long a block really took
 //   READY                     the scenario is running (for tests that signal it)
+//   SAMPLING <ms>             how long sampling and symbolicating a stall took
 //   CPU <user+system ms>      the detector process' CPU time at the end
 // Not a product: tests run it from the build folder.
 
