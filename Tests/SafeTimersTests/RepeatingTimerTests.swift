@@ -59,9 +59,16 @@ struct RepeatingTimerTests {
         (.finished, .cancel, .cancelled),
     ]
 
-    /// A timer of 3 repetitions, 1 s apart, brought into `state`.
-    static func timer(in state: TimerState, scheduler: ManualTimerScheduler, fired: Counter) -> RepeatingTimer {
-        let timer = RepeatingTimer(interval: .seconds(1), repetitions: 3, scheduler: scheduler) { fired.increment() }
+    /// A timer of 3 repetitions, 1 s apart, whose handler counts into `fired` (and
+    /// runs `also`), brought into `state`.
+    static func timer(
+        in state: TimerState, scheduler: ManualTimerScheduler, fired: Counter,
+        also: @escaping @Sendable () -> Void = {}
+    ) -> RepeatingTimer {
+        let timer = RepeatingTimer(interval: .seconds(1), repetitions: 3, scheduler: scheduler) {
+            also()
+            fired.increment()
+        }
         switch state {
         case .idle: break
         case .running: timer.start()
@@ -311,23 +318,7 @@ struct RepeatingTimerTests {
         let fired = Counter()
         do {
             let captured = Tracked { released.increment() }
-            let timer = RepeatingTimer(interval: .seconds(1), repetitions: 3, scheduler: manual) {
-                captured.touch()
-                fired.increment()
-            }
-            switch state {
-            case .idle: break
-            case .running: timer.start()
-            case .suspended:
-                timer.start()
-                timer.suspend()
-            case .cancelled:
-                timer.start()
-                timer.cancel()
-            case .finished:
-                timer.start()
-                manual.advance(by: .seconds(3))
-            }
+            _ = Self.timer(in: state, scheduler: manual, fired: fired, also: { captured.touch() })
         }
         let before = fired.count
         manual.advance(by: .seconds(10))
