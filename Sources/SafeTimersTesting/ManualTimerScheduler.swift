@@ -48,7 +48,7 @@ public final class ManualTimerScheduler: TimerScheduler {
     /// created, like ``now``) and runs every handler that falls due. An instant
     /// in the past leaves the clock where it is.
     public func advance(to instant: Duration) {
-        engine.advance(toTicks: clampedNanoseconds(instant))
+        engine.advance(to: instant)
     }
 
     /// Advances to the earliest pending deadline and runs what falls due there,
@@ -64,14 +64,5 @@ public final class ManualTimerScheduler: TimerScheduler {
             rounds += 1
         }
         return rounds
-    }
-
-    private func clampedNanoseconds(_ duration: Duration) -> Int64 {
-        let (seconds, attoseconds) = duration.components
-        let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
-        if overflow { return seconds < 0 ? 0 : Int64.max }
-        let (sum, overflow2) = whole.addingReportingOverflow(attoseconds / 1_000_000_000)
-        if overflow2 { return Int64.max }
-        return max(0, sum)
     }
 }

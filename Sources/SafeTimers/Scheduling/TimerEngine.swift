@@ -143,6 +143,12 @@ public final class TimerEngine: @unchecked Sendable {
         advance(toTicks: target)
     }
 
+    /// Moves the virtual clock to `instant` (time since the engine was created;
+    /// never backwards, saturating), firing as ``advance(by:)`` does.
+    public func advance(to instant: Duration) {
+        advance(toTicks: max(0, DeadlineArithmetic.nanoseconds(instant)))
+    }
+
     /// Moves the virtual clock to `target` ticks (never backwards), firing as
     /// ``advance(by:)`` does.
     public func advance(toTicks target: Int64) {
