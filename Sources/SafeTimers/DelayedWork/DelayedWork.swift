@@ -139,24 +139,19 @@ public final class DelayedWork: Sendable {
     @discardableResult
     func cancel(waitingForRun: Bool) -> Bool {
         let engine = scheduler.engine
-        let (prevented, released, waitFor) = storage.withLock {
-            storage -> (Bool, (@Sendable () -> Void)?, UInt64?) in
+        return storage.cancelOnce(waitingForRun: waitingForRun) { storage in
             switch storage.state {
             case .pending:
                 storage.state = .cancelled
-                let work = storage.work
-                storage.work = nil
                 engine.disarm(self)
-                return (true, work, nil)
+                defer { storage.work = nil }
+                return (true, storage.work, false)
             case .running:
-                return (false, nil, waitingForRun ? storage.barrier.registerWaiter() : nil)
+                return (false, nil, true)
             case .completed, .cancelled:
-                return (false, nil, nil)
+                return (false, nil, false)
             }
         }
-        withExtendedLifetime(released) {}  // the captures go here, outside the lock
-        if let waitFor { storage.waitForInvocation(waitFor) }
-        return prevented
     }
 
     private func run() {

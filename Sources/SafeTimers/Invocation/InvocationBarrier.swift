@@ -93,6 +93,24 @@ enum InvocationParking {
 }
 
 extension StateLock where Value: InvocationBarrierHolder {
+    /// The cancel half of the barrier discipline: `take` (lock held) moves the state
+    /// on and returns its result, the handler it took out (released here, outside
+    /// the lock, before this returns) and whether an invocation may be running; if
+    /// one runs on another thread and `waitingForRun`, this waits until it returned.
+    func cancelOnce<Result: Sendable>(
+        waitingForRun: Bool = true,
+        _ take: (inout Value) -> (result: Result, released: (@Sendable () -> Void)?, mayBeRunning: Bool)
+    ) -> Result {
+        let (result, released, waitFor) = withLock {
+            value -> (Result, (@Sendable () -> Void)?, UInt64?) in
+            let (result, released, mayBeRunning) = take(&value)
+            return (result, released, mayBeRunning && waitingForRun ? value.barrier.registerWaiter() : nil)
+        }
+        withExtendedLifetime(released) {}  // the captures go here, outside the lock
+        if let waitFor { waitForInvocation(waitFor) }
+        return result
+    }
+
     /// Runs a one-shot handler under the barrier discipline: `claim` (lock held)
     /// moves the state on and hands the handler over, or returns nil when it must
     /// not run; the handler then runs outside the lock and is released before the

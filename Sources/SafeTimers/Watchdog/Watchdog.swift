@@ -142,22 +142,19 @@ final class WatchdogCore: TimerEntry {
 
     func invalidate() {
         let engine = scheduler.engine
-        let (released, waitFor) = storage.withLock { storage -> ((@Sendable () -> Void)?, UInt64?) in
+        storage.cancelOnce { storage in
             switch storage.status {
             case .armed:
                 storage.status = .invalidated
-                let handler = storage.handler
-                storage.handler = nil
                 engine.disarm(self)
-                return (handler, nil)
+                defer { storage.handler = nil }
+                return ((), storage.handler, false)
             case .fired:
-                return (nil, storage.barrier.registerWaiter())
+                return ((), nil, true)
             case .invalidated:
-                return (nil, nil)
+                return ((), nil, false)
             }
         }
-        withExtendedLifetime(released) {}  // the captures go here, outside the lock
-        if let waitFor { storage.waitForInvocation(waitFor) }
     }
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
