@@ -9,7 +9,7 @@ import Testing
 /// Whether this process runs under ThreadSanitizer, which slows everything 5 to 15
 /// times and defers signals to its own safe points: real-time stall measurements
 /// mean nothing there (the stress test and the pure rules still run).
-let underThreadSanitizer = ThreadSanitizerAnnotations.functions != nil
+let underThreadSanitizer = ThreadSanitizerAnnotations.isActive
 
 /// Real stalls in child processes (the test runner's own main thread is in the
 /// way of run-loop scenarios). Bounds are the issue's: the `.started` event within
@@ -156,7 +156,7 @@ struct StallDetectorInProcessTests {
         while tid.withLock({ $0 }) == 0 { usleep(1_000) }
         let target = tid.withLock { $0 }
         // Under ThreadSanitizer (which delays signals to safe points) 10k samples.
-        let count = ThreadSanitizerAnnotations.functions == nil ? 100_000 : 10_000
+        let count = !ThreadSanitizerAnnotations.isActive ? 100_000 : 10_000
         let sample = UnsafeMutablePointer<stallcapture_sample>.allocate(capacity: 1)
         defer { sample.deallocate() }
         var answered = 0
