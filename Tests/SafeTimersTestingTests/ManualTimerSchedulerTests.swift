@@ -10,7 +10,7 @@ final class SelfRearmingEntry: TimerEntry {
     let interval: Int64
     let fired = Atomic<Int>(0)
     init(interval: Int64) { self.interval = interval }
-    var heapIndex: Int {
+    var timerSlot: Int {
         get { index.load(ordering: .relaxed) }
         set { index.store(newValue, ordering: .relaxed) }
     }
@@ -25,7 +25,7 @@ final class ClosureEntry: TimerEntry {
     private let index = Atomic<Int>(-1)
     let action: @Sendable (Int64, TimerEngine) -> Void
     init(_ action: @escaping @Sendable (Int64, TimerEngine) -> Void) { self.action = action }
-    var heapIndex: Int {
+    var timerSlot: Int {
         get { index.load(ordering: .relaxed) }
         set { index.store(newValue, ordering: .relaxed) }
     }

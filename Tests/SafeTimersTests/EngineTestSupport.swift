@@ -20,7 +20,7 @@ final class RecordingEntry: TimerEntry {
         self.onFire = onFire
     }
 
-    var heapIndex: Int {
+    var timerSlot: Int {
         get { index.load(ordering: .relaxed) }
         set { index.store(newValue, ordering: .relaxed) }
     }

@@ -1,56 +1,141 @@
+import Synchronization
 import Testing
 
 @testable @_spi(SchedulerImplementation) @_spi(SafeTimersInternal) import SafeTimers
 
-@Suite("TimerHeap")
-struct TimerHeapTests {
-    @Test("pops in deadline order, equal deadlines in insertion order")
-    func ordering() {
-        var heap = TimerHeap()
-        var generator = SplitMix64(seed: 7)
-        var entries: [RecordingEntry] = []
-        for number in 0..<2_000 {
-            let entry = RecordingEntry("\(number)")
-            entries.append(entry)
-            heap.insert(entry, deadline: Int64(generator.next() % 50), sequence: UInt64(number))
-        }
-        #expect(heap.invariantViolation() == nil)
-        var previous: (Int64, UInt64) = (Int64.min, 0)
-        while !heap.isEmpty {
-            let element = heap.removeFirst()
-            #expect(element.entry.heapIndex == -1)
-            #expect(previous.0 < element.deadline || (previous.0 == element.deadline && previous.1 < element.sequence))
-            previous = (element.deadline, element.sequence)
+@Suite("TimerWheel")
+struct TimerWheelTests {
+    /// A deadline of random magnitude (1 ns to 2^42 ns, about 73 minutes), so
+    /// that every level of the wheel and the near heap get entries; now and then
+    /// "never" or a deadline in the past.
+    static func randomDeadline(after now: Int64, _ generator: inout SplitMix64) -> Int64 {
+        switch generator.next() % 20 {
+        case 0: return DeadlineArithmetic.never
+        case 1: return now - Int64(generator.next() % 1_000_000)
+        default:
+            let bits = Int64(generator.next() % 43)
+            return now + Int64(generator.next() % UInt64(1 << bits))
         }
     }
 
-    @Test("removing and updating arbitrary entries keeps every stored index right")
-    func randomRemovalsAndUpdates() {
-        var heap = TimerHeap()
-        var generator = SplitMix64(seed: 42)
-        var live: [RecordingEntry] = []
+    @Test("pops in deadline order, equal deadlines in arming order, across every level")
+    func ordering() {
+        var wheel = TimerWheel()
+        var generator = SplitMix64(seed: 7)
+        var parked = 0
+        for number in 0..<20_000 {
+            let deadline =
+                number % 3 == 0
+                ? Int64(generator.next() % 50) << 30  // many equal deadlines
+                : Self.randomDeadline(after: 0, &generator)
+            if deadline == DeadlineArithmetic.never { parked += 1 }
+            wheel.insert(RecordingEntry("\(number)"), deadline: deadline, sequence: UInt64(number))
+        }
+        #expect(wheel.invariantViolation() == nil)
+        var previous: (Int64, UInt64) = (Int64.min, 0)
+        var popped = 0
+        while let fired = wheel.popDue(now: Int64.max - 1) {
+            #expect(fired.entry.timerSlot == -1)
+            #expect(previous.0 < fired.deadline || (previous.0 == fired.deadline && previous.1 < fired.sequence))
+            previous = (fired.deadline, fired.sequence)
+            popped += 1
+        }
+        #expect(popped == 20_000 - parked)
+        #expect(wheel.count == parked)
+        #expect(wheel.earliestDeadline() == (parked > 0 ? DeadlineArithmetic.never : nil))
+        #expect(wheel.invariantViolation() == nil)
+    }
+
+    @Test("random arms, moves, disarms and advances fire exactly what a sorted model fires", arguments: [1, 2, 3, 4])
+    func matchesModel(seed: UInt64) {
+        var wheel = TimerWheel()
+        var generator = SplitMix64(seed: seed)
+        // The model: every armed entry's (deadline, sequence), by name.
+        var model: [String: (deadline: Int64, sequence: UInt64)] = [:]
+        var entries: [String: RecordingEntry] = [:]
+        var now: Int64 = 0
         var sequence: UInt64 = 0
-        for _ in 0..<20_000 {
+        for step in 0..<30_000 {
             sequence += 1
-            switch generator.next() % 4 {
-            case 0, 1:
-                let entry = RecordingEntry("e")
-                heap.insert(entry, deadline: Int64(generator.next() % 1_000), sequence: sequence)
-                live.append(entry)
-            case 2 where !live.isEmpty:
-                let victim = live.remove(at: Int(generator.next() % UInt64(live.count)))
-                heap.remove(at: victim.heapIndex)
-                #expect(victim.heapIndex == -1)
-            case 3 where !live.isEmpty:
-                let moved = live[Int(generator.next() % UInt64(live.count))]
-                heap.update(at: moved.heapIndex, deadline: Int64(generator.next() % 1_000), sequence: sequence)
+            switch generator.next() % 10 {
+            case 0...3:
+                let name = "e\(step)"
+                let entry = RecordingEntry(name)
+                let deadline = Self.randomDeadline(after: now, &generator)
+                wheel.insert(entry, deadline: deadline, sequence: sequence)
+                entries[name] = entry
+                model[name] = (deadline, sequence)
+            case 4 where !model.isEmpty, 5 where !model.isEmpty:
+                let name = model.keys.randomElement(using: &generator)!
+                let removed = wheel.remove(node: Int32(entries[name]!.timerSlot))
+                #expect(removed === entries[name])
+                #expect(entries[name]!.timerSlot == -1)
+                model[name] = nil
+                entries[name] = nil
+            case 6 where !model.isEmpty:
+                let name = model.keys.randomElement(using: &generator)!
+                let deadline = Self.randomDeadline(after: now, &generator)
+                wheel.update(node: Int32(entries[name]!.timerSlot), deadline: deadline, sequence: sequence)
+                model[name] = (deadline, sequence)
             default:
-                break
+                // Advance by a random amount, from nothing to about 4 minutes.
+                now += Int64(generator.next() % UInt64(1 << (generator.next() % 38)))
+                let expected = model.filter { $0.value.deadline <= now }
+                    .sorted { ($0.value.deadline, $0.value.sequence) < ($1.value.deadline, $1.value.sequence) }
+                    .map(\.key)
+                var fired: [String] = []
+                while let element = wheel.popDue(now: now) {
+                    let name = (element.entry as! RecordingEntry).name
+                    #expect(model[name]?.deadline == element.deadline && model[name]?.sequence == element.sequence)
+                    fired.append(name)
+                    model[name] = nil
+                    entries[name] = nil
+                }
+                #expect(fired == expected)
+            }
+            if step % 1_000 == 0 {
+                #expect(wheel.invariantViolation() == nil)
+                #expect(wheel.count == model.count)
             }
         }
-        #expect(heap.invariantViolation() == nil)
-        #expect(heap.count == live.count)
+        let earliest = model.values.map(\.deadline).min()
+        #expect(wheel.earliestDeadline() == earliest)
+        #expect(wheel.invariantViolation() == nil)
+        _ = wheel.removeAll()
+        #expect(wheel.count == 0)
+        #expect(entries.values.allSatisfy { $0.timerSlot == -1 })
     }
+
+    @Test("the scheduler thread's wake-up target respects leeway, the near heap and the next bucket")
+    func wakeUpTarget() {
+        var wheel = TimerWheel()
+        #expect(wheel.wakeUpTarget() == DeadlineArithmetic.never)
+        wheel.insert(RecordingEntry("parked"), deadline: DeadlineArithmetic.never, sequence: 1)
+        #expect(wheel.wakeUpTarget() == DeadlineArithmetic.never)
+        // Far away: the thread wakes at the start of the entry's bucket, not before.
+        let hour: Int64 = 3_600_000_000_000
+        wheel.insert(RecordingEntry("hour"), deadline: hour, sequence: 2)
+        let bucketStart = wheel.wakeUpTarget()
+        #expect(bucketStart <= hour && bucketStart > hour - 300_000_000_000)
+        // Due now (in the near heap): its deadline, plus leeway up to the next deadline.
+        wheel.insert(LeewayEntry(leeway: 5_000), deadline: 100, sequence: 3)
+        #expect(wheel.wakeUpTarget() == 5_100)
+        wheel.insert(RecordingEntry("soon"), deadline: 2_000, sequence: 4)
+        #expect(wheel.wakeUpTarget() == 2_000)
+        #expect(wheel.invariantViolation() == nil)
+    }
+}
+
+/// An entry that may fire up to `leeway` nanoseconds late.
+final class LeewayEntry: TimerEntry {
+    private let slot = Atomic<Int>(-1)
+    let leewayTicks: Int64
+    init(leeway: Int64) { leewayTicks = leeway }
+    var timerSlot: Int {
+        get { slot.load(ordering: .relaxed) }
+        set { slot.store(newValue, ordering: .relaxed) }
+    }
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
 }
 
 /// A small deterministic generator for property tests (reproducible by seed).

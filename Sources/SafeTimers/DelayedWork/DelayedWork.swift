@@ -167,7 +167,7 @@ public final class DelayedWork: Sendable {
 }
 
 extension DelayedWork: TimerEntry {
-    var heapIndex: Int {
+    var timerSlot: Int {
         get { index.load(ordering: .relaxed) }
         set { index.store(newValue, ordering: .relaxed) }
     }

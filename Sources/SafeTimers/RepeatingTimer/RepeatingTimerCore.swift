@@ -47,7 +47,7 @@ final class RepeatingTimerCore: TimerEntry {
         self.storage = StateLock(Storage(machine: RepeatingTimerStateMachine(configuration: configuration)))
     }
 
-    var heapIndex: Int {
+    var timerSlot: Int {
         get { index.load(ordering: .relaxed) }
         set { index.store(newValue, ordering: .relaxed) }
     }

@@ -6,30 +6,33 @@ import Glibc
 import Musl
 #endif
 
-/// The machinery behind every scheduler: a heap of armed entries, a lock, and
-/// either a real clock with one tickless thread (``SystemTimerScheduler``) or a
-/// virtual clock advanced by hand (`ManualTimerScheduler` in `SafeTimersTesting`).
+/// The machinery behind every scheduler: a timing wheel of armed entries, a
+/// lock, and either a real clock with one tickless thread
+/// (``SystemTimerScheduler``) or a virtual clock advanced by hand
+/// (`ManualTimerScheduler` in `SafeTimersTesting`).
 ///
-/// Both kinds share the heap, the ordering rules (deadline, then arming order) and
-/// the arm/disarm paths, so what a test proves under virtual time is the code that
-/// runs in production.
+/// Both kinds share the wheel, the ordering rules (deadline, then arming order)
+/// and the arm/disarm paths, so what a test proves under virtual time is the code
+/// that runs in production.
 ///
 /// Time is kept as `Int64` nanoseconds since the engine was created ("ticks").
 ///
-/// `@unchecked Sendable` invariant: every mutable stored property lives in
-/// `state`, which is read and written only while `lock` is held; the remaining
-/// properties are immutable after `init`.
+/// `@unchecked Sendable` invariant: every mutable stored value lives in the
+/// `State` that `state` points to, which is read and written only while `lock` is
+/// held; the remaining properties are immutable after `init`. (The state sits
+/// behind a pointer allocated once, rather than in a stored `var`, so that the
+/// hot paths pay no dynamic exclusivity check.)
 @_spi(SchedulerImplementation)
 public final class TimerEngine: @unchecked Sendable {
     /// Mutable engine state; touched only with `lock` held.
-    private struct State {
-        var heap = TimerHeap()
+    private struct State: ~Copyable {
+        var wheel = TimerWheel()
         var lastSequence: UInt64 = 0
         /// Virtual clock (manual engines only).
         var virtualNow: Int64 = 0
         /// What the scheduler thread waits for: `Int64.min` while it is awake (it
-        /// will look at the heap again before sleeping, so nobody needs to wake
-        /// it), otherwise the deadline it sleeps until (`never` when untimed).
+        /// will look at the wheel again before sleeping, so nobody needs to wake
+        /// it), otherwise the time it sleeps until (`never` when untimed).
         var sleepingUntil = Int64.min
         var threadStarted = false
         var schedulerThreadID: Int32 = 0
@@ -39,13 +42,13 @@ public final class TimerEngine: @unchecked Sendable {
     }
 
     private let lock = ConditionLock()
-    private var state = State()
+    private let state: UnsafeMutablePointer<State>
     private let origin: Int64
     /// `true` for a manual engine: entries fire synchronously inside `advance(by:)`
     /// and primitives run their handlers inline instead of on their queue.
     let isVirtual: Bool
 
-    /// The most entries the scheduler thread takes out of the heap per lock hold,
+    /// The most entries the scheduler thread takes out of the wheel per lock hold,
     /// so arming threads never wait behind a long batch.
     private static let batchLimit = 256
 
@@ -53,12 +56,22 @@ public final class TimerEngine: @unchecked Sendable {
     public init(virtual: Bool) {
         isVirtual = virtual
         origin = virtual ? 0 : MonotonicClock.nanoseconds()
+        state = .allocate(capacity: 1)
+        state.initialize(to: State())
+    }
+
+    deinit {
+        // Only manual engines end: the scheduler thread keeps a real one alive.
+        let entries = state.pointee.wheel.removeAll()
+        state.deinitialize(count: 1)
+        state.deallocate()
+        _ = entries
     }
 
     /// The current time in ticks.
     @inline(__always)
     var nowTicks: Int64 {
-        if isVirtual { return lock.withLock { state.virtualNow } }
+        if isVirtual { return lock.withLock { state.pointee.virtualNow } }
         return MonotonicClock.nanoseconds() &- origin
     }
 
@@ -66,13 +79,13 @@ public final class TimerEngine: @unchecked Sendable {
     public var now: Duration { .nanoseconds(nowTicks) }
 
     /// How many entries are armed.
-    public var pendingCount: Int { lock.withLock { state.heap.count } }
+    public var pendingCount: Int { lock.withLock { state.pointee.wheel.count } }
 
     /// The Linux thread id of the scheduler thread, or 0 before it started.
-    public var schedulerThreadID: Int32 { lock.withLock { state.schedulerThreadID } }
+    public var schedulerThreadID: Int32 { lock.withLock { state.pointee.schedulerThreadID } }
 
     /// How often the scheduler thread woke up (from a timed wait or a signal).
-    public var wakeUpCount: Int { lock.withLock { state.wakeUps } }
+    public var wakeUpCount: Int { lock.withLock { state.pointee.wakeUps } }
 
     /// Arms `entry` at `deadline` (ticks), moving it if it is armed already.
     ///
@@ -82,47 +95,49 @@ public final class TimerEngine: @unchecked Sendable {
     /// entry pending without ever waking the scheduler thread; a deadline in the
     /// past fires as soon as possible.
     ///
-    /// - Complexity: O(log n); wakes the scheduler thread only when `deadline` is
-    ///   earlier than the one it sleeps until.
+    /// - Complexity: O(1) in the number of armed entries (see ``TimerWheel``);
+    ///   wakes the scheduler thread only when `deadline` is earlier than the
+    ///   time it sleeps until.
     @discardableResult
     func arm(_ entry: any TimerEntry, at deadline: Int64) -> UInt64 {
         lock.lock()
-        defer { lock.unlock() }
-        state.lastSequence &+= 1
-        let sequence = state.lastSequence
-        let index = entry.heapIndex
-        if index >= 0 {
-            state.heap.update(at: index, deadline: deadline, sequence: sequence)
+        let state = self.state
+        state.pointee.lastSequence &+= 1
+        let sequence = state.pointee.lastSequence
+        let node = entry.timerSlot
+        if node >= 0 {
+            state.pointee.wheel.update(node: Int32(truncatingIfNeeded: node), deadline: deadline, sequence: sequence)
         } else {
-            state.heap.insert(entry, deadline: deadline, sequence: sequence)
+            state.pointee.wheel.insert(entry, deadline: deadline, sequence: sequence)
         }
         if !isVirtual {
-            if !state.threadStarted {
-                state.threadStarted = true
+            if !state.pointee.threadStarted {
+                state.pointee.threadStarted = true
                 startThread()
-            } else if deadline < state.sleepingUntil {
-                state.sleepingUntil = Int64.min
+            } else if deadline < state.pointee.sleepingUntil {
+                // The thread would wake too late for this entry. (An entry whose
+                // deadline is no earlier needs nothing: the thread wakes first
+                // and looks at the wheel again.)
+                state.pointee.sleepingUntil = Int64.min
                 lock.signal()
             }
         }
+        lock.unlock()
         return sequence
     }
 
-    /// Removes `entry` from the heap if it is armed; returns whether it was.
+    /// Disarms `entry` if it is armed; returns whether it was.
     ///
-    /// The engine drops its reference to the entry before returning. It never
-    /// wakes the scheduler thread: if the entry was the earliest, the thread may
-    /// wake once at that deadline, find nothing due and sleep again.
+    /// The engine drops its reference to the entry before returning, outside its
+    /// lock. It never wakes the scheduler thread: if the entry was the earliest,
+    /// the thread may wake once at that time, find nothing due and sleep again.
     ///
-    /// - Complexity: O(log n)
+    /// - Complexity: O(1) in the number of armed entries.
     @discardableResult
     func disarm(_ entry: any TimerEntry) -> Bool {
         lock.lock()
-        let index = entry.heapIndex
-        var removed: TimerHeap.Element? = nil
-        if index >= 0 {
-            removed = state.heap.remove(at: index)
-        }
+        let node = entry.timerSlot
+        let removed = node >= 0 ? state.pointee.wheel.remove(node: Int32(truncatingIfNeeded: node)) : nil
         lock.unlock()
         // `removed` (and with it possibly the last reference to the entry) is
         // released here, outside the lock.
@@ -138,7 +153,7 @@ public final class TimerEngine: @unchecked Sendable {
     public func advance(by duration: Duration) {
         precondition(isVirtual, "advance(by:) needs a manual engine")
         let target = lock.withLock {
-            DeadlineArithmetic.deadline(now: state.virtualNow, after: duration)
+            DeadlineArithmetic.deadline(now: state.pointee.virtualNow, after: duration)
         }
         advance(toTicks: target)
     }
@@ -155,48 +170,31 @@ public final class TimerEngine: @unchecked Sendable {
         precondition(isVirtual, "advance(to:) needs a manual engine")
         while true {
             lock.lock()
-            guard let first = state.heap.first, first.deadline <= target, first.deadline != DeadlineArithmetic.never
-            else {
-                state.virtualNow = max(state.virtualNow, target)
+            guard let fired = state.pointee.wheel.popDue(now: target) else {
+                state.pointee.virtualNow = max(state.pointee.virtualNow, target)
                 lock.unlock()
                 return
             }
-            let element = state.heap.removeFirst()
-            state.virtualNow = max(state.virtualNow, element.deadline)
+            state.pointee.virtualNow = max(state.pointee.virtualNow, fired.deadline)
             lock.unlock()
-            element.entry.timerFired(deadline: element.deadline, sequence: element.sequence, engine: self)
+            fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
         }
     }
 
     /// The earliest armed deadline in ticks, if any.
-    public var nextDeadline: Int64? { lock.withLock { state.heap.first?.deadline } }
+    /// ``DeadlineArithmetic/never`` when only entries that never fire are armed.
+    public var nextDeadline: Int64? { lock.withLock { state.pointee.wheel.earliestDeadline() } }
 
     // MARK: The scheduler thread
 
     /// Stops the scheduler thread and drops every armed entry.
     public func shutDown() {
         lock.lock()
-        state.shuttingDown = true
-        let dropped = state.heap.elements
-        state.heap.removeAll()
+        state.pointee.shuttingDown = true
+        let dropped = state.pointee.wheel.removeAll()
         lock.signal()
         lock.unlock()
         _ = dropped  // released outside the lock
-    }
-
-    /// When the scheduler thread must wake next, in ticks (lock held).
-    ///
-    /// The earliest entry may be fired up to its leeway late, so the thread sleeps
-    /// until `first.deadline + first.leeway`, but never past the next deadline in
-    /// the heap: every other entry's deadline is at least that one, so no entry is
-    /// ever fired after its own deadline plus its own leeway, and entries due in
-    /// the window share one wake-up.
-    private func wakeUpTarget() -> Int64 {
-        guard let first = state.heap.first else { return DeadlineArithmetic.never }
-        let leeway = first.entry.leewayTicks
-        guard leeway > 0 else { return first.deadline }
-        let relaxed = DeadlineArithmetic.adding(leeway, to: first.deadline)
-        return min(relaxed, state.heap.secondDeadline ?? relaxed)
     }
 
     private func startThread() {
@@ -205,35 +203,36 @@ public final class TimerEngine: @unchecked Sendable {
     }
 
     private func runSchedulerThread() {
-        var batch: [TimerHeap.Element] = []
+        var batch: [TimerWheel.Fired] = []
         batch.reserveCapacity(Self.batchLimit)
+        let state = self.state
         lock.lock()
-        state.schedulerThreadID = ThreadIdentity.currentKernelThreadID()
-        while !state.shuttingDown {
+        state.pointee.schedulerThreadID = ThreadIdentity.currentKernelThreadID()
+        while !state.pointee.shuttingDown {
             let now = MonotonicClock.nanoseconds() &- origin
-            while batch.count < Self.batchLimit, let first = state.heap.first, first.deadline <= now {
-                batch.append(state.heap.removeFirst())
+            while batch.count < Self.batchLimit, let fired = state.pointee.wheel.popDue(now: now) {
+                batch.append(fired)
             }
             if !batch.isEmpty {
                 lock.unlock()
-                for element in batch {
-                    element.entry.timerFired(deadline: element.deadline, sequence: element.sequence, engine: self)
+                for fired in batch {
+                    fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
                 }
                 batch.removeAll(keepingCapacity: true)
                 lock.lock()
                 continue
             }
-            let earliest = wakeUpTarget()
+            let earliest = state.pointee.wheel.wakeUpTarget()
             let absolute = DeadlineArithmetic.adding(earliest, to: origin)
             if earliest == DeadlineArithmetic.never || absolute == DeadlineArithmetic.never {
-                state.sleepingUntil = DeadlineArithmetic.never
+                state.pointee.sleepingUntil = DeadlineArithmetic.never
                 lock.wait()
             } else {
-                state.sleepingUntil = earliest
+                state.pointee.sleepingUntil = earliest
                 lock.wait(untilMonotonic: absolute)
             }
-            state.sleepingUntil = Int64.min
-            state.wakeUps += 1
+            state.pointee.sleepingUntil = Int64.min
+            state.pointee.wakeUps += 1
         }
         lock.unlock()
     }

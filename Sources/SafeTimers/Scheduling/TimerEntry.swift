@@ -1,16 +1,17 @@
 /// Something an engine can arm: in practice the storage object of a primitive
 /// (a `DelayedWork`, a `Watchdog`'s or a `RepeatingTimer`'s storage).
 ///
-/// The engine keeps the entry's position in its heap *inside the entry*, so that
-/// cancelling is a direct O(log n) removal with no search and no extra allocation.
-/// An entry is in at most one engine's heap at a time; arming it again moves it.
+/// The engine keeps the number of the entry's node in its wheel *inside the
+/// entry*, so that cancelling goes straight to the node: no search, no extra
+/// allocation. An entry is armed in at most one engine at a time; arming it
+/// again moves it.
 protocol TimerEntry: AnyObject, Sendable {
-    /// The entry's position in the engine's heap, or `-1` when it is not armed.
+    /// The entry's node in the engine's ``TimerWheel``, or `-1` when it is not armed.
     ///
     /// Read and written only by ``TimerEngine`` while it holds its lock;
     /// conformers store it in an `Atomic<Int>` accessed with relaxed ordering (the
     /// engine's lock provides the ordering), which keeps them checked `Sendable`.
-    var heapIndex: Int { get set }
+    var timerSlot: Int { get set }
 
     /// How late the engine may fire this entry, in nanoseconds, so that one wake-up
     /// can serve several nearby deadlines. Never negative; 0 means "at the deadline".

@@ -125,7 +125,7 @@ final class WatchdogCore: TimerEntry {
         }
     }
 
-    var heapIndex: Int {
+    var timerSlot: Int {
         get { index.load(ordering: .relaxed) }
         set { index.store(newValue, ordering: .relaxed) }
     }

@@ -1,0 +1,98 @@
+/// Where the engine keeps what it knows about one armed entry.
+///
+/// A node never moves while its entry is armed: the entry stores the node's
+/// number (``TimerEntry/timerSlot``), so disarming goes straight to it.
+struct TimerNode {
+    /// The deadline in ticks.
+    var deadline: Int64 = 0
+    /// The arming's sequence number: orders equal deadlines, and tells an entry
+    /// whether a firing belongs to its current arming.
+    var sequence: UInt64 = 0
+    /// In a wheel bucket or the parked list: the next node (-1 at the end).
+    /// In the free list: the next free node.
+    var next: Int32 = -1
+    /// In a wheel bucket or the parked list: the previous node (-1 at the head).
+    /// In the near heap: the node's position there.
+    var prev: Int32 = -1
+    /// A wheel bucket (0 or more), or one of the negative markers below.
+    var location: Int32 = TimerNode.unused
+    /// The armed entry; the engine keeps it alive while it is armed.
+    var entry: (any TimerEntry)? = nil
+
+    static let inNearHeap: Int32 = -1
+    static let parked: Int32 = -2
+    static let unused: Int32 = -3
+}
+
+/// Stable storage for ``TimerNode``s, in chunks that are never moved or freed
+/// while the slab lives, with a free list: arming takes a node, disarming gives
+/// it back, and neither allocates once the slab has grown to the peak number of
+/// armed entries.
+///
+/// Chunks hold 512 nodes (24 KiB), so growing never copies what exists and an
+/// idle slab wastes at most one partly used chunk.
+///
+/// Not thread-safe: ``TimerWheel`` owns one, under the engine's lock.
+struct TimerNodeSlab: ~Copyable {
+    private static let chunkShift = 9
+    private static let chunkSize = 1 << chunkShift
+
+    private var chunks: [UnsafeMutablePointer<TimerNode>] = []
+    private var freeHead: Int32 = -1
+
+    init() {}
+
+    deinit {
+        for chunk in chunks {
+            chunk.deinitialize(count: Self.chunkSize)
+            chunk.deallocate()
+        }
+    }
+
+    /// The node numbered `index`.
+    @inline(__always)
+    subscript(index: Int32) -> UnsafeMutablePointer<TimerNode> {
+        let index = Int(index)
+        return chunks[index &>> Self.chunkShift] + (index & (Self.chunkSize - 1))
+    }
+
+    /// Takes a free node (growing by one chunk if none is free).
+    @inline(__always)
+    mutating func allocate() -> Int32 {
+        if freeHead < 0 { grow() }
+        let index = freeHead
+        freeHead = self[index].pointee.next
+        return index
+    }
+
+    /// Gives `index` back. Its entry must already have been taken out.
+    @inline(__always)
+    mutating func free(_ index: Int32) {
+        let node = self[index]
+        node.pointee.location = TimerNode.unused
+        node.pointee.next = freeHead
+        freeHead = index
+    }
+
+    /// Every node in use, for draining and for invariant checks.
+    func forEachUsed(_ body: (Int32, UnsafeMutablePointer<TimerNode>) -> Void) {
+        for (chunkNumber, chunk) in chunks.enumerated() {
+            for offset in 0..<Self.chunkSize where chunk[offset].location != TimerNode.unused {
+                body(Int32(chunkNumber << Self.chunkShift + offset), chunk + offset)
+            }
+        }
+    }
+
+    private mutating func grow() {
+        precondition(chunks.count < (Int(Int32.max) >> Self.chunkShift), "more than 2^31 armed timers")
+        let chunk = UnsafeMutablePointer<TimerNode>.allocate(capacity: Self.chunkSize)
+        chunk.initialize(repeating: TimerNode(), count: Self.chunkSize)
+        let base = Int32(chunks.count << Self.chunkShift)
+        chunks.append(chunk)
+        // Thread the new nodes onto the free list, lowest number first.
+        for offset in 0..<Self.chunkSize {
+            chunk[offset].next = offset + 1 < Self.chunkSize ? base + Int32(offset + 1) : freeHead
+        }
+        freeHead = base
+    }
+}

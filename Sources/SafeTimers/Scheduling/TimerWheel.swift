@@ -1,0 +1,387 @@
+/// The armed entries of one engine: a hierarchical timing wheel for what is due
+/// later, and a small exact heap for what is due in the current granule.
+///
+/// Time is cut into *granules* of 2^20 ns (about 1.05 ms). The wheel has 8 levels
+/// of 64 buckets; a bucket at level L spans 64^L granules, so the levels reach
+/// 67 ms, 4.3 s, 4.6 min, 4.9 h, 13 days, 2.3 years and beyond the 292 years that
+/// `Int64` nanoseconds can hold. The wheel's position, `wheelTime`, is a granule.
+/// Every armed entry is in exactly one of three places:
+/// - the **near heap**, when its granule is at or before `wheelTime`: a 4-ary
+///   min-heap ordered by deadline, then arming order, so firing is exact;
+/// - a **wheel bucket**, when its granule is later: the level is the highest
+///   base-64 digit where its granule differs from `wheelTime`, the bucket is that
+///   digit of its granule. Buckets are unordered doubly linked lists;
+/// - the **parked list**, when its deadline is "never".
+///
+/// Arming and disarming are O(1) whatever the number of armed entries: a bucket
+/// link or unlink, or a heap operation on the near heap, which holds only what is
+/// due within about a millisecond. When the wheel's position reaches a bucket,
+/// the bucket is emptied and its entries placed again, one level lower or into
+/// the near heap ("cascading"): at most 8 moves per entry over its whole life.
+///
+/// Order is exact: every near-heap deadline is earlier than every wheel
+/// deadline, a lower level's buckets come before a higher level's, and a bucket's
+/// start is never after its entries' deadlines; so firing the near heap in order
+/// and cascading each bucket when its start is reached yields deadline order,
+/// ties in arming order. The wheel never has to be stepped through empty
+/// buckets: each level's occupied buckets are one 64-bit mask, and the next
+/// bucket to cascade is a trailing-zero count away.
+///
+/// Not thread-safe: ``TimerEngine`` owns one and guards it with its lock.
+struct TimerWheel: ~Copyable {
+    /// A due entry, taken out of the wheel.
+    struct Fired {
+        var deadline: Int64
+        var sequence: UInt64
+        var entry: any TimerEntry
+    }
+
+    private struct NearElement {
+        var deadline: Int64
+        var sequence: UInt64
+        var node: Int32
+
+        @inline(__always)
+        func precedes(_ other: NearElement) -> Bool {
+            deadline < other.deadline || (deadline == other.deadline && sequence < other.sequence)
+        }
+    }
+
+    static let granuleShift: Int64 = 20
+    private static let levelBits = 6
+    private static let levelCount = 8
+    private static let bucketsPerLevel = 1 << levelBits
+    private static let parkedList = levelCount * bucketsPerLevel
+
+    private var slab = TimerNodeSlab()
+    private var near: ContiguousArray<NearElement> = []
+    /// Head node of each bucket (level × 64 + slot), then of the parked list;
+    /// -1 when empty.
+    private let heads: UnsafeMutablePointer<Int32>
+    /// One bit per occupied bucket, a word per level.
+    private let occupied: UnsafeMutablePointer<UInt64>
+    /// The wheel's position, in granules; moves forward only by cascading.
+    private(set) var wheelTime: Int64 = 0
+    private var wheelCount = 0
+    private var parkedCount = 0
+
+    /// How many entries are armed.
+    private(set) var count = 0
+
+    init() {
+        heads = .allocate(capacity: Self.parkedList + 1)
+        heads.initialize(repeating: -1, count: Self.parkedList + 1)
+        occupied = .allocate(capacity: Self.levelCount)
+        occupied.initialize(repeating: 0, count: Self.levelCount)
+    }
+
+    deinit {
+        heads.deallocate()
+        occupied.deallocate()
+    }
+
+    // MARK: Arming and disarming
+
+    /// Arms `entry`, which must not be armed, and records its node in it.
+    ///
+    /// - Complexity: O(1) (O(log k) for the k entries due in the current granule).
+    @inline(__always)
+    mutating func insert(_ entry: any TimerEntry, deadline: Int64, sequence: UInt64) {
+        let index = slab.allocate()
+        let node = slab[index]
+        node.pointee.deadline = deadline
+        node.pointee.sequence = sequence
+        node.pointee.entry = entry
+        entry.timerSlot = Int(index)
+        place(index, node)
+        count += 1
+    }
+
+    /// Moves the armed entry in node `index` to a new deadline and sequence.
+    ///
+    /// - Complexity: as ``insert(_:deadline:sequence:)``.
+    mutating func update(node index: Int32, deadline: Int64, sequence: UInt64) {
+        let node = slab[index]
+        unlink(index, node)
+        node.pointee.deadline = deadline
+        node.pointee.sequence = sequence
+        place(index, node)
+    }
+
+    /// Disarms the entry in node `index` and hands it back, so that the caller
+    /// can drop the engine's reference outside its lock.
+    ///
+    /// - Complexity: as ``insert(_:deadline:sequence:)``.
+    @inline(__always)
+    mutating func remove(node index: Int32) -> (any TimerEntry)? {
+        let node = slab[index]
+        unlink(index, node)
+        let entry = node.pointee.entry.take()
+        entry?.timerSlot = -1
+        slab.free(index)
+        count -= 1
+        return entry
+    }
+
+    /// Disarms everything and hands the entries back (to be released outside the lock).
+    mutating func removeAll() -> [any TimerEntry] {
+        var entries: [any TimerEntry] = []
+        entries.reserveCapacity(count)
+        var used: [Int32] = []
+        slab.forEachUsed { index, _ in used.append(index) }
+        for index in used {
+            if let entry = remove(node: index) { entries.append(entry) }
+        }
+        return entries
+    }
+
+    // MARK: Firing
+
+    /// Takes out the earliest entry if its deadline is at or before `now`,
+    /// cascading buckets whose start has been reached on the way.
+    mutating func popDue(now: Int64) -> Fired? {
+        while true {
+            if let top = near.first {
+                guard top.deadline <= now else { return nil }
+                let node = slab[top.node]
+                removeNear(at: 0)
+                let fired = Fired(deadline: top.deadline, sequence: top.sequence, entry: node.pointee.entry.take()!)
+                fired.entry.timerSlot = -1
+                slab.free(top.node)
+                count -= 1
+                return fired
+            }
+            guard let (level, slot, start) = nextBucket(), start <= now else { return nil }
+            cascade(level: level, slot: slot, start: start)
+        }
+    }
+
+    /// The earliest armed deadline: ``DeadlineArithmetic/never`` if only parked
+    /// entries remain, nil if none is armed. Cascades as needed, which is always
+    /// allowed: the wheel's position may run ahead of the clock.
+    mutating func earliestDeadline() -> Int64? {
+        while near.isEmpty {
+            guard let (level, slot, start) = nextBucket() else {
+                return parkedCount > 0 ? DeadlineArithmetic.never : nil
+            }
+            cascade(level: level, slot: slot, start: start)
+        }
+        return near[0].deadline
+    }
+
+    /// When the scheduler thread must look at the wheel again, in ticks.
+    ///
+    /// The earliest entry may fire up to its leeway late, but never past the next
+    /// deadline in the near heap nor the next bucket's start, so that entries due
+    /// in that window share one wake-up and none fires after its own deadline
+    /// plus its own leeway.
+    func wakeUpTarget() -> Int64 {
+        let nextStart = nextBucket()?.start ?? DeadlineArithmetic.never
+        guard let first = near.first else { return nextStart }
+        let leeway = slab[first.node].pointee.entry?.leewayTicks ?? 0
+        guard leeway > 0 else { return first.deadline }
+        var target = min(DeadlineArithmetic.adding(leeway, to: first.deadline), nextStart)
+        for index in 1..<min(near.count, 5) { target = min(target, near[index].deadline) }
+        return target
+    }
+
+    // MARK: Placement
+
+    @inline(__always)
+    private mutating func place(_ index: Int32, _ node: UnsafeMutablePointer<TimerNode>) {
+        let deadline = node.pointee.deadline
+        if deadline == DeadlineArithmetic.never {
+            node.pointee.location = TimerNode.parked
+            link(index, node, head: heads + Self.parkedList)
+            parkedCount += 1
+            return
+        }
+        let granule = deadline >> Self.granuleShift
+        if granule <= wheelTime {
+            node.pointee.location = TimerNode.inNearHeap
+            insertNear(NearElement(deadline: deadline, sequence: node.pointee.sequence, node: index))
+            return
+        }
+        let difference = UInt64(bitPattern: granule ^ wheelTime)
+        let level = (63 - difference.leadingZeroBitCount) / Self.levelBits
+        let slot = Int(truncatingIfNeeded: granule >> Int64(level * Self.levelBits)) & (Self.bucketsPerLevel - 1)
+        let bucket = level << Self.levelBits | slot
+        node.pointee.location = Int32(bucket)
+        link(index, node, head: heads + bucket)
+        occupied[level] |= 1 << UInt64(slot)
+        wheelCount += 1
+    }
+
+    @inline(__always)
+    private mutating func unlink(_ index: Int32, _ node: UnsafeMutablePointer<TimerNode>) {
+        let location = node.pointee.location
+        switch location {
+        case TimerNode.inNearHeap:
+            removeNear(at: Int(node.pointee.prev))
+        case TimerNode.parked:
+            unlink(index, node, head: heads + Self.parkedList)
+            parkedCount -= 1
+        default:
+            let bucket = Int(location)
+            unlink(index, node, head: heads + bucket)
+            if heads[bucket] < 0 {
+                occupied[bucket >> Self.levelBits] &= ~(1 << UInt64(bucket & (Self.bucketsPerLevel - 1)))
+            }
+            wheelCount -= 1
+        }
+    }
+
+    @inline(__always)
+    private func link(_ index: Int32, _ node: UnsafeMutablePointer<TimerNode>, head: UnsafeMutablePointer<Int32>) {
+        node.pointee.prev = -1
+        node.pointee.next = head.pointee
+        if head.pointee >= 0 { slab[head.pointee].pointee.prev = index }
+        head.pointee = index
+    }
+
+    @inline(__always)
+    private func unlink(_ index: Int32, _ node: UnsafeMutablePointer<TimerNode>, head: UnsafeMutablePointer<Int32>) {
+        let next = node.pointee.next
+        let prev = node.pointee.prev
+        if prev >= 0 { slab[prev].pointee.next = next } else { head.pointee = next }
+        if next >= 0 { slab[next].pointee.prev = prev }
+    }
+
+    // MARK: Cascading
+
+    /// The bucket to cascade next, and its start in ticks: the lowest occupied
+    /// bucket of the lowest occupied level.
+    private func nextBucket() -> (level: Int, slot: Int, start: Int64)? {
+        guard wheelCount > 0 else { return nil }
+        for level in 0..<Self.levelCount where occupied[level] != 0 {
+            let slot = occupied[level].trailingZeroBitCount
+            return (level, slot, bucketStart(level: level, slot: slot))
+        }
+        return nil
+    }
+
+    /// A bucket's start in ticks: `wheelTime` above its level, its slot at its
+    /// level, zeros below.
+    private func bucketStart(level: Int, slot: Int) -> Int64 {
+        let above = Int64((level + 1) * Self.levelBits)
+        let granule = (wheelTime >> above) << above | Int64(slot) << Int64(level * Self.levelBits)
+        return granule << Self.granuleShift
+    }
+
+    /// Moves the wheel to the bucket's start and places its entries again: each
+    /// lands one level lower or more, or in the near heap.
+    private mutating func cascade(level: Int, slot: Int, start: Int64) {
+        let bucket = level << Self.levelBits | slot
+        var index = heads[bucket]
+        heads[bucket] = -1
+        occupied[level] &= ~(1 << UInt64(slot))
+        wheelTime = start >> Self.granuleShift
+        while index >= 0 {
+            let node = slab[index]
+            let next = node.pointee.next
+            wheelCount -= 1
+            place(index, node)
+            index = next
+        }
+    }
+
+    // MARK: The near heap
+
+    private mutating func insertNear(_ element: NearElement) {
+        near.append(element)
+        siftUp(element, from: near.count - 1)
+    }
+
+    private mutating func removeNear(at position: Int) {
+        let last = near.removeLast()
+        guard position < near.count else { return }
+        // The last element fills the hole; it may belong above or below it.
+        if position > 0 && last.precedes(near[(position - 1) / 4]) {
+            siftUp(last, from: position)
+        } else {
+            siftDown(last, from: position)
+        }
+    }
+
+    private mutating func siftUp(_ moving: NearElement, from start: Int) {
+        var child = start
+        while child > 0 {
+            let parent = (child - 1) / 4
+            guard moving.precedes(near[parent]) else { break }
+            near[child] = near[parent]
+            slab[near[child].node].pointee.prev = Int32(child)
+            child = parent
+        }
+        near[child] = moving
+        slab[moving.node].pointee.prev = Int32(child)
+    }
+
+    private mutating func siftDown(_ moving: NearElement, from start: Int) {
+        var parent = start
+        let count = near.count
+        while true {
+            let firstChild = 4 * parent + 1
+            if firstChild >= count { break }
+            var best = firstChild
+            for candidate in (firstChild + 1)..<min(firstChild + 4, count) where near[candidate].precedes(near[best]) {
+                best = candidate
+            }
+            guard near[best].precedes(moving) else { break }
+            near[parent] = near[best]
+            slab[near[parent].node].pointee.prev = Int32(parent)
+            parent = best
+        }
+        near[parent] = moving
+        slab[moving.node].pointee.prev = Int32(parent)
+    }
+
+    // MARK: Checking
+
+    /// Checks every structural invariant; for tests. Returns the first violation.
+    func invariantViolation() -> String? {
+        var seen = 0
+        var problem: String? = nil
+        slab.forEachUsed { index, node in
+            guard problem == nil else { return }
+            seen += 1
+            let value = node.pointee
+            guard let entry = value.entry else {
+                problem = "node \(index) is in use without an entry"
+                return
+            }
+            if entry.timerSlot != Int(index) {
+                problem = "entry in node \(index) believes it is in node \(entry.timerSlot)"
+            }
+            switch value.location {
+            case TimerNode.inNearHeap:
+                let position = Int(value.prev)
+                if position >= near.count || near[position].node != index {
+                    problem = "node \(index) has a wrong near-heap position \(position)"
+                } else if value.deadline >> Self.granuleShift > wheelTime {
+                    problem = "node \(index) is in the near heap but due after the wheel's position"
+                }
+            case TimerNode.parked:
+                if value.deadline != DeadlineArithmetic.never { problem = "node \(index) is parked with a deadline" }
+            default:
+                let granule = value.deadline >> Self.granuleShift
+                let level = Int(value.location) >> Self.levelBits
+                let slot = Int(value.location) & (Self.bucketsPerLevel - 1)
+                if granule <= wheelTime {
+                    problem = "node \(index) is in the wheel but due at or before its position"
+                } else if (63 - UInt64(bitPattern: granule ^ wheelTime).leadingZeroBitCount) / Self.levelBits != level
+                    || Int(truncatingIfNeeded: granule >> Int64(level * Self.levelBits)) & 63 != slot
+                {
+                    problem = "node \(index) is in bucket \(level)/\(slot), which is not where it belongs"
+                } else if occupied[level] & (1 << UInt64(slot)) == 0 {
+                    problem = "bucket \(level)/\(slot) holds node \(index) but is marked empty"
+                }
+            }
+        }
+        if let problem { return problem }
+        if seen != count { return "\(seen) nodes in use, count says \(count)" }
+        for position in near.indices where position > 0 && near[position].precedes(near[(position - 1) / 4]) {
+            return "near-heap element \(position) precedes its parent"
+        }
+        return nil
+    }
+}
