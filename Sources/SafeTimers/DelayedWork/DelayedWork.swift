@@ -44,18 +44,18 @@ public final class DelayedWork: Sendable {
     private struct Storage: InvocationBarrierHolder {
         var state = State.pending
         var work: (@Sendable () -> Void)?
-        var armedSequence: UInt64 = 0
         var barrier = InvocationBarrier()
     }
 
     private let storage: StateLock<Storage>
     private let index = Atomic<Int>(-1)
     private let executor: HandlerExecutor
-    private let scheduler: any TimerScheduler
+    /// The scheduler's engine (the scheduler itself is not needed once armed).
+    private let engine: TimerEngine
 
     private init(executor: HandlerExecutor, scheduler: any TimerScheduler, work: @escaping @Sendable () -> Void) {
         self.executor = executor
-        self.scheduler = scheduler
+        self.engine = scheduler.engine
         self.storage = StateLock(Storage(work: work))
     }
 
@@ -105,11 +105,9 @@ public final class DelayedWork: Sendable {
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
         let item = DelayedWork(executor: executor, scheduler: scheduler, work: work)
-        let engine = scheduler.engine
-        item.storage.withLock { storage in
-            storage.armedSequence = engine.arm(
-                item, at: DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay))
-        }
+        // Armed once and never moved, so a firing needs no sequence check: `run()`
+        // decides under the lock whether the work still runs.
+        item.engine.arm(item, at: DeadlineArithmetic.deadline(now: item.engine.nowTicks, after: delay))
         return item
     }
 
@@ -138,7 +136,6 @@ public final class DelayedWork: Sendable {
     /// running on another thread when `waitingForRun` is false.
     @discardableResult
     func cancel(waitingForRun: Bool) -> Bool {
-        let engine = scheduler.engine
         return storage.cancelOnce(waitingForRun: waitingForRun) { storage in
             switch storage.state {
             case .pending:
@@ -173,8 +170,7 @@ extension DelayedWork: TimerEntry {
     }
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
-        let due = storage.withLock { $0.state == .pending && $0.armedSequence == sequence }
-        guard due else { return }
+        // A cancel that raced this firing is seen by `run()`, under the lock.
         executor.deliver(engine: engine) { self.run() }
     }
 }

@@ -94,21 +94,33 @@ enum InvocationParking {
 
 extension StateLock where Value: InvocationBarrierHolder {
     /// The cancel half of the barrier discipline: `take` (lock held) moves the state
-    /// on and returns its result, the handler it took out (released here, outside
-    /// the lock, before this returns) and whether an invocation may be running; if
-    /// one runs on another thread and `waitingForRun`, this waits until it returned.
-    func cancelOnce<Result: Sendable>(
+    /// on and returns whether it prevented a run, the handler it took out
+    /// (released here, outside the lock, before this returns) and whether an
+    /// invocation may be running; if one runs on another thread and
+    /// `waitingForRun`, this waits until it returned. Returns what `take` said of
+    /// prevention.
+    ///
+    /// Handlers travel through captured variables rather than generic results:
+    /// a closure returned through a generic type is re-wrapped in a heap-allocated
+    /// thunk, which measured two allocations per cancel.
+    @inline(__always)
+    func cancelOnce(
         waitingForRun: Bool = true,
-        _ take: (inout Value) -> (result: Result, released: (@Sendable () -> Void)?, mayBeRunning: Bool)
-    ) -> Result {
-        let (result, released, waitFor) = withLock {
-            value -> (Result, (@Sendable () -> Void)?, UInt64?) in
-            let (result, released, mayBeRunning) = take(&value)
-            return (result, released, mayBeRunning && waitingForRun ? value.barrier.registerWaiter() : nil)
+        _ take: (inout Value) -> (prevented: Bool, released: (@Sendable () -> Void)?, mayBeRunning: Bool)
+    ) -> Bool {
+        var released: (@Sendable () -> Void)? = nil
+        var waitFor: UInt64? = nil
+        let prevented = withLock { value -> Bool in
+            let outcome = take(&value)
+            released = outcome.released
+            if outcome.mayBeRunning && waitingForRun { waitFor = value.barrier.registerWaiter() }
+            return outcome.prevented
         }
-        withExtendedLifetime(released) {}  // the captures go here, outside the lock
+        // The captures go here, outside the lock. (Not `withExtendedLifetime`:
+        // being generic, it would re-wrap the closure in an allocated thunk.)
+        if case .some = released { released = nil }
         if let waitFor { waitForInvocation(waitFor) }
-        return result
+        return prevented
     }
 
     /// Runs a one-shot handler under the barrier discipline: `claim` (lock held)
@@ -119,12 +131,14 @@ extension StateLock where Value: InvocationBarrierHolder {
         claim: (inout Value) -> (@Sendable () -> Void)?,
         finish: (inout Value) -> Void = { _ in }
     ) {
-        var handler: (@Sendable () -> Void)? = withLock { value in
-            guard let handler = claim(&value) else { return nil }
+        var handler: (@Sendable () -> Void)? = nil
+        let claimed = withLock { value -> Bool in
+            guard let claimedHandler = claim(&value) else { return false }
             value.barrier.begin()
-            return handler
+            handler = claimedHandler
+            return true
         }
-        guard handler != nil else { return }
+        guard claimed else { return }
         handler?()
         handler = nil  // release the captures before the run counts as ended
         let wake = withLock { value in

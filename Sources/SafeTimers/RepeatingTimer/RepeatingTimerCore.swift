@@ -29,7 +29,8 @@ final class RepeatingTimerCore: TimerEntry {
     private let storage: StateLock<Storage>
     private let index = Atomic<Int>(-1)
     private let executor: HandlerExecutor
-    private let scheduler: any TimerScheduler
+    /// The scheduler's engine (the scheduler itself is not needed once armed).
+    private let engine: TimerEngine
     private let handler: Handler
 
     init(
@@ -42,7 +43,7 @@ final class RepeatingTimerCore: TimerEntry {
         self.interval = .nanoseconds(configuration.interval)
         self.leewayTicks = DeadlineArithmetic.delayNanoseconds(leeway)
         self.executor = executor
-        self.scheduler = scheduler
+        self.engine = scheduler.engine
         self.handler = handler
         self.storage = StateLock(Storage(machine: RepeatingTimerStateMachine(configuration: configuration)))
     }
@@ -66,7 +67,6 @@ final class RepeatingTimerCore: TimerEntry {
         waitingForRunningHandler: Bool = false,
         _ input: (inout RepeatingTimerStateMachine, Int64) -> RepeatingTimerStateMachine.Action
     ) {
-        let engine = scheduler.engine
         let now = engine.nowTicks
         let (followup, waitFor) = storage.withLock { storage -> (Followup, UInt64?) in
             let action = input(&storage.machine, now)
@@ -119,7 +119,6 @@ final class RepeatingTimerCore: TimerEntry {
     }
 
     private func invoke(tag: UInt64) {
-        let engine = scheduler.engine
         let now = engine.nowTicks
         let begun = storage.withLock {
             storage -> (RepeatingTimer.Tick, [AsyncStream<RepeatingTimer.Tick>.Continuation])? in

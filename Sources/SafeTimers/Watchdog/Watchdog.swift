@@ -107,7 +107,8 @@ final class WatchdogCore: TimerEntry {
     private let storage: StateLock<Storage>
     private let index = Atomic<Int>(-1)
     private let executor: HandlerExecutor
-    private let scheduler: any TimerScheduler
+    /// The scheduler's engine (the scheduler itself is not needed once armed).
+    private let engine: TimerEngine
 
     init(
         timeout: Duration, executor: HandlerExecutor, scheduler: any TimerScheduler,
@@ -116,9 +117,8 @@ final class WatchdogCore: TimerEntry {
         self.timeout = timeout
         self.timeoutTicks = DeadlineArithmetic.delayNanoseconds(timeout)
         self.executor = executor
-        self.scheduler = scheduler
+        self.engine = scheduler.engine
         self.storage = StateLock(Storage(handler: handler))
-        let engine = scheduler.engine
         storage.withLock { storage in
             storage.deadline = DeadlineArithmetic.adding(timeoutTicks, to: engine.nowTicks)
             storage.armedSequence = engine.arm(self, at: storage.deadline)
@@ -133,7 +133,7 @@ final class WatchdogCore: TimerEntry {
     var hasFired: Bool { storage.withLock { $0.status == .fired } }
 
     func kick() {
-        let deadline = DeadlineArithmetic.adding(timeoutTicks, to: scheduler.engine.nowTicks)
+        let deadline = DeadlineArithmetic.adding(timeoutTicks, to: engine.nowTicks)
         storage.withLock { storage in
             guard storage.status == .armed else { return }
             storage.deadline = max(storage.deadline, deadline)
@@ -141,18 +141,17 @@ final class WatchdogCore: TimerEntry {
     }
 
     func invalidate() {
-        let engine = scheduler.engine
-        storage.cancelOnce { storage in
+        _ = storage.cancelOnce { storage in
             switch storage.status {
             case .armed:
                 storage.status = .invalidated
                 engine.disarm(self)
                 defer { storage.handler = nil }
-                return ((), storage.handler, false)
+                return (true, storage.handler, false)
             case .fired:
-                return ((), nil, true)
+                return (false, nil, true)
             case .invalidated:
-                return ((), nil, false)
+                return (false, nil, false)
             }
         }
     }
