@@ -29,8 +29,9 @@ struct TimerNode {
 /// it back, and neither allocates once the slab has grown to the peak number of
 /// armed entries.
 ///
-/// Chunks hold 512 nodes (24 KiB), so growing never copies what exists and an
-/// idle slab wastes at most one partly used chunk.
+/// Chunks hold 512 nodes (24 KiB), so growing never copies what exists. When the
+/// last node is given back, every chunk but the first is freed, so a burst of
+/// timers leaves nothing behind once it is over.
 ///
 /// Not thread-safe: ``TimerWheel`` owns one, under the engine's lock.
 struct TimerNodeSlab: ~Copyable {
@@ -39,6 +40,7 @@ struct TimerNodeSlab: ~Copyable {
 
     private var chunks: [UnsafeMutablePointer<TimerNode>] = []
     private var freeHead: Int32 = -1
+    private var inUse = 0
 
     init() {}
 
@@ -62,6 +64,7 @@ struct TimerNodeSlab: ~Copyable {
         if freeHead < 0 { grow() }
         let index = freeHead
         freeHead = self[index].pointee.next
+        inUse += 1
         return index
     }
 
@@ -72,6 +75,22 @@ struct TimerNodeSlab: ~Copyable {
         node.pointee.location = TimerNode.unused
         node.pointee.next = freeHead
         freeHead = index
+        inUse -= 1
+        if _slowPath(inUse == 0 && chunks.count > 1) { shrink() }
+    }
+
+    /// Frees every chunk but the first (all nodes are free) and rebuilds the free list.
+    private mutating func shrink() {
+        for chunk in chunks.dropFirst() {
+            chunk.deinitialize(count: Self.chunkSize)
+            chunk.deallocate()
+        }
+        chunks.removeSubrange(1...)
+        let first = chunks[0]
+        for offset in 0..<Self.chunkSize {
+            first[offset].next = offset + 1 < Self.chunkSize ? Int32(offset + 1) : -1
+        }
+        freeHead = 0
     }
 
     /// Every node in use, for draining and for invariant checks.
