@@ -64,4 +64,23 @@ public enum ThreadIdentity {
         _ = setName?(pthread_self(), name)
         #endif
     }
+
+    /// Asks Linux to end the calling thread's timed waits on time.
+    ///
+    /// By default the kernel may let a timed wait of an ordinary thread end up to
+    /// 50 µs late ("timer slack"), to batch wake-ups. For the scheduler thread that
+    /// is pure lateness, so it sets its slack to 1 ns (`PR_SET_TIMERSLACK`); the
+    /// leeway of each timer is where SafeTimers trades precision for fewer
+    /// wake-ups instead. `prctl` is variadic, which Swift cannot call, so it is
+    /// looked up and called with its five integer arguments, the way the x86-64 and
+    /// AArch64 Linux calling conventions pass them either way. No effect elsewhere.
+    static func minimizeTimerSlack() {
+        #if os(Linux)
+        typealias Prctl = @convention(c) (Int32, UInt, UInt, UInt, UInt) -> Int32
+        guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "prctl") else { return }
+        let prctl = unsafeBitCast(symbol, to: Prctl.self)
+        let setTimerSlack: Int32 = 29  // PR_SET_TIMERSLACK
+        _ = prctl(setTimerSlack, 1, 0, 0, 0)
+        #endif
+    }
 }

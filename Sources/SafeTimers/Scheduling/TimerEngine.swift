@@ -206,6 +206,7 @@ public final class TimerEngine: @unchecked Sendable {
         var batch: [TimerWheel.Fired] = []
         batch.reserveCapacity(Self.batchLimit)
         let state = self.state
+        ThreadIdentity.minimizeTimerSlack()
         lock.lock()
         state.pointee.schedulerThreadID = ThreadIdentity.currentKernelThreadID()
         while !state.pointee.shuttingDown {
