@@ -4,6 +4,8 @@
 // never fetch benchmark dependencies.
 //
 //   swift run -c release safetimers-compare        one side-by-side table with ratios
+//   swift package benchmark                         ordo-one/benchmark suites (allocation counts,
+//                                                   percentiles)
 //
 // Every row runs SafeTimers and what users would pick instead (GCD, Foundation
 // `Timer`, swift-nio, `Task.sleep`) on the same work, in the same process.
@@ -16,6 +18,7 @@ let package = Package(
     dependencies: [
         .package(name: "SafeTimers", path: ".."),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/ordo-one/benchmark", from: "1.38.1", traits: ["MallocInterposer"]),
     ],
     targets: [
         // Reads glibc's allocator counters (mallinfo2), which Swift's Glibc module
@@ -28,8 +31,20 @@ let package = Package(
                 .product(name: "SafeTimersTesting", package: "SafeTimers"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 "CMallocStats",
             ]
+        ),
+        // ordo-one/benchmark suites: `swift package benchmark`.
+        .executableTarget(
+            name: "SafeTimersBenchmarks",
+            dependencies: [
+                .product(name: "Benchmark", package: "benchmark"),
+                .product(name: "SafeTimers", package: "SafeTimers"),
+                .product(name: "SafeTimersTesting", package: "SafeTimers"),
+            ],
+            path: "Benchmarks/SafeTimersBenchmarks",
+            plugins: [.plugin(name: "BenchmarkPlugin", package: "benchmark")]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -51,3 +51,19 @@ func printTable(_ rows: [Comparison]) {
     print("|" + widths.map { String(repeating: "-", count: $0 + 2) }.joined(separator: "|") + "|")
     for row in cells { print(line(row)) }
 }
+
+func printLatenessTable(_ rows: [(String, Int, Lateness.Percentiles)]) {
+    print("| mechanism              | timers | p50 µs   | p99 µs   | max µs   | fired early |")
+    print("|------------------------|--------|----------|----------|----------|-------------|")
+    for (name, count, result) in rows {
+        let cells = [
+            name.padding(toLength: 22, withPad: " ", startingAt: 0),
+            "\(count)".padding(toLength: 6, withPad: " ", startingAt: 0),
+            format(result.p50).padding(toLength: 8, withPad: " ", startingAt: 0),
+            format(result.p99).padding(toLength: 8, withPad: " ", startingAt: 0),
+            (result.max > 1e12 ? "never" : format(result.max)).padding(toLength: 8, withPad: " ", startingAt: 0),
+            "\(result.early)".padding(toLength: 11, withPad: " ", startingAt: 0),
+        ]
+        print("| " + cells.joined(separator: " | ") + " |")
+    }
+}

@@ -1,5 +1,5 @@
 // The side-by-side comparison: `swift run -c release safetimers-compare`.
-// `--quick` runs fewer iterations (for CI smoke runs).
+// `--quick` runs fewer iterations and smaller scales (for CI smoke runs).
 
 import Dispatch
 import Foundation
@@ -21,8 +21,31 @@ if CommandLine.arguments.contains("--profile-arm-cancel") {
     exit(0)
 }
 
+let latenessOnly = CommandLine.arguments.contains("--lateness")
+if latenessOnly {
+    // Only the lateness rows, for tuning the scheduler thread.
+    var results: [(String, Int, Lateness.Percentiles)] = []
+    for count in [1_000, 100_000] {
+        results.append(("SafeTimers DelayedWork", count, Lateness.delayedWork(count: count)))
+        results.append(("swift-nio scheduleTask", count, Lateness.nio(count: count)))
+        results.append(("asyncAfter", count, Lateness.asyncAfter(count: count)))
+    }
+    printLatenessTable(results)
+    exit(0)
+}
+
 print("SafeTimers side-by-side benchmark (\(quick ? "quick" : "full") run)")
-for pending in [0, 100_000] {
+
+// Memory first, while the allocator holds nothing else of ours.
+let safeMemory = Footprint.delayedWork(count: footprintCount)
+let asyncAfterMemory = Footprint.asyncAfter(count: footprintCount)
+let sourceMemory = Footprint.dispatchSource(count: footprintCount)
+add("bytes per pending timer", "asyncAfter+DispatchWorkItem", safeMemory.0, asyncAfterMemory.0, "B")
+add("bytes per pending timer", "DispatchSourceTimer", safeMemory.0, sourceMemory.0, "B")
+add("bytes kept after cancel", "asyncAfter+DispatchWorkItem", safeMemory.1, asyncAfterMemory.1, "B")
+add("bytes kept after cancel", "DispatchSourceTimer", safeMemory.1, sourceMemory.1, "B")
+
+for pending in quick ? [0, 100_000] : [0, 100_000, 1_000_000] {
     let label = "arm+cancel, \(pending / 1000)k pending"
     let safe = ArmCancel.delayedWork(pending: pending, iterations: iterations)
     add(
@@ -34,30 +57,70 @@ for pending in [0, 100_000] {
         "ns/op")
     add(
         label, "Foundation Timer + invalidate", safe,
-        PeerArmCancel.foundationTimer(pending: pending, iterations: pending == 0 ? iterations / 10 : 500), "ns/op")
+        PeerArmCancel.foundationTimer(pending: pending, iterations: pending == 0 ? iterations / 10 : 200), "ns/op")
     if pending == 0 {
         add(label, "Task.sleep + Task.cancel", safe, PeerArmCancel.taskSleep(iterations: iterations / 10), "ns/op")
     }
 }
-if !quick {
-    let safe = ArmCancel.delayedWork(pending: 1_000_000, iterations: iterations)
-    add(
-        "arm+cancel, 1000k pending", "asyncAfter+DispatchWorkItem", safe,
-        ArmCancel.asyncAfter(pending: 1_000_000, iterations: iterations), "ns/op")
-}
+
 for pending in [0, 100_000] {
     add(
         "guarded section, \(pending / 1000)k pending", "DispatchSourceTimer per section",
         GuardedSection.watchdog(pending: pending, iterations: iterations),
         GuardedSection.dispatchSourceIdiom(pending: pending, iterations: iterations), "ns/op")
 }
-let safeMemory = Footprint.delayedWork(count: footprintCount)
-let asyncAfterMemory = Footprint.asyncAfter(count: footprintCount)
-let sourceMemory = Footprint.dispatchSource(count: footprintCount)
-add("bytes per pending timer", "asyncAfter+DispatchWorkItem", safeMemory.0, asyncAfterMemory.0, "B")
-add("bytes per pending timer", "DispatchSourceTimer", safeMemory.0, sourceMemory.0, "B")
-add("bytes kept after cancel", "asyncAfter+DispatchWorkItem", safeMemory.1, asyncAfterMemory.1, "B")
-add("bytes kept after cancel", "DispatchSourceTimer", safeMemory.1, sourceMemory.1, "B")
+for threads in [1, 2] {
+    add(
+        "guarded section, \(threads) thread\(threads == 1 ? "" : "s") (per thread)", "DispatchSourceTimer per section",
+        Parallel.watchdog(threads: threads, iterations: iterations),
+        Parallel.dispatchSourceIdiom(threads: threads, iterations: iterations), "ns/op")
+}
+
+// Firing lateness of timers due 1–2 s out.
+var latenessRows: [(String, Int, Lateness.Percentiles)] = []
+for count in quick ? [1_000] : [1_000, 100_000] {
+    let safe = Lateness.delayedWork(count: count)
+    latenessRows.append(("SafeTimers DelayedWork", count, safe))
+    let peers: [(String, () -> Lateness.Percentiles)] = [
+        ("asyncAfter", { Lateness.asyncAfter(count: count) }),
+        ("DispatchSourceTimer", { Lateness.dispatchSource(count: count) }),
+        ("Task.sleep", { Lateness.taskSleep(count: count) }),
+        ("swift-nio scheduleTask", { Lateness.nio(count: count) }),
+    ]
+    for (name, run) in peers {
+        let result = run()
+        latenessRows.append((name, count, result))
+        add("lateness p99, \(count / 1000)k timers", name, safe.p99, result.p99, "µs")
+    }
+}
+
+// Virtual time.
+let manualHour = VirtualTime.manualHour()
+let embeddedHour = VirtualTime.embeddedHour()
+precondition(manualHour.1 == 120 && embeddedHour.1 == 120, "an hour of a 30 s timer must fire 120 times")
+add("1 h of a 30 s timer, virtual", "swift-nio EmbeddedEventLoop", manualHour.0, embeddedHour.0, "ms")
+let eventCount = quick ? 100_000 : 1_000_000
+let manualEvents = VirtualTime.manualEvents(count: eventCount)
+let embeddedEvents = VirtualTime.embeddedEvents(count: eventCount)
+precondition(manualEvents.1 == eventCount && embeddedEvents.1 == eventCount, "every virtual event must fire")
+add("\(eventCount / 1000)k virtual events", "swift-nio EmbeddedEventLoop", manualEvents.0, embeddedEvents.0, "ms")
+
+// What idle pending timers cost: wake-ups while far-future timers wait.
+let idleCount = quick ? 100_000 : 1_000_000
+let safeIdle = IdleWakeUps.delayedWork(count: idleCount)
+add(
+    "context switches/s, \(idleCount / 1000)k timers 1 h out", "asyncAfter+DispatchWorkItem", safeIdle.perSecond,
+    IdleWakeUps.asyncAfter(count: idleCount), "1/s")
+add(
+    "context switches/s, \(idleCount / 1000)k timers 1 h out", "swift-nio scheduleTask", safeIdle.perSecond,
+    IdleWakeUps.nio(count: idleCount), "1/s")
 
 print("")
 printTable(rows)
+print("")
+print("Firing lateness (µs after the deadline; timers due evenly 1–2 s after arming):")
+printLatenessTable(latenessRows)
+print("")
+print(
+    "SafeTimers scheduler-thread wake-ups/s with \(idleCount / 1000)k timers 1 h out: \(format(safeIdle.engineWakeUps, decimals: 2))"
+)

@@ -1,0 +1,130 @@
+import Dispatch
+import Foundation
+import NIOCore
+import NIOEmbedded
+import SafeTimers
+import SafeTimersTesting
+
+/// The same guarded-section loop on several threads at once: nanoseconds per
+/// section as each thread sees it (wall time / sections per thread). Flat from
+/// one thread to two means it scales.
+enum Parallel {
+    static func nanosecondsPerOperation(threads: Int, iterations: Int, _ body: @escaping @Sendable () -> Void) -> Double
+    {
+        let group = DispatchGroup()
+        let start = DispatchSemaphore(value: 0)
+        for _ in 0..<threads {
+            let thread = Thread {
+                start.wait()
+                for _ in 0..<iterations { body() }
+                group.leave()
+            }
+            group.enter()
+            thread.start()
+        }
+        let began = monotonicNanoseconds()
+        for _ in 0..<threads { start.signal() }
+        group.wait()
+        return Double(monotonicNanoseconds() - began) / Double(iterations)
+    }
+
+    static func watchdog(threads: Int, iterations: Int) -> Double {
+        nanosecondsPerOperation(threads: threads, iterations: iterations) {
+            withWatchdog(timeout: .seconds(10), onTimeout: {}) { blackHole(0) }
+        }
+    }
+
+    static func dispatchSourceIdiom(threads: Int, iterations: Int) -> Double {
+        let queue = DispatchQueue(label: "bench.parallel.watchdog")
+        return nanosecondsPerOperation(threads: threads, iterations: iterations) {
+            let source = DispatchSource.makeTimerSource(queue: queue)
+            source.setEventHandler {}
+            source.schedule(deadline: .now() + 10)
+            source.resume()
+            blackHole(0)
+            source.cancel()
+        }
+    }
+}
+
+/// Virtual time: SafeTimers' `ManualTimerScheduler` against swift-nio's
+/// `EmbeddedEventLoop`, the synchronous manual clock Swift server code tests with.
+/// Milliseconds of real time per scenario.
+enum VirtualTime {
+    /// One hour of a 30 s repeating timer: 120 handler calls.
+    static func manualHour() -> (Double, Int) {
+        var fired = 0
+        let milliseconds = measureMilliseconds {
+            let manual = ManualTimerScheduler()
+            let counter = CountingBox()
+            let timer = RepeatingTimer(interval: .seconds(30), scheduler: manual) { counter.add() }
+            timer.start()
+            manual.advance(by: .seconds(3600))
+            timer.cancel()
+            fired = counter.value
+        }
+        return (milliseconds, fired)
+    }
+
+    static func embeddedHour() -> (Double, Int) {
+        var fired = 0
+        let milliseconds = measureMilliseconds {
+            let loop = EmbeddedEventLoop()
+            let counter = CountingBox()
+            let task = loop.scheduleRepeatedTask(initialDelay: .seconds(30), delay: .seconds(30)) { _ in
+                counter.add()
+            }
+            loop.advanceTime(by: .seconds(3600))
+            task.cancel()
+            fired = counter.value
+            try? loop.syncShutdownGracefully()
+        }
+        return (milliseconds, fired)
+    }
+
+    /// `count` one-shot timers at spread deadlines within an hour, all fired by one advance.
+    static func manualEvents(count: Int) -> (Double, Int) {
+        let manual = ManualTimerScheduler()
+        let counter = CountingBox()
+        var generator = SystemRandomNumberGenerator()
+        let delays = (0..<count).map { _ in Int64.random(in: 1...3_600_000_000_000, using: &generator) }
+        var works: [DelayedWork] = []
+        works.reserveCapacity(count)
+        let milliseconds = measureMilliseconds {
+            for delay in delays {
+                works.append(DelayedWork.schedule(after: .nanoseconds(delay), scheduler: manual) { counter.add() })
+            }
+            manual.advance(by: .seconds(3600))
+        }
+        return (milliseconds, counter.value)
+    }
+
+    static func embeddedEvents(count: Int) -> (Double, Int) {
+        let loop = EmbeddedEventLoop()
+        let counter = CountingBox()
+        var generator = SystemRandomNumberGenerator()
+        let delays = (0..<count).map { _ in Int64.random(in: 1...3_600_000_000_000, using: &generator) }
+        let milliseconds = measureMilliseconds {
+            for delay in delays {
+                loop.scheduleTask(in: .nanoseconds(delay)) { counter.add() }
+            }
+            loop.advanceTime(by: .seconds(3600))
+        }
+        try? loop.syncShutdownGracefully()
+        return (milliseconds, counter.value)
+    }
+
+    static func measureMilliseconds(_ body: () -> Void) -> Double {
+        let began = monotonicNanoseconds()
+        body()
+        return Double(monotonicNanoseconds() - began) / 1_000_000
+    }
+}
+
+/// A counter for handlers that run on the advancing thread.
+final class CountingBox: @unchecked Sendable {
+    // `@unchecked Sendable` invariant: only used by virtual-time scenarios, whose
+    // handlers all run on the one thread that advances the clock.
+    private(set) var value = 0
+    func add() { value += 1 }
+}
