@@ -69,7 +69,7 @@ public final class DelayedWork: Sendable {
     ///   - scheduler: The scheduler that keeps the deadline.
     ///   - work: The closure. It is released right after it runs or is cancelled.
     /// - Returns: A handle to cancel the work or query its state.
-    /// - Complexity: O(log n) in the number of pending timers; no search.
+    /// - Complexity: O(1) in the number of pending timers (a timing-wheel bucket).
     public static func schedule(
         after delay: Duration,
         on queue: DispatchQueue = .global(),
@@ -126,7 +126,7 @@ public final class DelayedWork: Sendable {
     /// running closure waits for: it would wait for the closure, and the closure
     /// for you.
     ///
-    /// - Complexity: O(log n) in the number of pending timers.
+    /// - Complexity: O(1) in the number of pending timers.
     @discardableResult
     public func cancel() -> Bool {
         cancel(waitingForRun: true)

@@ -53,7 +53,7 @@ public final class Debouncer: Sendable {
     /// Replaces the pending action with `action`, to run `delay` after this call
     /// unless another call comes first.
     ///
-    /// - Complexity: O(log n) in the number of pending timers.
+    /// - Complexity: O(1) in the number of pending timers.
     public func call(_ action: @escaping @Sendable () -> Void) {
         let replaced = pending.withLock { pending -> DelayedWork? in
             let previous = pending

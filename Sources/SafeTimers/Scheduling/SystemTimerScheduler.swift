@@ -1,4 +1,4 @@
-/// The real-time scheduler: one tickless thread and a heap of deadlines.
+/// The real-time scheduler: one tickless thread and a timing wheel of deadlines.
 ///
 /// ``shared`` is the default `scheduler:` of every primitive. Its thread starts
 /// at the first arming and then:

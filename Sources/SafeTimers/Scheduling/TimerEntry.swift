@@ -22,7 +22,7 @@ protocol TimerEntry: AnyObject, Sendable {
     /// The engine calls this **outside** its lock: on the scheduler thread for a
     /// ``SystemTimerScheduler``, on the thread calling `advance(by:)` for a manual
     /// scheduler. The entry may have been cancelled or re-armed since it was
-    /// removed from the heap; it compares `sequence` with the one ``TimerEngine/arm(_:at:)``
+    /// taken out of the wheel; it compares `sequence` with the one ``TimerEngine/arm(_:at:)``
     /// returned to decide whether this call is still current.
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine)
 }
