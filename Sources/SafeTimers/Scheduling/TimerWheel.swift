@@ -143,13 +143,7 @@ struct TimerWheel: ~Copyable {
         while true {
             if let top = near.first {
                 guard top.deadline <= now else { return nil }
-                let node = slab[top.node]
-                removeNear(at: 0)
-                let fired = Fired(deadline: top.deadline, sequence: top.sequence, entry: node.pointee.entry.take()!)
-                fired.entry.timerSlot = -1
-                slab.free(top.node)
-                count -= 1
-                return fired
+                return Fired(deadline: top.deadline, sequence: top.sequence, entry: remove(node: top.node)!)
             }
             guard let (level, slot, start) = nextBucket(), start <= now else { return nil }
             cascade(level: level, slot: slot, start: start)
