@@ -33,6 +33,14 @@ public final class ManualTimerScheduler: TimerScheduler {
     /// Creates a scheduler whose clock reads `.zero`.
     public init() {}
 
+    /// Releasing a manual scheduler releases everything armed on it: its time can
+    /// never move again, so nothing armed on it could ever run. Primitives that
+    /// still exist stay in their current state (a `DelayedWork` stays
+    /// `.pending`) and ignore further arming.
+    deinit {
+        engine.shutDown()
+    }
+
     /// Moves the clock forward by `duration` and runs every handler that falls due.
     ///
     /// A zero or negative `duration` runs only what is due already and leaves the

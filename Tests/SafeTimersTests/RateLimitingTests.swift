@@ -109,14 +109,19 @@ struct RateLimitingTests {
         #expect(runs.withLock { $0 } == ["a", "c"], "after cancel, the next call opens a new window")
     }
 
-    @Test("throttle: a zero interval runs every call")
+    @Test("throttle: a zero interval runs each call at once, merging only calls made while one is in flight")
     func throttleZero() {
         let manual = ManualTimerScheduler()
         let throttler = Throttler(interval: .zero, scheduler: manual)
-        let ran = Counter()
-        for _ in 0..<5 { throttler.call { ran.increment() } }
+        let ran = StateLock<[Int]>([])
+        for number in 0..<5 {
+            throttler.call { ran.withLock { $0.append(number) } }
+            manual.advance(by: .zero)
+        }
+        #expect(ran.withLock { $0 } == [0, 1, 2, 3, 4])
+        for number in 5..<10 { throttler.call { ran.withLock { $0.append(number) } } }
         manual.advance(by: .zero)
-        #expect(ran.count == 5)
+        #expect(ran.withLock { $0 } == [0, 1, 2, 3, 4, 5, 9], "the first runs; the latest of the rest runs after it")
     }
 }
 

@@ -173,7 +173,7 @@ struct RepeatingTimerTests {
         #expect(timer.fireCount == 3)
     }
 
-    @Test("firesImmediately runs the first tick at start")
+    @Test("firesImmediately runs the first tick at start, in the next advance under a manual scheduler")
     func firesImmediately() {
         let manual = ManualTimerScheduler()
         let times = StateLock<[Duration]>([])
@@ -181,6 +181,8 @@ struct RepeatingTimerTests {
             times.withLock { $0.append(manual.now) }
         }
         timer.start()
+        #expect(timer.fireCount == 0, "no handler runs outside advance")
+        manual.advance(by: .zero)
         #expect(timer.fireCount == 1)
         manual.advance(by: .seconds(60))
         #expect(times.withLock { $0 } == [.zero, .seconds(10), .seconds(20)])

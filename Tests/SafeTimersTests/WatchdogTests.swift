@@ -156,14 +156,16 @@ struct WithTimeoutTests {
         #expect(manual.pendingCount == 0)
     }
 
-    @Test("throws TimeoutError at the deadline and cancels an operation that never finishes")
+    @Test("at the deadline the operation is cancelled and awaited; its CancellationError becomes TimeoutError")
     func deadlineWins() async throws {
         let manual = ManualTimerScheduler()
         let sawCancellation = Counter()
+        let finished = Counter()
         let task = Task {
             try await withTimeout(.seconds(1), scheduler: manual) {
-                await withTaskCancellationHandler {
-                    await withUnsafeContinuation { (_: UnsafeContinuation<Void, Never>) in }  // never resumes
+                defer { finished.increment() }
+                try await withTaskCancellationHandler {
+                    try await Task.sleep(for: .seconds(3600))  // real time, but cancelled at once
                 } onCancel: {
                     sawCancellation.increment()
                 }
@@ -180,6 +182,7 @@ struct WithTimeoutTests {
             #expect("\(error)".contains("1.0 seconds"))
         }
         #expect(sawCancellation.count == 1)
+        #expect(finished.count == 1, "withTimeout returned before its operation finished")
     }
 
     @Test("the operation's own error is rethrown")

@@ -41,22 +41,16 @@ public final class DelayedWork: Sendable {
         case cancelled
     }
 
-    private struct Storage: InvocationBarrierHolder {
-        var state = State.pending
-        var work: (@Sendable () -> Void)?
-        var barrier = InvocationBarrier()
-    }
-
-    private let storage: StateLock<Storage>
+    let storage: StateLock<LockedMachine<DelayedWorkStateMachine>>
     private let index = Atomic<Int>(-1)
-    private let executor: HandlerExecutor
-    /// The scheduler's engine (the scheduler itself is not needed once armed).
-    private let engine: TimerEngine
+    let executor: HandlerExecutor
+    /// The scheduler's engine: kept, so releasing the scheduler never drops this work.
+    let engine: TimerEngine
 
-    private init(executor: HandlerExecutor, scheduler: any TimerScheduler, work: @escaping @Sendable () -> Void) {
+    private init(executor: HandlerExecutor, engine: TimerEngine, work: @escaping @Sendable () -> Void) {
         self.executor = executor
-        self.engine = scheduler.engine
-        self.storage = StateLock(Storage(work: work))
+        self.engine = engine
+        self.storage = StateLock(LockedMachine(machine: DelayedWorkStateMachine(work: work)))
     }
 
     /// Schedules `work` to run once on `queue` after `delay`.
@@ -98,21 +92,32 @@ public final class DelayedWork: Sendable {
         schedule(after: delay, executor: .mainActor, scheduler: scheduler, HandlerExecutor.adapt(work))
     }
 
+    /// Schedules `work` for `executor` at `deadline` (engine ticks).
+    static func schedule(
+        atTicks deadline: (TimerEngine) -> Int64,
+        executor: HandlerExecutor,
+        engine: TimerEngine,
+        _ work: @escaping @Sendable () -> Void
+    ) -> DelayedWork {
+        let item = DelayedWork(executor: executor, engine: engine, work: work)
+        let ticks = deadline(engine)
+        item.storage.withLock { $0.armed = engine.arm(item, at: ticks) }
+        return item
+    }
+
     private static func schedule(
         after delay: Duration,
         executor: HandlerExecutor,
         scheduler: any TimerScheduler,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        let item = DelayedWork(executor: executor, scheduler: scheduler, work: work)
-        // Armed once and never moved, so a firing needs no sequence check: `run()`
-        // decides under the lock whether the work still runs.
-        item.engine.arm(item, at: DeadlineArithmetic.deadline(now: item.engine.nowTicks, after: delay))
-        return item
+        schedule(
+            atTicks: { DeadlineArithmetic.deadline(now: $0.nowTicks, after: delay) }, executor: executor,
+            engine: scheduler.engine, work)
     }
 
     /// The current state.
-    public var state: State { storage.withLock { $0.state } }
+    public var state: State { storage.withLock { $0.machine.state } }
 
     /// Cancels the work if it has not begun.
     ///
@@ -136,41 +141,59 @@ public final class DelayedWork: Sendable {
     /// running on another thread when `waitingForRun` is false.
     @discardableResult
     func cancel(waitingForRun: Bool) -> Bool {
-        return storage.cancelOnce(waitingForRun: waitingForRun) { storage in
-            switch storage.state {
-            case .pending:
-                storage.state = .cancelled
-                engine.disarm(self)
-                defer { storage.work = nil }
-                return (true, storage.work, false)
-            case .running:
-                return (false, nil, true)
-            case .completed, .cancelled:
-                return (false, nil, false)
-            }
-        }
+        let thread = ThreadIdentity.current()
+        let effects = transition { $0.cancel(thread: thread, waiting: waitingForRun) }
+        let prevented = effects.prevented
+        complete(effects)
+        return prevented
     }
 
-    private func run() {
-        storage.runOnce(
-            claim: { storage in
-                guard storage.state == .pending else { return nil }
-                storage.state = .running
-                defer { storage.work = nil }
-                return storage.work
-            },
-            finish: { $0.state = .completed })
+    /// Moves a pending work's deadline to `delay` from now (Go's `Timer.Reset`).
+    ///
+    /// Returns `true` if the work was still pending (it now runs `delay` from
+    /// now, even if its old deadline had just passed and the run was about to
+    /// begin); `false` if it had begun, completed or been cancelled, in which case
+    /// nothing changes. Delays are treated as in ``schedule(after:on:scheduler:_:)``.
+    ///
+    /// - Complexity: O(1) in the number of pending timers.
+    @discardableResult
+    public func reschedule(after delay: Duration) -> Bool {
+        let deadline = DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay)
+        let effects = transition { $0.reschedule(to: deadline) }
+        let rescheduled = effects.prevented
+        complete(effects)
+        return rescheduled
+    }
+
+    /// Whether the work closure is still held (tests).
+    var holdsWork: Bool { storage.withLock { $0.machine.holdsWork } }
+
+    /// The first half of an invocation (tests drive it directly): the work, if
+    /// `tag` may begin on `thread`.
+    func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
+        storage.withLock { $0.machine.begin(tag: tag, thread: thread) }
+    }
+
+    /// The second half of an invocation.
+    func end() {
+        complete(transition { $0.end() })
     }
 }
 
-extension DelayedWork: TimerEntry {
+extension DelayedWork: GatedPrimitive {
     var timerSlot: Int {
         get { index.load(ordering: .relaxed) }
         set { index.store(newValue, ordering: .relaxed) }
     }
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
-        // A cancel that raced this firing is seen by `run()`, under the lock.
-        executor.deliver(engine: engine) { self.run() }
+        fired(sequence: sequence) { $0.deadlinePassed() }
+    }
+
+    func invoke(tag: UInt64) {
+        guard var work = begin(tag: tag, thread: ThreadIdentity.current()) else { return }
+        work()
+        work = {}  // release the captures before the run counts as ended
+        end()
     }
 }

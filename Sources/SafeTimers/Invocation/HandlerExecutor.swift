@@ -1,33 +1,53 @@
 import Dispatch
 
-/// Where a primitive runs its user handler: a `DispatchQueue`, or the main actor.
+/// A primitive whose handler invocations an executor runs.
+protocol InvocationTarget: AnyObject, Sendable {
+    /// Runs the invocation queued as `tag` on the current thread, if the
+    /// primitive's ``InvocationGate`` still admits it: begin (lock held), the
+    /// handler (no lock), end (lock held).
+    func invoke(tag: UInt64)
+}
+
+/// Where a primitive runs its user handler: a `DispatchQueue`, the main actor, or
+/// (in tests) a recorder that lets the test decide when each delivery begins.
 enum HandlerExecutor: Sendable {
     case queue(DispatchQueue)
     case mainActor
+    /// Tests only: deliveries are recorded, and the test runs them when it likes.
+    case recorder(DeliveryRecorder)
 
-    /// Runs `body` where the handler belongs.
+    /// Hands the invocation queued as `tag` to where the handler belongs.
     ///
-    /// Under a manual scheduler (`engine.isVirtual`), `body` runs inline, on the
-    /// thread that advances time, so tests need no waiting; a main-actor handler
-    /// runs inline only when that thread is the main thread, and is otherwise
-    /// enqueued on the main actor (it never traps). Otherwise `body` goes to the
-    /// queue, or to the main actor through a task, which works under a run loop,
-    /// `dispatchMain()` and an async `main` alike.
+    /// Under a manual scheduler (`engine.isVirtual`) the delivery is queued on the
+    /// engine and runs inside the next (or current) `advance`, on the advancing
+    /// thread, so tests need no waiting and no handler runs anywhere else; a
+    /// main-actor handler runs there only when that thread is the main thread, and
+    /// is otherwise enqueued on the main actor (it never traps). Otherwise the
+    /// invocation goes to the queue, or to the main actor through a task, which
+    /// works under a run loop, `dispatchMain()` and an async `main` alike.
     @inline(__always)
-    func deliver(engine: TimerEngine, _ body: @escaping @Sendable () -> Void) {
+    func deliver(_ target: some InvocationTarget, tag: UInt64, engine: TimerEngine) {
         switch self {
         case .queue(let queue):
             if engine.isVirtual {
-                body()
+                engine.enqueueDelivery { target.invoke(tag: tag) }
             } else {
-                queue.async(execute: body)
+                queue.async { target.invoke(tag: tag) }
             }
         case .mainActor:
-            if engine.isVirtual && ThreadIdentity.isMainThread {
-                body()
+            if engine.isVirtual {
+                engine.enqueueDelivery {
+                    if ThreadIdentity.isMainThread {
+                        target.invoke(tag: tag)
+                    } else {
+                        Task { @MainActor in target.invoke(tag: tag) }
+                    }
+                }
             } else {
-                Task { @MainActor in body() }
+                Task { @MainActor in target.invoke(tag: tag) }
             }
+        case .recorder(let recorder):
+            recorder.record(target, tag: tag)
         }
     }
 
@@ -35,5 +55,30 @@ enum HandlerExecutor: Sendable {
     /// executor runs it only on the main actor.
     static func adapt(_ handler: @escaping @MainActor @Sendable () -> Void) -> @Sendable () -> Void {
         { MainActor.assumeIsolated { handler() } }
+    }
+}
+
+/// Tests only: the deliveries made to a ``HandlerExecutor/recorder(_:)`` executor,
+/// in order, so that an interleaving explorer decides when each one begins.
+final class DeliveryRecorder: Sendable {
+    struct Delivery: Sendable {
+        let target: any InvocationTarget
+        let tag: UInt64
+    }
+
+    private let deliveries = StateLock<[Delivery]>([])
+
+    init() {}
+
+    func record(_ target: any InvocationTarget, tag: UInt64) {
+        deliveries.withLock { $0.append(Delivery(target: target, tag: tag)) }
+    }
+
+    /// Takes every delivery recorded so far.
+    func takeAll() -> [Delivery] {
+        deliveries.withLock { deliveries in
+            defer { deliveries = [] }
+            return deliveries
+        }
     }
 }

@@ -10,25 +10,27 @@ import Synchronization
 /// }
 /// ```
 ///
-/// Semantics (trailing edge only):
+/// Semantics (trailing edge):
 /// - Each ``call(_:)`` replaces the pending action (the replaced one is released at
-///   once) and moves the deadline to *now + delay*.
+///   once) and moves the deadline to *now + delay*. A run that was due but has not
+///   begun yet is called off too: the quiet period starts again.
 /// - When the deadline passes, the latest action runs once on `queue`.
-/// - A call made while an action is running schedules a new run after `delay`; it
-///   never waits for the running one.
+/// - Actions never overlap: if the deadline passes while an earlier action still
+///   runs, the new one begins right after it returns.
+/// - ``flush()`` runs the pending action now instead of at its deadline.
 /// - ``cancel()`` drops the pending action; once it returns, no action of this
-///   debouncer begins, and none is running on another thread.
+///   debouncer is running on another thread, and none begins until the next
+///   ``call(_:)``.
 /// - Releasing the debouncer cancels it.
 ///
 /// A zero or negative `delay` runs each action as soon as possible (calls still
-/// replace an action that has not started yet).
+/// replace an action that has not begun yet); a delay too long to represent
+/// means the action waits for ``flush()`` or is dropped by the next call.
 ///
-/// Thread safety: every member may be used from any thread.
+/// Thread safety: every member may be used from any thread, including from
+/// inside an action.
 public final class Debouncer: Sendable {
-    private let delay: Duration
-    private let queue: DispatchQueue
-    private let scheduler: any TimerScheduler
-    private let pending = StateLock<DelayedWork?>(nil)
+    private let core: DebouncerCore
 
     /// Creates a debouncer.
     ///
@@ -41,34 +43,82 @@ public final class Debouncer: Sendable {
         queue: DispatchQueue = .global(),
         scheduler: any TimerScheduler = SystemTimerScheduler.shared
     ) {
-        self.delay = delay
-        self.queue = queue
-        self.scheduler = scheduler
+        core = DebouncerCore(delay: delay, executor: .queue(queue), engine: scheduler.engine)
+    }
+
+    init(delay: Duration, executor: HandlerExecutor, scheduler: any TimerScheduler) {
+        core = DebouncerCore(delay: delay, executor: executor, engine: scheduler.engine)
     }
 
     deinit {
-        cancel()
+        core.cancel()
     }
 
     /// Replaces the pending action with `action`, to run `delay` after this call
     /// unless another call comes first.
     ///
     /// - Complexity: O(1) in the number of pending timers.
-    public func call(_ action: @escaping @Sendable () -> Void) {
-        let replaced = pending.withLock { pending -> DelayedWork? in
-            let previous = pending
-            pending = DelayedWork.schedule(after: delay, on: queue, scheduler: scheduler, action)
-            return previous
-        }
-        replaced?.cancel(waitingForRun: false)
-    }
+    public func call(_ action: @escaping @Sendable () -> Void) { core.call(action) }
+
+    /// Runs the pending action now (on `queue`), if there is one, instead of at
+    /// its deadline. If an earlier action is still running, the pending one
+    /// begins right after it returns.
+    public func flush() { core.flush() }
 
     /// Drops the pending action, if any. Once it returns, no action of this
-    /// debouncer begins, and none is running on another thread.
-    public func cancel() {
-        pending.withLock { pending in
-            defer { pending = nil }
-            return pending
-        }?.cancel()
+    /// debouncer is running on another thread (if one was, `cancel()` waited for
+    /// it), and none begins until the next ``call(_:)``. Called from inside an
+    /// action, it returns at once.
+    public func cancel() { core.cancel() }
+
+    /// The storage (tests).
+    var storageForTesting: DebouncerCore { core }
+}
+
+/// The storage of a ``Debouncer``: what the engine keeps while a call waits.
+final class DebouncerCore: GatedPrimitive {
+    let delay: Duration
+    let storage = StateLock(LockedMachine(machine: DebouncerStateMachine()))
+    private let index = Atomic<Int>(-1)
+    let executor: HandlerExecutor
+    let engine: TimerEngine
+
+    init(delay: Duration, executor: HandlerExecutor, engine: TimerEngine) {
+        self.delay = delay
+        self.executor = executor
+        self.engine = engine
+    }
+
+    var timerSlot: Int {
+        get { index.load(ordering: .relaxed) }
+        set { index.store(newValue, ordering: .relaxed) }
+    }
+
+    func call(_ action: @escaping @Sendable () -> Void) {
+        let deadline = DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay)
+        complete(transition { $0.call(action, deadline: deadline) })
+    }
+
+    func flush() { complete(transition { $0.flush() }) }
+
+    func cancel(thread: UInt = ThreadIdentity.current()) {
+        complete(transition { $0.cancel(thread: thread) })
+    }
+
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+        fired(sequence: sequence) { $0.deadlinePassed() }
+    }
+
+    func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
+        storage.withLock { $0.machine.begin(tag: tag, thread: thread) }
+    }
+
+    func end() { complete(transition { $0.end() }) }
+
+    func invoke(tag: UInt64) {
+        guard var action = begin(tag: tag, thread: ThreadIdentity.current()) else { return }
+        action()
+        action = {}  // release the captures before the run counts as ended
+        end()
     }
 }

@@ -1,8 +1,8 @@
 import Dispatch
 import Synchronization
 
-/// Runs actions at most once per `interval`, keeping the latest call of each
-/// window for the window's end.
+/// Runs actions at most once per `interval`, keeping one call of each window
+/// for the window's end.
 ///
 /// ```swift
 /// let throttler = Throttler(interval: .seconds(1))
@@ -12,110 +12,119 @@ import Synchronization
 /// ```
 ///
 /// Semantics (leading and trailing edge):
-/// - A call when no window is open runs its action as soon as possible (on
-///   `queue`) and opens a window of `interval`.
-/// - Calls during the window replace each other (a replaced action is released at
-///   once); when the window ends, the latest one runs and opens the next window.
-///   If no call came in, the window simply closes.
-/// - So runs are at least `interval` apart, and the last call of a burst always
-///   runs, at most `interval` late.
-/// - ``cancel()`` drops the waiting action and closes the window; once it returns,
-///   no action of this throttler begins, and none is running on another thread.
-///   Releasing the throttler cancels it.
+/// - A window is `interval` long and starts when a run *begins*.
+/// - A call when no window is open and nothing runs is run as soon as possible
+///   (on `queue`).
+/// - Other calls are kept for the end of the window: by default the latest call
+///   replaces the kept one (`latest: true`); with `latest: false` the first call
+///   is kept and later ones are dropped. A dropped action is released at once.
+///   When the window ends, the kept call runs and opens the next window.
+/// - So runs begin at least `interval` apart, never overlap (a run never begins
+///   while the previous one still runs), and the last call of a burst always runs.
+/// - ``cancel()`` drops the kept call; once it returns, no action of this
+///   throttler is running on another thread, and none begins until the next
+///   ``call(_:)``. The window since the last run still applies to that call.
+/// - Releasing the throttler cancels it.
 ///
-/// A zero or negative `interval` means no throttling: every call runs as soon as
-/// possible.
+/// A zero or negative `interval` means no throttling beyond "no overlap": a call
+/// runs as soon as possible, or right after the running action returns (calls
+/// made meanwhile are merged as above). An interval too long to represent means
+/// only the first call ever runs.
 ///
-/// Thread safety: every member may be used from any thread.
+/// Thread safety: every member may be used from any thread, including from
+/// inside an action.
 public final class Throttler: Sendable {
-    private struct State {
-        /// The end of the open window, in scheduler ticks; nil when none is open.
-        var windowEnd: Int64?
-        /// The latest call made during the window.
-        var waiting: (@Sendable () -> Void)?
-        /// Scheduled runs that may not have begun yet (more than one only when
-        /// windows are shorter than the time a run takes to start), and the
-        /// scheduled end of the window.
-        var runs: [DelayedWork] = []
-        var windowClose: DelayedWork?
-    }
-
-    private let interval: Duration
-    private let queue: DispatchQueue
-    private let scheduler: any TimerScheduler
-    private let state = StateLock(State())
+    private let core: ThrottlerCore
 
     /// Creates a throttler.
     ///
     /// - Parameters:
-    ///   - interval: The least time between two runs.
+    ///   - interval: The least time between the beginnings of two runs.
+    ///   - latest: Which call of a window runs at its end: the latest (the
+    ///     default) or the first.
     ///   - queue: Where actions run (under a manual scheduler: inside `advance(by:)`).
     ///   - scheduler: The scheduler that keeps the windows.
     public init(
         interval: Duration,
+        latest: Bool = true,
         queue: DispatchQueue = .global(),
         scheduler: any TimerScheduler = SystemTimerScheduler.shared
     ) {
-        self.interval = interval
-        self.queue = queue
-        self.scheduler = scheduler
+        core = ThrottlerCore(interval: interval, latest: latest, executor: .queue(queue), engine: scheduler.engine)
+    }
+
+    init(interval: Duration, latest: Bool, executor: HandlerExecutor, scheduler: any TimerScheduler) {
+        core = ThrottlerCore(interval: interval, latest: latest, executor: executor, engine: scheduler.engine)
     }
 
     deinit {
-        cancel()
+        core.cancel()
     }
 
-    /// Runs `action` now if no window is open, otherwise keeps it (replacing any
-    /// kept one) for the end of the window.
-    public func call(_ action: @escaping @Sendable () -> Void) {
-        let now = scheduler.engine.nowTicks
-        let replaced = state.withLock { state -> (@Sendable () -> Void)? in
-            if let end = state.windowEnd, now < end {
-                defer { state.waiting = action }
-                return state.waiting
-            }
-            openWindow(&state, now: now, running: action)
-            return nil
-        }
-        withExtendedLifetime(replaced) {}  // released outside the lock
+    /// Runs `action` as soon as possible if no window is open, otherwise keeps it
+    /// for the end of the window (see the type's discussion for which call is kept).
+    ///
+    /// - Complexity: O(1) in the number of pending timers.
+    public func call(_ action: @escaping @Sendable () -> Void) { core.call(action) }
+
+    /// Drops the kept call. Once it returns, no action of this throttler is
+    /// running on another thread (if one was, `cancel()` waited for it), and none
+    /// begins until the next ``call(_:)``. Called from inside an action, it
+    /// returns at once.
+    public func cancel() { core.cancel() }
+
+    /// The storage (tests).
+    var storageForTesting: ThrottlerCore { core }
+}
+
+/// The storage of a ``Throttler``: what the engine keeps while a window is open.
+final class ThrottlerCore: GatedPrimitive {
+    let storage: StateLock<LockedMachine<ThrottlerStateMachine>>
+    private let index = Atomic<Int>(-1)
+    let executor: HandlerExecutor
+    let engine: TimerEngine
+
+    init(interval: Duration, latest: Bool, executor: HandlerExecutor, engine: TimerEngine) {
+        self.executor = executor
+        self.engine = engine
+        let machine = ThrottlerStateMachine(
+            interval: DeadlineArithmetic.delayNanoseconds(interval), keepsLatest: latest)
+        storage = StateLock(LockedMachine(machine: machine))
     }
 
-    /// Drops the waiting action and closes the window. Once it returns, no action
-    /// of this throttler begins, and none is running on another thread.
-    public func cancel() {
-        let (runs, windowClose, waiting) = state.withLock {
-            state -> ([DelayedWork], DelayedWork?, (@Sendable () -> Void)?) in
-            defer { state = State() }
-            return (state.runs, state.windowClose, state.waiting)
-        }
-        for run in runs { run.cancel() }
-        windowClose?.cancel()
-        withExtendedLifetime(waiting) {}
+    var timerSlot: Int {
+        get { index.load(ordering: .relaxed) }
+        set { index.store(newValue, ordering: .relaxed) }
     }
 
-    /// Runs `action` as soon as possible and schedules the end of a new window
-    /// (lock held).
-    private func openWindow(_ state: inout State, now: Int64, running action: @escaping @Sendable () -> Void) {
-        state.windowEnd = DeadlineArithmetic.deadline(now: now, after: interval)
-        state.runs.removeAll { $0.state == .completed }
-        state.runs.append(DelayedWork.schedule(after: .zero, on: queue, scheduler: scheduler, action))
-        state.windowClose = DelayedWork.schedule(after: interval, on: queue, scheduler: scheduler) { [weak self] in
-            self?.windowEnded()
-        }
+    func call(_ action: @escaping @Sendable () -> Void) {
+        let now = engine.nowTicks
+        complete(transition { $0.call(action, now: now) })
     }
 
-    /// The window is over: run the action kept for it, opening the next window, or
-    /// close.
-    private func windowEnded() {
-        let now = scheduler.engine.nowTicks
-        state.withLock { state in
-            guard let waiting = state.waiting else {
-                state.windowEnd = nil
-                state.windowClose = nil
-                return
-            }
-            state.waiting = nil
-            openWindow(&state, now: now, running: waiting)
-        }
+    func cancel(thread: UInt = ThreadIdentity.current()) {
+        complete(transition { $0.cancel(thread: thread) })
+    }
+
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+        let now = engine.nowTicks
+        fired(sequence: sequence) { $0.deadlinePassed(now: now) }
+    }
+
+    func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
+        let now = engine.nowTicks
+        return storage.withLock { $0.machine.begin(tag: tag, thread: thread, now: now) }
+    }
+
+    func end() {
+        let now = engine.nowTicks
+        complete(transition { $0.end(now: now) })
+    }
+
+    func invoke(tag: UInt64) {
+        guard var action = begin(tag: tag, thread: ThreadIdentity.current()) else { return }
+        action()
+        action = {}  // release the captures before the run counts as ended
+        end()
     }
 }

@@ -84,10 +84,7 @@ public final class RepeatingTimer: Sendable {
         self.init(
             interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
             missedTicks: missedTicks, executor: .queue(queue), scheduler: scheduler,
-            coreHandler: {
-                handler()
-                return true
-            })
+            coreHandler: .plain(handler))
     }
 
     /// Creates a timer whose handler runs on the main actor.
@@ -113,14 +110,10 @@ public final class RepeatingTimer: Sendable {
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         handler: @escaping @MainActor @Sendable () -> Void
     ) {
-        let adapted = HandlerExecutor.adapt(handler)
         self.init(
             interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
             missedTicks: missedTicks, executor: .mainActor, scheduler: scheduler,
-            coreHandler: {
-                adapted()
-                return true
-            })
+            coreHandler: .plain(HandlerExecutor.adapt(handler)))
     }
 
     /// Creates a timer bound to `owner`: it holds `owner` weakly, passes it to the
@@ -160,11 +153,7 @@ public final class RepeatingTimer: Sendable {
         self.init(
             interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
             missedTicks: missedTicks, executor: .queue(queue), scheduler: scheduler,
-            coreHandler: {
-                guard let owner = reference.object else { return false }
-                handler(owner)
-                return true
-            })
+            coreHandler: .owned(load: { reference.object }, run: { handler(unsafeDowncast($0, to: Owner.self)) }))
     }
 
     /// Creates a timer bound to `owner` whose handler runs on the main actor: the
@@ -194,11 +183,12 @@ public final class RepeatingTimer: Sendable {
         self.init(
             interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
             missedTicks: missedTicks, executor: .mainActor, scheduler: scheduler,
-            coreHandler: {
-                guard let owner = reference.object else { return false }
-                MainActor.assumeIsolated { handler(owner) }
-                return true
-            })
+            coreHandler: .owned(
+                load: { reference.object },
+                run: { object in
+                    let owner = unsafeDowncast(object, to: Owner.self)
+                    MainActor.assumeIsolated { handler(owner) }
+                }))
     }
 
     private init(
@@ -209,7 +199,7 @@ public final class RepeatingTimer: Sendable {
         missedTicks: MissedTickPolicy,
         executor: HandlerExecutor,
         scheduler: any TimerScheduler,
-        coreHandler: @escaping RepeatingTimerCore.Handler
+        coreHandler: RepeatingTimerCore.Handler
     ) {
         let minimum = DeadlineArithmetic.nanoseconds(Self.minimumInterval)
         let configuration = RepeatingTimerStateMachine.Configuration(

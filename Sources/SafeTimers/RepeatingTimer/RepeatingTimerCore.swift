@@ -1,36 +1,34 @@
 import Dispatch
 import Synchronization
 
-/// The storage of a ``RepeatingTimer``: it holds the lock, performs the actions of
+/// The storage of a ``RepeatingTimer``: it holds the lock, performs the effects of
 /// the pure ``RepeatingTimerStateMachine`` (arming under the lock, user code and
 /// continuations after releasing it) and is what the engine keeps. The public
 /// object can be released (which cancels) while the engine still holds this.
-final class RepeatingTimerCore: TimerEntry {
-    /// The handler as the core sees it: returns `false` to stop the timer (the
-    /// owner-bound form returns `false` once its owner is gone).
-    typealias Handler = @Sendable () -> Bool
-
-    private struct Storage: InvocationBarrierHolder {
-        var machine: RepeatingTimerStateMachine
-        var armedSequence: UInt64 = 0
-        var barrier = InvocationBarrier()
-        var streams: [Int: AsyncStream<RepeatingTimer.Tick>.Continuation] = [:]
-        var nextStreamID = 0
+final class RepeatingTimerCore: GatedPrimitive {
+    /// The user's handler, as the core calls it.
+    enum Handler: Sendable {
+        /// A plain handler.
+        case plain(@Sendable () -> Void)
+        /// An owner-bound handler: `load` returns the owner (strongly) or nil once
+        /// it is gone; `run` is called with it.
+        case owned(load: @Sendable () -> AnyObject?, run: @Sendable (AnyObject) -> Void)
     }
 
-    /// What to do once the lock is released.
-    private struct Followup {
-        var deliverTag: UInt64?
-        var endedStreams: [AsyncStream<RepeatingTimer.Tick>.Continuation] = []
-    }
+    typealias Continuation = AsyncStream<RepeatingTimer.Tick>.Continuation
 
     let interval: Duration
     let leewayTicks: Int64
-    private let storage: StateLock<Storage>
+    let storage: StateLock<LockedMachine<RepeatingTimerStateMachine>>
+    /// Tick streams by id. A stream registers first and checks the state after,
+    /// and a stop takes the streams after changing the state, so none is missed.
+    private let streams = StateLock<[Int: Continuation]>([:])
+    private let nextStreamID = Atomic<Int>(0)
     private let index = Atomic<Int>(-1)
-    private let executor: HandlerExecutor
-    /// The scheduler's engine (the scheduler itself is not needed once armed).
-    private let engine: TimerEngine
+    let executor: HandlerExecutor
+    /// The scheduler's engine: kept, so releasing the scheduler never stops the timer.
+    let engine: TimerEngine
+    /// Kept until the timer is released: `start()` may run it again after a cancel.
     private let handler: Handler
 
     init(
@@ -38,14 +36,16 @@ final class RepeatingTimerCore: TimerEntry {
         leeway: Duration,
         executor: HandlerExecutor,
         scheduler: any TimerScheduler,
-        handler: @escaping Handler
+        handler: Handler
     ) {
         self.interval = .nanoseconds(configuration.interval)
-        self.leewayTicks = DeadlineArithmetic.delayNanoseconds(leeway)
+        // As GCD does: a leeway never exceeds half the interval, or a timer could
+        // skip ticks (or, with a huge leeway, never tick at all).
+        self.leewayTicks = min(DeadlineArithmetic.delayNanoseconds(leeway), configuration.interval / 2)
         self.executor = executor
         self.engine = scheduler.engine
         self.handler = handler
-        self.storage = StateLock(Storage(machine: RepeatingTimerStateMachine(configuration: configuration)))
+        self.storage = StateLock(LockedMachine(machine: RepeatingTimerStateMachine(configuration: configuration)))
     }
 
     var timerSlot: Int {
@@ -56,110 +56,107 @@ final class RepeatingTimerCore: TimerEntry {
     var state: TimerState { storage.withLock { $0.machine.state } }
     var fireCount: Int { storage.withLock { $0.machine.fireCount } }
 
-    func start() { transition { $0.start(now: $1) } }
-    func suspend() { transition { machine, _ in machine.suspend() } }
-    func resume() { transition { $0.resume(now: $1) } }
+    func start() {
+        let now = engine.nowTicks
+        perform(transition { $0.start(now: now) })
+    }
+
+    func suspend() { perform(transition { $0.suspend() }) }
+
+    func resume() {
+        let now = engine.nowTicks
+        perform(transition { $0.resume(now: now) })
+    }
 
     /// Cancels, then waits for a handler running on another thread to return.
-    func cancel() { transition(waitingForRunningHandler: true) { machine, _ in machine.cancel() } }
-
-    private func transition(
-        waitingForRunningHandler: Bool = false,
-        _ input: (inout RepeatingTimerStateMachine, Int64) -> RepeatingTimerStateMachine.Action
-    ) {
-        let now = engine.nowTicks
-        let (followup, waitFor) = storage.withLock { storage -> (Followup, UInt64?) in
-            let action = input(&storage.machine, now)
-            let followup = apply(action, to: &storage, engine: engine)
-            return (followup, waitingForRunningHandler ? storage.barrier.registerWaiter() : nil)
-        }
-        perform(followup, engine: engine)
-        if let waitFor { storage.waitForInvocation(waitFor) }
-    }
-
-    /// Performs the engine part of `action` (lock held: arming order then matches
-    /// the order of state changes) and returns the rest for after the lock.
-    private func apply(
-        _ action: RepeatingTimerStateMachine.Action, to storage: inout Storage, engine: TimerEngine
-    ) -> Followup {
-        switch action.timer {
-        case .none:
-            break
-        case .arm(let deadline):
-            storage.armedSequence = engine.arm(self, at: deadline)
-        case .disarm:
-            storage.armedSequence = 0
-            engine.disarm(self)
-        }
-        var followup = Followup()
-        if action.deliver { followup.deliverTag = storage.machine.generation }
-        if action.stopped {
-            followup.endedStreams = Array(storage.streams.values)
-            storage.streams.removeAll()
-        }
-        return followup
-    }
-
-    private func perform(_ followup: Followup, engine: TimerEngine) {
-        for stream in followup.endedStreams { stream.finish() }
-        if let tag = followup.deliverTag {
-            executor.deliver(engine: engine) { self.invoke(tag: tag) }
-        }
+    func cancel(thread: UInt = ThreadIdentity.current()) {
+        perform(transition { $0.cancel(thread: thread) })
     }
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         let now = engine.nowTicks
-        let followup = storage.withLock { storage -> Followup? in
-            guard storage.armedSequence == sequence else { return nil }
-            storage.armedSequence = 0
-            let action = storage.machine.tick(deadline: deadline, now: now)
-            return apply(action, to: &storage, engine: engine)
+        let effects = storage.withLock { locked -> MachineEffects? in
+            guard locked.armed == sequence else { return nil }
+            locked.armed = 0
+            let effects = locked.machine.tick(deadline: deadline, now: now)
+            apply(effects.timer, to: &locked)
+            return effects
         }
-        if let followup { perform(followup, engine: engine) }
+        if let effects { perform(effects) }
     }
 
-    private func invoke(tag: UInt64) {
+    /// Completes `effects` and ends the tick streams when the timer stopped.
+    private func perform(_ effects: consuming MachineEffects) {
+        let stopped = effects.stopped
+        complete(effects)
+        if stopped { endStreams() }
+    }
+
+    /// The first half of an invocation (tests drive it directly): the tick, if
+    /// `tag` may begin on `thread`.
+    func begin(tag: UInt64, thread: UInt, ownerAlive: Bool = true) -> RepeatingTimer.Tick? {
         let now = engine.nowTicks
-        let begun = storage.withLock {
-            storage -> (RepeatingTimer.Tick, [AsyncStream<RepeatingTimer.Tick>.Continuation])? in
-            guard storage.machine.beginInvocation(tag: tag) else { return nil }
-            storage.barrier.begin()
-            let tick = RepeatingTimer.Tick(number: storage.machine.fireCount, time: .nanoseconds(now))
-            return (tick, Array(storage.streams.values))
+        var number: Int? = nil
+        let effects = transition { machine in
+            let begun = machine.begin(tag: tag, thread: thread, ownerAlive: ownerAlive)
+            number = begun.number
+            return begun.effects
         }
-        guard let (tick, streams) = begun else { return }
-        for stream in streams { stream.yield(tick) }
-        let keepGoing = handler()
-        let (followup, wake) = storage.withLock { storage -> (Followup, Bool) in
-            let wake = storage.barrier.end()
-            let action = keepGoing ? storage.machine.endInvocation(tag: tag) : storage.machine.cancel()
-            return (apply(action, to: &storage, engine: engine), wake)
+        perform(effects)
+        guard let number else { return nil }
+        let tick = RepeatingTimer.Tick(number: number, time: .nanoseconds(now))
+        for stream in streams.withLock({ Array($0.values) }) { stream.yield(tick) }
+        return tick
+    }
+
+    /// The second half of an invocation.
+    func end() {
+        perform(transition { $0.end() })
+    }
+
+    func invoke(tag: UInt64) {
+        let thread = ThreadIdentity.current()
+        switch handler {
+        case .plain(let run):
+            guard begin(tag: tag, thread: thread) != nil else { return }
+            run()
+        case .owned(let load, let run):
+            // The owner is loaded (strongly) before the invocation counts, and
+            // released only after it ended, outside every lock: its deinit may
+            // release the timer.
+            var owner = load()
+            guard begin(tag: tag, thread: thread, ownerAlive: owner != nil) != nil, let alive = owner else { return }
+            run(alive)
+            end()
+            owner = nil
+            return
         }
-        if wake { InvocationParking.wakeAll() }
-        perform(followup, engine: engine)
+        end()
     }
 
     /// A new stream of ticks; it ends when the timer is cancelled or finishes.
     func makeTickStream() -> AsyncStream<RepeatingTimer.Tick> {
         let (stream, continuation) = AsyncStream.makeStream(
             of: RepeatingTimer.Tick.self, bufferingPolicy: .bufferingNewest(RepeatingTimer.tickBufferSize))
-        let id = storage.withLock { storage in
-            defer { storage.nextStreamID += 1 }
-            return storage.nextStreamID
-        }
+        let id = nextStreamID.add(1, ordering: .relaxed).newValue
         continuation.onTermination = { [weak self] _ in
-            _ = self?.storage.withLock { $0.streams.removeValue(forKey: id) }
+            _ = self?.streams.withLock { $0.removeValue(forKey: id) }
         }
-        let open = storage.withLock { storage -> Bool in
-            switch storage.machine.state {
-            case .cancelled, .finished:
-                return false
-            case .idle, .running, .suspended:
-                storage.streams[id] = continuation
-                return true
-            }
+        streams.withLock { $0[id] = continuation }
+        switch state {
+        case .cancelled, .finished:
+            if let removed = streams.withLock({ $0.removeValue(forKey: id) }) { removed.finish() }
+        case .idle, .running, .suspended:
+            break
         }
-        if !open { continuation.finish() }
         return stream
+    }
+
+    private func endStreams() {
+        let ended = streams.withLock { streams in
+            defer { streams.removeAll() }
+            return Array(streams.values)
+        }
+        for stream in ended { stream.finish() }
     }
 }

@@ -1,21 +1,33 @@
 /// The pure state machine of a ``RepeatingTimer``: no locks, no clock, no engine.
-/// Each input returns the ``Action`` its owner must perform.
+/// Each input returns the ``MachineEffects`` its storage must perform.
 ///
-/// Transitions (inputs that are not listed for a state are no-ops):
+/// Three numbers say everything about a run (the time since the last `start()`):
+/// - ``fireCount``: invocations that began;
+/// - ``owed``: invocations earned by ticks under the ``MissedTickPolicy`` and not
+///   yet handed to the executor;
+/// - the gate's queued invocation (0 or 1), handed to the executor, not begun.
 ///
-/// | state | input | next state | action |
+/// With `repetitions`, ``remaining`` = repetitions − fireCount − queued − owed is
+/// never negative, and the timer is ``TimerState/finished`` exactly when it
+/// reaches 0 with nothing in flight. Every input ends in ``settle(_:)``, the one
+/// place that delivers, arms, disarms and finishes, so those rules hold after
+/// every input.
+///
+/// | state | input | next state | what happens |
 /// |---|---|---|---|
-/// | idle, cancelled, finished | start | running (finished if repetitions ≤ 0) | arm first deadline; deliver at once if `firesImmediately` |
-/// | running | suspend | suspended | disarm; owed invocations dropped |
-/// | suspended | resume | running | arm now + interval |
-/// | idle, running, suspended, finished | cancel | cancelled | disarm; end tick streams |
-/// | running | tick | running | arm the next grid point; deliver or owe per ``MissedTickPolicy`` |
-/// | running | invocation ended | running, or finished after the last repetition | deliver an owed invocation; on finish end tick streams |
+/// | idle, cancelled, finished | start | running (finished if repetitions ≤ 0) | counters reset; one invocation owed if `firesImmediately` |
+/// | running | suspend | suspended | owed invocations dropped; a queued one revoked; disarm |
+/// | suspended | resume | running | next tick one interval from now |
+/// | any but cancelled | cancel | cancelled | owed dropped, queued revoked, disarm; waits for a running handler on another thread |
+/// | running | tick | running | next grid point; owe per ``MissedTickPolicy`` |
+/// | running | begin (owner gone) | cancelled | as cancel; the invocation does not count |
+/// | any | end | same | settle |
 ///
-/// Every transition except a tick or an ended invocation bumps ``generation``: an
-/// invocation delivered to the queue under an older generation never begins.
-struct RepeatingTimerStateMachine: Sendable {
-    struct Configuration: Sendable {
+/// A *running* handler is never forgotten: suspend, resume, cancel and a
+/// restart leave the gate's record of it alone, so no second invocation can be
+/// queued until it has ended (see ``InvocationGate``).
+struct RepeatingTimerStateMachine: GatedStateMachine, Sendable {
+    struct Configuration: Sendable, Hashable {
         /// Nanoseconds, at least ``RepeatingTimer/minimumInterval``.
         var interval: Int64
         /// `nil` for forever; never negative.
@@ -24,161 +36,151 @@ struct RepeatingTimerStateMachine: Sendable {
         var missedTicks: MissedTickPolicy
     }
 
-    /// What the owner must do after an input.
-    struct Action: Equatable, Sendable {
-        enum Timer: Equatable, Sendable {
-            case none
-            case arm(Int64)
-            case disarm
-        }
-        var timer = Timer.none
-        /// Hand one invocation, tagged with the current generation, to the queue.
-        var deliver = false
-        /// The timer stopped (cancelled or finished): end the tick streams.
-        var stopped = false
-    }
-
     let configuration: Configuration
     private(set) var state = TimerState.idle
-    private(set) var generation: UInt64 = 0
     /// Invocations begun since the last start.
     private(set) var fireCount = 0
-    /// The grid point the timer is armed for.
-    private(set) var nextDeadline: Int64 = 0
-    /// Invocations due but not yet handed to the queue.
+    /// Invocations earned and not yet handed to the executor.
     private(set) var owed = 0
-    /// Where this generation's invocation is, if it has one.
-    enum Delivery: Sendable { case none, queued, running }
-    private(set) var delivery = Delivery.none
-    private var delivering: Bool { delivery != .none }
-    /// Invocations handed to the queue since the last start.
-    private(set) var delivered = 0
+    /// The grid point the timer is (or is about to be) armed for.
+    private(set) var nextDeadline: Int64 = 0
+    /// Whether the engine entry is armed for ``nextDeadline``.
+    private(set) var isArmed = false
+    var gate = InvocationGate()
 
     init(configuration: Configuration) {
         self.configuration = configuration
     }
 
-    private var remaining: Int? {
-        configuration.repetitions.map { $0 - delivered - owed }
+    /// Invocations this run may still earn; nil for a timer without repetitions.
+    var remaining: Int? {
+        configuration.repetitions.map { $0 - fireCount - owed - (gate.queued == nil ? 0 : 1) }
     }
 
-    mutating func start(now: Int64) -> Action {
+    mutating func start(now: Int64) -> MachineEffects {
         switch state {
         case .running, .suspended:
-            return Action()
+            return MachineEffects()
         case .idle, .cancelled, .finished:
             break
         }
-        generation &+= 1
+        state = .running
         fireCount = 0
-        delivered = 0
-        owed = 0
-        delivery = .none
-        if let repetitions = configuration.repetitions, repetitions <= 0 {
-            state = .finished
-            return Action(stopped: true)
-        }
-        state = .running
+        owed = configuration.firesImmediately ? 1 : 0
         nextDeadline = DeadlineArithmetic.adding(configuration.interval, to: now)
-        var action = Action()
-        if configuration.firesImmediately {
-            owed = 1
-            action.deliver = takeOwed()
+        var effects = MachineEffects()
+        if let repetitions = configuration.repetitions {
+            owed = min(owed, repetitions)
         }
-        if remaining.map({ $0 > 0 }) ?? true {
-            action.timer = .arm(nextDeadline)
-        }
-        return action
+        settle(&effects)
+        return effects
     }
 
-    mutating func suspend() -> Action {
-        guard state == .running else { return Action() }
+    mutating func suspend() -> MachineEffects {
+        guard state == .running else { return MachineEffects() }
         state = .suspended
-        generation &+= 1
-        owed = 0
-        if delivery == .queued {
-            // The queued invocation will not begin; it no longer counts.
-            delivered -= 1
-        }
-        delivery = .none
-        return Action(timer: .disarm)
+        var effects = MachineEffects()
+        stopTicking(&effects)
+        return effects
     }
 
-    mutating func resume(now: Int64) -> Action {
-        guard state == .suspended else { return Action() }
+    mutating func resume(now: Int64) -> MachineEffects {
+        guard state == .suspended else { return MachineEffects() }
         state = .running
-        generation &+= 1
         nextDeadline = DeadlineArithmetic.adding(configuration.interval, to: now)
-        return Action(timer: .arm(nextDeadline))
+        var effects = MachineEffects()
+        settle(&effects)
+        return effects
     }
 
-    mutating func cancel() -> Action {
-        guard state != .cancelled else { return Action() }
-        state = .cancelled
-        generation &+= 1
-        owed = 0
-        delivery = .none
-        return Action(timer: .disarm, stopped: true)
+    /// `cancel()` on `thread` (also what a release does).
+    mutating func cancel(thread: UInt) -> MachineEffects {
+        var effects = MachineEffects()
+        if state != .cancelled {
+            state = .cancelled
+            stopTicking(&effects)
+            effects.stopped = true
+        }
+        effects.waitFor = gate.waitTicket(thread: thread)
+        return effects
     }
 
-    /// The timer's deadline `deadline` passed; it is `now`.
-    mutating func tick(deadline: Int64, now: Int64) -> Action {
-        guard state == .running else { return Action() }
+    /// The deadline `deadline` passed; it is `now`.
+    mutating func tick(deadline: Int64, now: Int64) -> MachineEffects {
+        guard state == .running, isArmed else { return MachineEffects() }
+        isArmed = false
         let interval = configuration.interval
-        let late = max(0, now &- deadline)
-        let missed = Int(late / interval)  // whole intervals late
-        let (step, overflow) = Int64(missed + 1).multipliedReportingOverflow(by: interval)
-        nextDeadline = overflow ? DeadlineArithmetic.never : DeadlineArithmetic.adding(step, to: deadline)
+        let missed = max(0, now &- deadline) / interval  // whole intervals late
+        nextDeadline = DeadlineArithmetic.adding(DeadlineArithmetic.multiplying(interval, by: missed + 1), to: deadline)
+        let due = Int(clamping: missed) &+ 1
         switch configuration.missedTicks {
         case .skip:
-            if !delivering && owed == 0 { owed = 1 }
+            if gate.isIdle && owed == 0 { owed = 1 }
         case .coalesce:
             owed = max(owed, 1)
         case .catchUp(let limit):
-            let (sum, overflowed) = owed.addingReportingOverflow(missed + 1)
-            owed = min(overflowed ? Int.max : sum, max(limit, 1))
+            let (sum, overflow) = owed.addingReportingOverflow(due)
+            owed = min(overflow ? Int.max : sum, max(limit, 1))
         }
         if let repetitions = configuration.repetitions {
-            owed = min(owed, repetitions - delivered)
+            owed = min(owed, max(0, repetitions - fireCount - (gate.queued == nil ? 0 : 1)))
         }
-        var action = Action()
-        action.deliver = takeOwed()
-        if remaining.map({ $0 > 0 }) ?? true {
-            action.timer = .arm(nextDeadline)
-        }
-        return action
+        var effects = MachineEffects()
+        settle(&effects)
+        return effects
     }
 
-    /// An invocation delivered under generation `tag` reached the queue. Returns
-    /// whether it may begin (and counts it).
-    mutating func beginInvocation(tag: UInt64) -> Bool {
-        guard state == .running, tag == generation, delivery == .queued else { return false }
-        delivery = .running
+    /// The executor reached `tag` on `thread`. `ownerAlive` is false when the
+    /// owner of an owner-bound timer is gone: the timer cancels itself and the
+    /// invocation does not count. Returns the tick number if the handler may run.
+    mutating func begin(tag: UInt64, thread: UInt, ownerAlive: Bool = true) -> (number: Int?, effects: MachineEffects) {
+        guard state == .running, gate.queued == tag else { return (nil, MachineEffects()) }
+        guard ownerAlive else { return (nil, cancel(thread: thread)) }
+        _ = gate.begin(tag: tag, thread: thread)
         fireCount += 1
-        return true
+        return (fireCount, MachineEffects())
     }
 
-    /// An invocation that began under generation `tag` returned.
-    mutating func endInvocation(tag: UInt64) -> Action {
-        guard state == .running, tag == generation else { return Action() }
-        delivery = .none
-        var action = Action()
-        action.deliver = takeOwed()
-        if !action.deliver, let repetitions = configuration.repetitions, delivered >= repetitions {
-            state = .finished
-            generation &+= 1
-            action.timer = .disarm
-            action.stopped = true
+    /// The invocation that began on this timer returned.
+    mutating func end() -> MachineEffects {
+        var effects = MachineEffects(wake: gate.end())
+        settle(&effects)
+        return effects
+    }
+
+    /// Leaves the running state's bookkeeping: nothing owed, nothing queued, the
+    /// entry disarmed. A running handler stays recorded in the gate.
+    private mutating func stopTicking(_ effects: inout MachineEffects) {
+        owed = 0
+        gate.revoke()
+        if isArmed {
+            isArmed = false
+            effects.timer = .disarm
         }
-        return action
     }
 
-    /// Moves one owed invocation to the queue if none is there.
-    private mutating func takeOwed() -> Bool {
-        guard !delivering, owed > 0 else { return false }
-        owed -= 1
-        delivered += 1
-        delivery = .queued
-        return true
+    /// The one place that acts on a running timer's numbers: hands an owed
+    /// invocation to the executor when nothing is in flight, finishes once every
+    /// repetition has begun and ended, and keeps the entry armed exactly while
+    /// more invocations can be earned.
+    private mutating func settle(_ effects: inout MachineEffects) {
+        guard state == .running else { return }
+        if owed > 0, let tag = gate.deliver() {
+            owed -= 1
+            effects.deliver = tag
+        }
+        if remaining == 0 {
+            if isArmed {
+                isArmed = false
+                effects.timer = .disarm
+            }
+            if gate.isIdle && owed == 0 {
+                state = .finished
+                effects.stopped = true
+            }
+        } else if !isArmed {
+            isArmed = true
+            effects.timer = .arm(nextDeadline)
+        }
     }
 }

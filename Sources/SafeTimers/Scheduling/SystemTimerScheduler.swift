@@ -7,8 +7,9 @@
 /// - never runs your handlers itself: each primitive delivers its handler to the
 ///   `DispatchQueue` you gave it, so a slow handler cannot delay other timers.
 ///
-/// Arming, re-arming and cancelling are O(log n) with no search: cancelling
-/// removes the entry and releases what it holds at once.
+/// Arming, re-arming and cancelling are O(1) in the number of armed timers (a
+/// hierarchical timing wheel) with no search: cancelling removes the entry and
+/// releases what it holds at once.
 ///
 /// ## The clock
 /// Deadlines use the monotonic clock (`CLOCK_MONOTONIC` on Linux,
@@ -31,12 +32,13 @@ public final class SystemTimerScheduler: TimerScheduler {
     /// Creates a scheduler with its own thread, started at its first arming.
     ///
     /// Most programs need only ``shared``. A separate instance isolates a group of
-    /// timers (for example in tests that count ``pendingCount``); its thread ends
-    /// when the instance is released. Primitives keep their scheduler alive, so
-    /// that happens only once none of its timers remain.
+    /// timers (for example in tests that count ``pendingCount``). Releasing your
+    /// reference never drops what is armed on it: every primitive keeps its
+    /// scheduler's engine, what is armed still fires, and the thread ends once
+    /// nothing is armed any more.
     public init() {}
 
     deinit {
-        engine.shutDown()
+        engine.retire()
     }
 }

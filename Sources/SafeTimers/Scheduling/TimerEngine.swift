@@ -37,6 +37,12 @@ public final class TimerEngine: @unchecked Sendable {
         var threadStarted = false
         var schedulerThreadID: Int32 = 0
         var shuttingDown = false
+        /// The scheduler object is gone: a real engine's thread ends once nothing
+        /// is armed (what is armed still fires); a manual engine is shut down.
+        var retired = false
+        /// Manual engines: handler deliveries waiting for the next advance, in order.
+        var deliveries: [@Sendable () -> Void] = []
+        var deliveryHead = 0
         /// Scheduler-thread wake-ups, counted for tests and benchmarks.
         var wakeUps = 0
     }
@@ -61,7 +67,8 @@ public final class TimerEngine: @unchecked Sendable {
     }
 
     deinit {
-        // Only manual engines end: the scheduler thread keeps a real one alive.
+        // A real engine ends once its scheduler is gone, nothing is armed and its
+        // thread has ended; a manual one once nothing refers to it.
         let entries = state.pointee.wheel.removeAll()
         state.deinitialize(count: 1)
         state.deallocate()
@@ -104,6 +111,12 @@ public final class TimerEngine: @unchecked Sendable {
         let state = self.state
         state.pointee.lastSequence &+= 1
         let sequence = state.pointee.lastSequence
+        if state.pointee.shuttingDown {
+            // A manual scheduler that was released: its time can never move
+            // again, so keeping the entry would only leak it.
+            lock.unlock()
+            return sequence
+        }
         let node = entry.timerSlot
         if node >= 0 {
             state.pointee.wheel.update(node: Int32(truncatingIfNeeded: node), deadline: deadline, sequence: sequence)
@@ -138,6 +151,9 @@ public final class TimerEngine: @unchecked Sendable {
         lock.lock()
         let node = entry.timerSlot
         let removed = node >= 0 ? state.pointee.wheel.remove(node: Int32(truncatingIfNeeded: node)) : nil
+        if state.pointee.retired && state.pointee.wheel.count == 0 {
+            lock.signal()  // a retired engine's thread may end now
+        }
         lock.unlock()
         // `removed` (and with it possibly the last reference to the entry) is
         // released here, outside the lock.
@@ -145,6 +161,39 @@ public final class TimerEngine: @unchecked Sendable {
     }
 
     // MARK: Virtual time
+
+    /// Manual engines: queues a handler delivery for the advancing thread.
+    ///
+    /// Under virtual time no handler runs outside `advance`: a delivery made by
+    /// `start()`, by a call such as `Throttler.call`, or by a handler that ends
+    /// while more are owed is queued here, and the advance loop runs the queue
+    /// iteratively, in order, before it looks at the wheel again. So owed
+    /// invocations never nest on the stack, however many there are.
+    func enqueueDelivery(_ body: @escaping @Sendable () -> Void) {
+        lock.lock()
+        let dropped = state.pointee.shuttingDown
+        if !dropped { state.pointee.deliveries.append(body) }
+        lock.unlock()
+        if dropped { _ = body }  // released outside the lock
+    }
+
+    /// Takes the oldest queued delivery (lock held).
+    private func popDelivery() -> (@Sendable () -> Void)? {
+        let state = self.state
+        guard state.pointee.deliveryHead < state.pointee.deliveries.count else { return nil }
+        let body = state.pointee.deliveries[state.pointee.deliveryHead]
+        state.pointee.deliveryHead += 1
+        if state.pointee.deliveryHead == state.pointee.deliveries.count {
+            state.pointee.deliveries.removeAll(keepingCapacity: true)
+            state.pointee.deliveryHead = 0
+        }
+        return body
+    }
+
+    /// How many handler deliveries wait for the next advance (manual engines).
+    public var queuedDeliveryCount: Int {
+        lock.withLock { state.pointee.deliveries.count - state.pointee.deliveryHead }
+    }
 
     /// Moves the virtual clock forward by `duration`, firing every entry that falls
     /// due, in deadline order (ties in arming order), synchronously on this thread,
@@ -170,6 +219,11 @@ public final class TimerEngine: @unchecked Sendable {
         precondition(isVirtual, "advance(to:) needs a manual engine")
         while true {
             lock.lock()
+            if let delivery = popDelivery() {
+                lock.unlock()
+                delivery()
+                continue
+            }
             guard let fired = state.pointee.wheel.popDue(now: target) else {
                 state.pointee.virtualNow = max(state.pointee.virtualNow, target)
                 lock.unlock()
@@ -187,14 +241,29 @@ public final class TimerEngine: @unchecked Sendable {
 
     // MARK: The scheduler thread
 
-    /// Stops the scheduler thread and drops every armed entry.
+    /// Drops every armed entry and queued delivery for good: what a released
+    /// manual scheduler does, since its time can never move again. Later armings
+    /// are ignored.
     public func shutDown() {
         lock.lock()
         state.pointee.shuttingDown = true
         let dropped = state.pointee.wheel.removeAll()
+        let deliveries = state.pointee.deliveries
+        state.pointee.deliveries = []
+        state.pointee.deliveryHead = 0
         lock.signal()
         lock.unlock()
-        _ = dropped  // released outside the lock
+        _ = (dropped, deliveries)  // released outside the lock
+    }
+
+    /// The scheduler object was released. A real engine keeps firing what is
+    /// armed (primitives keep their engine, so nothing armed is dropped); its
+    /// thread ends once nothing is armed and starts again if something is.
+    public func retire() {
+        lock.lock()
+        state.pointee.retired = true
+        lock.signal()
+        lock.unlock()
     }
 
     private func startThread() {
@@ -210,6 +279,13 @@ public final class TimerEngine: @unchecked Sendable {
         lock.lock()
         state.pointee.schedulerThreadID = ThreadIdentity.currentKernelThreadID()
         while !state.pointee.shuttingDown {
+            if state.pointee.retired && state.pointee.wheel.count == 0 {
+                // Nothing armed and nobody left to arm through the scheduler: end
+                // the thread; a primitive that arms again starts a new one.
+                state.pointee.threadStarted = false
+                state.pointee.schedulerThreadID = 0
+                break
+            }
             let now = MonotonicClock.nanoseconds() &- origin
             while batch.count < Self.batchLimit, let fired = state.pointee.wheel.popDue(now: now) {
                 batch.append(fired)

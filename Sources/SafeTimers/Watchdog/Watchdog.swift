@@ -73,6 +73,17 @@ public final class Watchdog: Sendable {
     /// - Complexity: O(1): a clock read and a lock; the engine is not touched.
     public func kick() { core.kick() }
 
+    /// Re-arms the watchdog with a new timeout: the deadline becomes now +
+    /// `timeout`, and later ``kick()`` calls use it too. A shorter timeout than
+    /// before moves the engine entry at once.
+    ///
+    /// No effect once the watchdog has fired or was invalidated (or its deadline
+    /// passed and the handler is about to begin). Timeouts are treated as in
+    /// ``init(timeout:queue:scheduler:onTimeout:)``.
+    ///
+    /// - Complexity: O(1) in the number of pending timers.
+    public func kick(timeout: Duration) { core.kick(timeout: timeout) }
+
     /// Disarms the watchdog for good and releases the handler.
     ///
     /// Idempotent. Once it returns, the handler never begins; if the handler was
@@ -83,46 +94,30 @@ public final class Watchdog: Sendable {
     /// Whether the deadline passed and the handler began.
     public var hasFired: Bool { core.hasFired }
 
-    /// The timeout the watchdog was created with.
+    /// The timeout in effect: the one the watchdog was created with, or the one
+    /// the last ``kick(timeout:)`` set.
     public var timeout: Duration { core.timeout }
 }
 
-/// The engine entry behind a ``Watchdog``: the public object can be released (which
+/// The storage behind a ``Watchdog``: the public object can be released (which
 /// invalidates) while the engine still holds this.
-final class WatchdogCore: TimerEntry {
-    private enum Status { case armed, fired, invalidated }
-
-    private struct Storage: InvocationBarrierHolder {
-        var status = Status.armed
-        /// The deadline the watchdog wants; `kick()` moves it later.
-        var deadline: Int64 = 0
-        /// The deadline the engine entry is armed at; at most `deadline`.
-        var armedSequence: UInt64 = 0
-        var handler: (@Sendable () -> Void)?
-        var barrier = InvocationBarrier()
-    }
-
-    let timeout: Duration
-    private let timeoutTicks: Int64
-    private let storage: StateLock<Storage>
+final class WatchdogCore: GatedPrimitive {
+    let storage: StateLock<LockedMachine<WatchdogStateMachine>>
     private let index = Atomic<Int>(-1)
-    private let executor: HandlerExecutor
-    /// The scheduler's engine (the scheduler itself is not needed once armed).
-    private let engine: TimerEngine
+    let executor: HandlerExecutor
+    /// The scheduler's engine: kept, so releasing the scheduler never drops the watchdog.
+    let engine: TimerEngine
 
     init(
         timeout: Duration, executor: HandlerExecutor, scheduler: any TimerScheduler,
         handler: @escaping @Sendable () -> Void
     ) {
-        self.timeout = timeout
-        self.timeoutTicks = DeadlineArithmetic.delayNanoseconds(timeout)
+        let engine = scheduler.engine
         self.executor = executor
-        self.engine = scheduler.engine
-        self.storage = StateLock(Storage(handler: handler))
-        storage.withLock { storage in
-            storage.deadline = DeadlineArithmetic.adding(timeoutTicks, to: engine.nowTicks)
-            storage.armedSequence = engine.arm(self, at: storage.deadline)
-        }
+        self.engine = engine
+        self.storage = StateLock(
+            LockedMachine(machine: WatchdogStateMachine(timeout: timeout, now: engine.nowTicks, handler: handler)))
+        complete(transition { $0.arm() })
     }
 
     var timerSlot: Int {
@@ -130,52 +125,41 @@ final class WatchdogCore: TimerEntry {
         set { index.store(newValue, ordering: .relaxed) }
     }
 
-    var hasFired: Bool { storage.withLock { $0.status == .fired } }
+    var hasFired: Bool { storage.withLock { $0.machine.status == .fired } }
 
-    func kick() {
-        let deadline = DeadlineArithmetic.adding(timeoutTicks, to: engine.nowTicks)
-        storage.withLock { storage in
-            guard storage.status == .armed else { return }
-            storage.deadline = max(storage.deadline, deadline)
-        }
+    var timeout: Duration { storage.withLock { $0.machine.timeoutDuration } }
+
+    /// Whether the handler is still held (tests).
+    var holdsHandler: Bool { storage.withLock { $0.machine.holdsHandler } }
+
+    func kick(timeout newTimeout: Duration? = nil) {
+        let now = engine.nowTicks
+        complete(transition { $0.kick(now: now, timeout: newTimeout) })
     }
 
     func invalidate() {
-        _ = storage.cancelOnce { storage in
-            switch storage.status {
-            case .armed:
-                storage.status = .invalidated
-                engine.disarm(self)
-                defer { storage.handler = nil }
-                return (true, storage.handler, false)
-            case .fired:
-                return (false, nil, true)
-            case .invalidated:
-                return (false, nil, false)
-            }
-        }
+        let thread = ThreadIdentity.current()
+        complete(transition { $0.invalidate(thread: thread) })
     }
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
-        let due = storage.withLock { storage -> Bool in
-            guard storage.status == .armed, storage.armedSequence == sequence else { return false }
-            if storage.deadline > deadline {
-                // Kicked since it was armed: move the entry to the new deadline.
-                storage.armedSequence = engine.arm(self, at: storage.deadline)
-                return false
-            }
-            return true
-        }
-        guard due else { return }
-        executor.deliver(engine: engine) { self.run() }
+        fired(sequence: sequence) { $0.deadlinePassed(deadline) }
     }
 
-    private func run() {
-        storage.runOnce(claim: { storage in
-            guard storage.status == .armed else { return nil }
-            storage.status = .fired
-            defer { storage.handler = nil }
-            return storage.handler
-        })
+    /// The first half of an invocation (tests drive it directly).
+    func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
+        storage.withLock { $0.machine.begin(tag: tag, thread: thread) }
+    }
+
+    /// The second half of an invocation.
+    func end() {
+        complete(transition { $0.end() })
+    }
+
+    func invoke(tag: UInt64) {
+        guard var handler = begin(tag: tag, thread: ThreadIdentity.current()) else { return }
+        handler()
+        handler = {}  // release the captures before the run counts as ended
+        end()
     }
 }

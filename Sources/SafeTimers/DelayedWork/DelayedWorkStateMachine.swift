@@ -1,0 +1,68 @@
+/// The pure state machine of a ``DelayedWork``: no lock, no clock, no engine.
+///
+/// | state | input | next state | effects |
+/// |---|---|---|---|
+/// | pending | deadline passed | pending | deliver (the gate admits one invocation) |
+/// | pending | begin (the delivered tag) | running | the work is taken out to run |
+/// | running | end | completed | wake a waiting cancel |
+/// | pending | cancel | cancelled | disarm; release the work; revoke a queued delivery; prevented |
+/// | running | cancel (another thread) | running | wait for the end |
+/// | pending | reschedule | pending | revoke a queued delivery; arm the new deadline |
+///
+/// Other inputs are no-ops.
+struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
+    private(set) var state = DelayedWork.State.pending
+    private var work: (@Sendable () -> Void)?
+    var gate = InvocationGate()
+
+    init(work: @escaping @Sendable () -> Void) {
+        self.work = work
+    }
+
+    /// Whether the work is still held (for leak tests).
+    var holdsWork: Bool { work != nil }
+
+    /// The armed deadline passed.
+    mutating func deadlinePassed() -> MachineEffects {
+        guard state == .pending else { return MachineEffects() }
+        return MachineEffects(deliver: gate.deliver())
+    }
+
+    /// The executor reached `tag` on `thread`: the work to run, if it may.
+    mutating func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
+        guard state == .pending, gate.begin(tag: tag, thread: thread) else { return nil }
+        state = .running
+        defer { work = nil }
+        return work
+    }
+
+    /// The work returned.
+    mutating func end() -> MachineEffects {
+        state = .completed
+        return MachineEffects(wake: gate.end())
+    }
+
+    /// `cancel()` on `thread`.
+    mutating func cancel(thread: UInt, waiting: Bool = true) -> MachineEffects {
+        switch state {
+        case .pending:
+            state = .cancelled
+            gate.revoke()
+            defer { work = nil }
+            return MachineEffects(timer: .disarm, released: work, prevented: true)
+        case .running:
+            return MachineEffects(waitFor: waiting ? gate.waitTicket(thread: thread) : nil)
+        case .completed, .cancelled:
+            return MachineEffects()
+        }
+    }
+
+    /// `reschedule(…)`: a pending work waits for `deadline` instead (a delivery
+    /// already queued is revoked). Returns effects with `prevented` set when it
+    /// was pending.
+    mutating func reschedule(to deadline: Int64) -> MachineEffects {
+        guard state == .pending else { return MachineEffects() }
+        gate.revoke()
+        return MachineEffects(timer: .arm(deadline), prevented: true)
+    }
+}

@@ -1,0 +1,128 @@
+/// What a primitive's state machine asks its storage to do after an input. The
+/// storage performs it: the timer command under the lock (so the engine sees
+/// armings in the order of the state changes), everything else after releasing
+/// it.
+struct MachineEffects {
+    /// What to do with the primitive's engine entry.
+    var timer = TimerCommand.keep
+    /// A tag the gate queued: hand it to the executor.
+    var deliver: UInt64?
+    /// A user closure the input took out of the state: released outside the lock,
+    /// before the call that made the input returns.
+    var released: (@Sendable () -> Void)?
+    /// A ticket to wait for: the handler runs on another thread and the input was
+    /// a cancel, which must not return before it ended.
+    var waitFor: UInt64?
+    /// Whether the input prevented a run (what `cancel()` reports).
+    var prevented = false
+    /// Whether the primitive stopped for good (a timer cancelled or finished):
+    /// tick streams end.
+    var stopped = false
+    /// Whether an invocation ended while a cancel waits for it: wake the waiters.
+    var wake = false
+}
+
+/// A primitive's state machine and the engine arming it answers to, as kept
+/// under the primitive's lock.
+struct LockedMachine<Machine: GatedStateMachine>: GatedStateMachine {
+    var machine: Machine
+    /// The sequence number of the engine arming that is current; 0 when disarmed.
+    /// A firing of an older arming is ignored.
+    var armed: UInt64 = 0
+
+    var gate: InvocationGate {
+        get { machine.gate }
+        set { machine.gate = newValue }
+    }
+}
+
+/// The storage side shared by every primitive: a pure state machine behind a
+/// lock, an engine entry, and an executor for the handler.
+///
+/// The discipline, written once here:
+/// 1. ``transition(_:)``: an input changes the machine under the lock; its timer
+///    command is applied to the engine under the same lock.
+/// 2. ``complete(_:)``: after the lock is released, a released closure is
+///    dropped, a queued tag is delivered, and a cancel waits for the handler if
+///    it runs on another thread.
+/// User code never runs, and is never released, under the lock.
+protocol GatedPrimitive: TimerEntry, InvocationTarget {
+    associatedtype Machine: GatedStateMachine
+    var storage: StateLock<LockedMachine<Machine>> { get }
+    var engine: TimerEngine { get }
+    var executor: HandlerExecutor { get }
+}
+
+extension GatedPrimitive {
+    /// Applies `input` to the machine under the lock, performing its timer
+    /// command there too; returns the rest of its effects.
+    @inline(__always)
+    func transition(_ input: (inout Machine) -> MachineEffects) -> MachineEffects {
+        storage.withLock { locked -> MachineEffects in
+            let effects = input(&locked.machine)
+            apply(effects.timer, to: &locked)
+            return effects
+        }
+    }
+
+    /// Applies a timer command (lock held).
+    @inline(__always)
+    func apply(_ command: TimerCommand, to locked: inout LockedMachine<Machine>) {
+        switch command {
+        case .keep:
+            break
+        case .arm(let deadline):
+            locked.armed = engine.arm(self, at: deadline)
+        case .disarm:
+            if locked.armed != 0 {
+                locked.armed = 0
+                engine.disarm(self)
+            }
+        }
+    }
+
+    /// Performs what an input left for after the lock (see ``GatedPrimitive``).
+    @inline(__always)
+    func complete(_ effects: consuming MachineEffects) {
+        effects.released = nil
+        if effects.wake { InvocationParking.wakeAll() }
+        if let tag = effects.deliver { executor.deliver(self, tag: tag, engine: engine) }
+        if let ticket = effects.waitFor { storage.wait(for: ticket) }
+    }
+
+    /// Tests: completes `effects` like ``complete(_:)`` but, instead of waiting,
+    /// returns the ticket a cancel would wait for (see ``hasPassed(_:)``).
+    func completeReturningTicket(_ effects: consuming MachineEffects) -> UInt64? {
+        let ticket = effects.waitFor
+        effects.waitFor = nil
+        complete(effects)
+        return ticket
+    }
+
+    /// Tests: whether the invocation `ticket` waits for has ended.
+    func hasPassed(_ ticket: UInt64) -> Bool { storage.withLock { $0.gate.hasPassed(ticket) } }
+
+    /// Tests: whether the invocation `ticket` waits for has ended; once it has,
+    /// the waiter is unregistered.
+    func passWaiter(_ ticket: UInt64) -> Bool {
+        storage.withLock { locked in
+            guard locked.gate.hasPassed(ticket) else { return false }
+            locked.gate.leave()
+            return true
+        }
+    }
+
+    /// The engine fired the arming `sequence`: if it is still the current one,
+    /// `input` handles the deadline (lock held), and its effects are completed.
+    @inline(__always)
+    func fired(sequence: UInt64, _ input: (inout Machine) -> MachineEffects) {
+        let effects = storage.withLock { locked -> MachineEffects? in
+            guard locked.armed == sequence else { return nil }
+            locked.armed = 0
+            let effects = input(&locked.machine)
+            apply(effects.timer, to: &locked)
+            return effects
+        }
+        if let effects { complete(effects) }
+    }
+}

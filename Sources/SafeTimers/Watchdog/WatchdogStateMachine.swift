@@ -1,0 +1,98 @@
+/// The pure state machine of a ``Watchdog``: no lock, no clock, no engine.
+///
+/// The engine entry is moved lazily: ``kick(now:timeout:)`` only records the
+/// new deadline (unless it is earlier than the armed one), and when the armed
+/// deadline passes the entry is re-armed at the recorded one.
+///
+/// | status | input | next | effects |
+/// |---|---|---|---|
+/// | armed | kick | armed | deadline = now + timeout; arm only if that is earlier than the armed deadline |
+/// | armed | deadline passed, kicked since | armed | arm the recorded deadline |
+/// | armed | deadline passed | armed | deliver (the gate admits one invocation; kicks no longer count) |
+/// | armed | begin (the delivered tag) | fired | the handler is taken out to run |
+/// | fired | end | fired | wake a waiting invalidate |
+/// | armed | invalidate | invalidated | disarm; release the handler; revoke a queued delivery |
+/// | fired | invalidate (handler running on another thread) | fired | wait for the end |
+///
+/// Other inputs are no-ops. So the handler runs at most once, and never after
+/// `invalidate()` returned.
+struct WatchdogStateMachine: GatedStateMachine, Sendable {
+    enum Status: Sendable { case armed, fired, invalidated }
+
+    private(set) var status = Status.armed
+    /// The timeout in effect, as given, and in ticks (never negative).
+    private(set) var timeoutDuration: Duration
+    private(set) var timeout: Int64
+    /// The deadline the watchdog wants.
+    private(set) var deadline: Int64
+    /// The deadline the engine entry is armed at (at most `deadline`, unless a
+    /// shorter timeout moved `deadline` earlier, which re-arms at once).
+    private var armedAt: Int64
+    private var handler: (@Sendable () -> Void)?
+    var gate = InvocationGate()
+
+    init(timeout: Duration, now: Int64, handler: @escaping @Sendable () -> Void) {
+        self.timeoutDuration = timeout
+        self.timeout = DeadlineArithmetic.delayNanoseconds(timeout)
+        self.deadline = DeadlineArithmetic.adding(self.timeout, to: now)
+        self.armedAt = deadline
+        self.handler = handler
+    }
+
+    /// The first arming.
+    func arm() -> MachineEffects { MachineEffects(timer: .arm(armedAt)) }
+
+    /// Whether the handler is still held (for leak tests).
+    var holdsHandler: Bool { handler != nil }
+
+    /// `kick()` or `kick(timeout:)` at `now`.
+    mutating func kick(now: Int64, timeout newTimeout: Duration? = nil) -> MachineEffects {
+        guard status == .armed, gate.isIdle else { return MachineEffects() }
+        if let newTimeout {
+            timeoutDuration = newTimeout
+            timeout = DeadlineArithmetic.delayNanoseconds(newTimeout)
+        }
+        deadline = DeadlineArithmetic.adding(timeout, to: now)
+        guard deadline < armedAt else { return MachineEffects() }
+        armedAt = deadline
+        return MachineEffects(timer: .arm(deadline))
+    }
+
+    /// The armed deadline `passed` was reached.
+    mutating func deadlinePassed(_ passed: Int64) -> MachineEffects {
+        guard status == .armed else { return MachineEffects() }
+        if deadline > passed {
+            armedAt = deadline
+            return MachineEffects(timer: .arm(deadline))
+        }
+        return MachineEffects(deliver: gate.deliver())
+    }
+
+    /// The executor reached `tag` on `thread`: the handler to run, if it may.
+    mutating func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
+        guard status == .armed, gate.begin(tag: tag, thread: thread) else { return nil }
+        status = .fired
+        defer { handler = nil }
+        return handler
+    }
+
+    /// The handler returned.
+    mutating func end() -> MachineEffects {
+        MachineEffects(wake: gate.end())
+    }
+
+    /// `invalidate()` on `thread`.
+    mutating func invalidate(thread: UInt) -> MachineEffects {
+        switch status {
+        case .armed:
+            status = .invalidated
+            gate.revoke()
+            defer { handler = nil }
+            return MachineEffects(timer: .disarm, released: handler, prevented: true)
+        case .fired:
+            return MachineEffects(waitFor: gate.waitTicket(thread: thread))
+        case .invalidated:
+            return MachineEffects()
+        }
+    }
+}
