@@ -41,3 +41,20 @@ struct ExplorationTests {
     @Test("RepeatingTimer, 1 repetition, skipping: also reaches .finished")
     func repeatingOnce() { Self.check(RepeatingTimerSystem<OnceSkipping>.self, "RepeatingTimer ×1") }
 }
+
+extension ExplorationTests {
+    @Test("DelayedWork: runs at most once, never after cancel() returned true, barrier")
+    func delayedWork() { Self.check(DelayedWorkSystem.self, "DelayedWork") }
+
+    @Test("Watchdog: fires at most once, never early, never after invalidate() returned")
+    func watchdog() { Self.check(WatchdogSystem.self, "Watchdog") }
+
+    @Test("Debouncer: only the latest call runs, once per quiet period; no overlap; barrier")
+    func debouncer() { Self.check(DebouncerSystem.self, "Debouncer") }
+
+    @Test("Throttler (latest): runs an interval apart, the last call of a burst runs; no overlap; barrier")
+    func throttlerLatest() { Self.check(ThrottlerSystem<KeepLatest>.self, "Throttler latest") }
+
+    @Test("Throttler (first): runs an interval apart; no overlap; barrier")
+    func throttlerFirst() { Self.check(ThrottlerSystem<KeepFirst>.self, "Throttler first") }
+}

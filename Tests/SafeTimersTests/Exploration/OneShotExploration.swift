@@ -1,0 +1,171 @@
+@testable @_spi(SchedulerImplementation) import SafeTimers
+
+/// A `DelayedWork` in a ``PrimitiveWorld``: calls are `cancel` and `reschedule`
+/// (to 10 ms from now). It must run at most once, never after a cancel that
+/// returned `true`, and at rest be completed or cancelled.
+struct DelayedWorkSystem: ExplorableSystem {
+    let world = PrimitiveWorld(elapse: .milliseconds(15))
+    let work: DelayedWork
+    let runs = RunCounter()
+    private var preventedByCancel = false
+
+    init() {
+        let runs = self.runs
+        work = DelayedWork.schedule(
+            atTicks: { $0.nowTicks + 10_000_000 }, executor: world.executor, engine: world.engine
+        ) { runs.increment() }
+    }
+
+    func enabledSteps() -> [PrimitiveStep] {
+        world.steps(calls: ["cancel", "reschedule"], passed: { work.hasPassed($0) })
+    }
+
+    mutating func perform(_ step: PrimitiveStep) {
+        switch step {
+        case .call("cancel", let thread):
+            let effects = work.transition { $0.cancel(thread: thread) }
+            if effects.prevented { preventedByCancel = true }
+            world.cancelled(on: thread, ticket: work.completeReturningTicket(effects))
+        case .call(_, _):
+            let deadline = world.now + 10_000_000
+            _ = work.completeReturningTicket(work.transition { $0.reschedule(to: deadline) })
+            world.collect()
+        case .fire: world.fire()
+        case .elapse: world.elapse()
+        case .begin(let index):
+            let (tag, worker) = world.takeDelivery(index)
+            if let body = work.begin(tag: tag, thread: worker) {
+                body()
+                world.began(tag, on: worker)
+            }
+        case .end(let worker):
+            work.end()
+            world.ended(on: worker)
+        case .unblock(let thread):
+            if let ticket = world.blocked[thread] { _ = work.passWaiter(ticket) }
+            world.unblock(thread)
+        }
+    }
+
+    var violation: String? {
+        if let violation = world.violation { return violation }
+        if runs.count > 1 { return "ran \(runs.count) times" }
+        if preventedByCancel && runs.count > 0 { return "ran although cancel() returned true" }
+        return nil
+    }
+
+    mutating func finish() -> String? {
+        let work = self.work
+        let runs = self.runs
+        _ = world.runToRest(
+            passed: { work.hasPassed($0) },
+            begin: { tag, worker in
+                guard let body = work.begin(tag: tag, thread: worker) else { return false }
+                body()
+                return true
+            },
+            end: { _ in work.end() })
+        if let violation { return violation }
+        switch work.state {
+        case .completed: return runs.count == 1 ? nil : "completed without running"
+        case .cancelled: return runs.count == 0 && !work.holdsWork ? nil : "cancelled but ran or kept its closure"
+        case .pending, .running: return "\(work.state) at rest"
+        }
+    }
+}
+
+/// A `Watchdog` (timeout 10 ms) in a ``PrimitiveWorld``: calls are `kick`,
+/// `kickLonger` (`kick(timeout: 30 ms)`), `kickShorter` (`kick(timeout: 5 ms)`)
+/// and `invalidate`. It must fire at most once, never before now + timeout of
+/// the last kick that came before the deadline was reached, never after
+/// `invalidate()` returned, and at rest have fired unless invalidated.
+struct WatchdogSystem: ExplorableSystem {
+    let world = PrimitiveWorld(elapse: .milliseconds(4))
+    let core: WatchdogCore
+    let runs = RunCounter()
+    private var earliestAllowed: Int64 = 10_000_000
+    private var delivered = false
+    private var invalidated = false
+
+    init() {
+        let runs = self.runs
+        core = WatchdogCore(
+            timeout: .milliseconds(10), executor: world.executor, scheduler: world.manual
+        ) { runs.increment() }
+    }
+
+    func enabledSteps() -> [PrimitiveStep] {
+        world.steps(calls: ["kick", "kickLonger", "kickShorter", "invalidate"], passed: { core.hasPassed($0) })
+    }
+
+    mutating func perform(_ step: PrimitiveStep) {
+        switch step {
+        case .call("invalidate", let thread):
+            invalidated = true
+            world.cancelled(
+                on: thread, ticket: core.completeReturningTicket(core.transition { $0.invalidate(thread: thread) }))
+        case .call(let name, _):
+            let timeout: Duration? =
+                switch name {
+                case "kickLonger": .milliseconds(30)
+                case "kickShorter": .milliseconds(5)
+                default: nil
+                }
+            let now = world.now
+            let effective = !delivered && !invalidated
+            _ = core.completeReturningTicket(core.transition { $0.kick(now: now, timeout: timeout) })
+            if effective {
+                earliestAllowed = now + DeadlineArithmetic.nanoseconds(core.timeout)
+            }
+            noteDeliveries()
+        case .fire:
+            world.fire()
+            noteDeliveries()
+        case .elapse:
+            world.elapse()
+            noteDeliveries()
+        case .begin(let index):
+            let (tag, worker) = world.takeDelivery(index)
+            if let body = core.begin(tag: tag, thread: worker) {
+                body()
+                world.began(tag, on: worker)
+            }
+        case .end(let worker):
+            core.end()
+            world.ended(on: worker)
+        case .unblock(let thread):
+            if let ticket = world.blocked[thread] { _ = core.passWaiter(ticket) }
+            world.unblock(thread)
+        }
+    }
+
+    private mutating func noteDeliveries() {
+        guard !world.deliveries.isEmpty, !delivered else { return }
+        delivered = true
+        if world.now < earliestAllowed {
+            world.violation = "fired at \(world.now) ns, before its deadline \(earliestAllowed) ns"
+        }
+    }
+
+    var violation: String? {
+        if let violation = world.violation { return violation }
+        if runs.count > 1 { return "fired \(runs.count) times" }
+        return nil
+    }
+
+    mutating func finish() -> String? {
+        let core = self.core
+        _ = world.runToRest(
+            passed: { core.hasPassed($0) },
+            begin: { tag, worker in
+                guard let body = core.begin(tag: tag, thread: worker) else { return false }
+                body()
+                return true
+            },
+            end: { _ in core.end() })
+        if let violation { return violation }
+        if !invalidated && runs.count != 1 { return "never fired, though never invalidated" }
+        if !core.hasFired && core.holdsHandler && invalidated { return "invalidated but kept its handler" }
+        return nil
+    }
+}

@@ -1,0 +1,180 @@
+@testable @_spi(SchedulerImplementation) import SafeTimers
+
+/// A `Debouncer` (delay 10 ms) in a ``PrimitiveWorld``: calls are `call` (each
+/// with a new number), `flush` and `cancel`. Only the latest call may run, each
+/// call at most once, not before its delay unless flushed, and at rest the last
+/// call has run unless a cancel came after it.
+struct DebouncerSystem: ExplorableSystem {
+    let world = PrimitiveWorld(elapse: .milliseconds(6))
+    let core: DebouncerCore
+    let log = RunLog()
+    private var calls: [Int64] = []  // call number → when it was made
+    private var flushedSince = false
+    private var cancelledSinceLast = false
+
+    init() {
+        core = DebouncerCore(delay: .milliseconds(10), executor: world.executor, engine: world.engine)
+    }
+
+    func enabledSteps() -> [PrimitiveStep] {
+        world.steps(calls: ["call", "flush", "cancel"], passed: { core.hasPassed($0) })
+    }
+
+    mutating func perform(_ step: PrimitiveStep) {
+        switch step {
+        case .call("call", _):
+            let number = calls.count
+            let log = self.log
+            calls.append(world.now)
+            flushedSince = false
+            cancelledSinceLast = false
+            let deadline = world.now + 10_000_000
+            _ = core.completeReturningTicket(core.transition { $0.call({ log.record(number) }, deadline: deadline) })
+            world.restarted()
+            world.collect()
+        case .call("flush", _):
+            flushedSince = true
+            _ = core.completeReturningTicket(core.transition { $0.flush() })
+            world.collect()
+        case .call(_, let thread):
+            cancelledSinceLast = true
+            world.cancelled(
+                on: thread, ticket: core.completeReturningTicket(core.transition { $0.cancel(thread: thread) }))
+        case .fire: world.fire()
+        case .elapse: world.elapse()
+        case .begin(let index):
+            let (tag, worker) = world.takeDelivery(index)
+            if begin(tag, worker) { world.began(tag, on: worker) }
+        case .end(let worker):
+            core.end()
+            world.ended(on: worker)
+        case .unblock(let thread):
+            if let ticket = world.blocked[thread] { _ = core.passWaiter(ticket) }
+            world.unblock(thread)
+        }
+    }
+
+    private func begin(_ tag: UInt64, _ worker: UInt) -> Bool {
+        guard let action = core.begin(tag: tag, thread: worker) else { return false }
+        action()
+        let number = log.numbers.last!
+        if number != calls.count - 1 { world.violation = "call \(number) ran although call \(calls.count - 1) came after it" }
+        if !flushedSince && world.now < calls[number] + 10_000_000 {
+            world.violation = "call \(number) ran before its quiet period was over"
+        }
+        return true
+    }
+
+    var violation: String? {
+        if let violation = world.violation { return violation }
+        if Set(log.numbers).count != log.numbers.count { return "a call ran twice: \(log.numbers)" }
+        return nil
+    }
+
+    mutating func finish() -> String? {
+        let this = self
+        _ = world.runToRest(
+            passed: { this.core.hasPassed($0) }, begin: { tag, worker in this.begin(tag, worker) },
+            end: { _ in this.core.end() })
+        if let violation { return violation }
+        if !calls.isEmpty && !cancelledSinceLast && log.numbers.last != calls.count - 1 {
+            return "the last call (\(calls.count - 1)) never ran: \(log.numbers)"
+        }
+        return nil
+    }
+}
+
+/// A `Throttler` (interval 10 ms, latest or first kept) in a ``PrimitiveWorld``:
+/// calls are `call` (each with a new number) and `cancel`. Runs must begin at
+/// least one interval apart and never overlap; at rest, with `latest`, the last
+/// call has run unless a cancel came after it.
+struct ThrottlerSystem<Keep: ThrottlerKeep>: ExplorableSystem {
+    let world = PrimitiveWorld(elapse: .milliseconds(4))
+    let core: ThrottlerCore
+    let log = RunLog()
+    private var callCount = 0
+    private var begins: [Int64] = []
+    private var cancelledSinceLast = false
+
+    init() {
+        core = ThrottlerCore(
+            interval: .milliseconds(10), latest: Keep.latest, executor: world.executor, engine: world.engine)
+    }
+
+    func enabledSteps() -> [PrimitiveStep] {
+        world.steps(calls: ["call", "cancel"], passed: { core.hasPassed($0) })
+    }
+
+    mutating func perform(_ step: PrimitiveStep) {
+        switch step {
+        case .call("call", _):
+            let number = callCount
+            let log = self.log
+            callCount += 1
+            cancelledSinceLast = false
+            let now = world.now
+            _ = core.completeReturningTicket(core.transition { $0.call({ log.record(number) }, now: now) })
+            world.restarted()
+            world.collect()
+        case .call(_, let thread):
+            cancelledSinceLast = true
+            world.cancelled(
+                on: thread, ticket: core.completeReturningTicket(core.transition { $0.cancel(thread: thread) }))
+        case .fire: world.fire()
+        case .elapse: world.elapse()
+        case .begin(let index):
+            let (tag, worker) = world.takeDelivery(index)
+            if begin(tag, worker) { world.began(tag, on: worker) }
+        case .end(let worker):
+            core.end()
+            world.ended(on: worker)
+        case .unblock(let thread):
+            if let ticket = world.blocked[thread] { _ = core.passWaiter(ticket) }
+            world.unblock(thread)
+        }
+    }
+
+    private mutating func begin(_ tag: UInt64, _ worker: UInt) -> Bool {
+        guard let action = core.begin(tag: tag, thread: worker) else { return false }
+        action()
+        if let previous = begins.last, world.now - previous < 10_000_000 {
+            world.violation = "runs began \(world.now - previous) ns apart, interval 10 ms"
+        }
+        begins.append(world.now)
+        return true
+    }
+
+    var violation: String? {
+        if let violation = world.violation { return violation }
+        if Set(log.numbers).count != log.numbers.count { return "a call ran twice: \(log.numbers)" }
+        if Keep.latest && log.numbers != log.numbers.sorted() { return "calls ran out of order: \(log.numbers)" }
+        return nil
+    }
+
+    mutating func finish() -> String? {
+        var this = self
+        _ = world.runToRest(
+            passed: { this.core.hasPassed($0) }, begin: { tag, worker in this.begin(tag, worker) },
+            end: { _ in this.core.end() })
+        self = this
+        if let violation { return violation }
+        if Keep.latest && callCount > 0 && !cancelledSinceLast && log.numbers.last != callCount - 1 {
+            return "the last call (\(callCount - 1)) never ran: \(log.numbers)"
+        }
+        if !Keep.latest && callCount > 0 && !cancelledSinceLast && log.numbers.isEmpty {
+            return "no call ran"
+        }
+        return nil
+    }
+}
+
+protocol ThrottlerKeep { static var latest: Bool { get } }
+enum KeepLatest: ThrottlerKeep { static let latest = true }
+enum KeepFirst: ThrottlerKeep { static let latest = false }
+
+/// The numbers of the calls that ran, in order (exploring thread only).
+final class RunLog: @unchecked Sendable {
+    // Only touched on the exploring thread; Sendable so actions can capture it.
+    private(set) var numbers: [Int] = []
+    func record(_ number: Int) { numbers.append(number) }
+}
