@@ -213,3 +213,62 @@ struct WithTimeoutTests {
         #expect(manual.pendingCount == 0)
     }
 }
+
+@Suite("withTimeout (structured, fair)")
+struct WithTimeoutContractTests {
+    /// An operation that finishes only when `gate` opens, ignoring cancellation.
+    final class Gate: Sendable {
+        private let opened = Flag()
+        func open() { opened.set() }
+        func wait() async { while !opened.isSet { await Task.yield() } }
+    }
+
+    @Test("a value returned after the deadline is returned, and withTimeout waited for it")
+    func lateValueWins() async throws {
+        let manual = ManualTimerScheduler()
+        let gate = Gate()
+        let task = Task { try await withTimeout(.seconds(1), scheduler: manual) { await gate.wait(); return 5 } }
+        while manual.pendingCount == 0 { await Task.yield() }
+        manual.advance(by: .seconds(2))
+        gate.open()
+        #expect(try await task.value == 5)
+    }
+
+    @Test("an error thrown after the deadline becomes TimeoutError; one thrown before is rethrown")
+    func errorsBeforeAndAfter() async throws {
+        struct Failure: Error {}
+        let manual = ManualTimerScheduler()
+        let gate = Gate()
+        let late = Task {
+            try await withTimeout(.seconds(1), scheduler: manual) { () async throws -> Int in
+                await gate.wait()
+                throw Failure()
+            }
+        }
+        while manual.pendingCount == 0 { await Task.yield() }
+        manual.advance(by: .seconds(1))
+        gate.open()
+        await #expect(throws: TimeoutError.self) { try await late.value }
+        await #expect(throws: Failure.self) {
+            try await withTimeout(.seconds(1), scheduler: manual) { () async throws -> Int in throw Failure() }
+        }
+    }
+
+    @Test("withTimeout(.zero) { 1 } 10,000 times on the real scheduler: never a timeout")
+    func zeroTimeoutFinishedOperationWins() async throws {
+        var timeouts = 0
+        for _ in 0..<10_000 {
+            do { _ = try await withTimeout(.zero) { 1 } } catch is TimeoutError { timeouts += 1 }
+        }
+        #expect(timeouts == 0)
+        #expect(SystemTimerScheduler.shared.pendingCount < 10, "deadlines are freed when the operation wins")
+    }
+
+    @Test("called on the main actor, the caller's isolation is kept")
+    @MainActor
+    func keepsIsolation() async throws {
+        let value = try await withTimeout(.seconds(10)) { 3 }
+        MainActor.assertIsolated()
+        #expect(value == 3)
+    }
+}
