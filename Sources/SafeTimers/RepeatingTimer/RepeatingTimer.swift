@@ -24,7 +24,11 @@ import Dispatch
 ///   happens to ticks missed while the handler or the machine was behind is your
 ///   choice: ``MissedTickPolicy``.
 /// - The handler never overlaps itself: at most one invocation is queued or
-///   running at a time.
+///   running at a time, whatever is called meanwhile (a `suspend()`/`resume()`
+///   or a `cancel()`/`start()` while the handler runs included); ticks that fall
+///   due while it runs are owed per ``MissedTickPolicy``.
+/// - A leeway larger than half the interval is reduced to half the interval, as
+///   GCD does.
 ///
 /// ## Bad input
 /// - An `interval` below ``minimumInterval`` (including zero and negative ones) is
@@ -68,9 +72,11 @@ public final class RepeatingTimer: Sendable {
     ///   - missedTicks: What to do with ticks missed while the handler or the machine
     ///     was behind. Default: ``MissedTickPolicy/coalesce``.
     ///   - queue: Where the handler runs. Under a `ManualTimerScheduler` it runs
-    ///     inside `advance(by:)` (or inside `start()` for an immediate first tick).
-    ///   - scheduler: The scheduler that keeps the deadlines.
-    ///   - handler: Called on each tick. Kept until the timer is released.
+    ///     inside `advance(by:)` (an immediate first tick in the next advance).
+    ///   - scheduler: The scheduler that keeps the deadlines; the timer keeps its
+    ///     engine, so releasing the scheduler never stops the timer.
+    ///   - handler: Called on each tick, never twice at once. Kept until the
+    ///     timer is released (not at `cancel()`: `start()` may run it again).
     public convenience init(
         interval: Duration,
         leeway: Duration = .zero,
@@ -117,7 +123,8 @@ public final class RepeatingTimer: Sendable {
     }
 
     /// Creates a timer bound to `owner`: it holds `owner` weakly, passes it to the
-    /// handler, and cancels itself at its first tick after `owner` is gone.
+    /// handler, and cancels itself at its first tick after `owner` is gone (that
+    /// tick does not count in ``fireCount`` and yields nothing on ``ticks``).
     ///
     /// ```swift
     /// final class WallScreen: Sendable {
@@ -225,7 +232,8 @@ public final class RepeatingTimer: Sendable {
     /// Pauses the timer: ``TimerState/running`` → ``TimerState/suspended``. Ticks
     /// owed under the missed-tick policy are dropped, and an invocation queued but
     /// not begun will not begin; one already running finishes (suspend does not
-    /// wait for it). No-op in any other state.
+    /// wait for it, and no other invocation begins before it has). No-op in any
+    /// other state.
     public func suspend() { core.suspend() }
 
     /// Continues a suspended timer: ``TimerState/suspended`` → ``TimerState/running``,
@@ -234,10 +242,12 @@ public final class RepeatingTimer: Sendable {
 
     /// Stops the timer: any state → ``TimerState/cancelled`` (no-op when cancelled).
     ///
-    /// Once it returns, the handler never begins again, and it is not running on
-    /// another thread (if it was, `cancel()` waited for it). Do not call it while
+    /// Once it returns, the handler never begins again (until ``start()``), and it
+    /// is not running on another thread (if it was, `cancel()` waited for it).
+    /// Called from inside the handler, it returns at once. Do not call it while
     /// holding a lock or occupying a queue that the running handler waits for.
-    /// ``ticks`` streams end. ``start()`` restarts the timer.
+    /// ``ticks`` streams end. ``start()`` restarts the timer. The handler itself is
+    /// kept until the timer is released, so that a restart can run it.
     public func cancel() { core.cancel() }
 
     /// The current state.

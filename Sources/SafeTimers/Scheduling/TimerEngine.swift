@@ -51,7 +51,8 @@ public final class TimerEngine: @unchecked Sendable {
     private let state: UnsafeMutablePointer<State>
     private let origin: Int64
     /// `true` for a manual engine: entries fire synchronously inside `advance(by:)`
-    /// and primitives run their handlers inline instead of on their queue.
+    /// and primitives queue their handlers on the engine (``enqueueDelivery(_:)``),
+    /// which the advancing thread runs, instead of on their queue.
     let isVirtual: Bool
 
     /// The most entries the scheduler thread takes out of the wheel per lock hold,

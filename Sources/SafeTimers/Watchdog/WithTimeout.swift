@@ -1,6 +1,6 @@
 import Synchronization
 
-/// Thrown by ``withTimeout(_:scheduler:operation:)`` when the operation did not
+/// Thrown by ``withTimeout(_:scheduler:isolation:operation:)`` when the operation did not
 /// finish in time.
 ///
 /// An extensible error: match it by type (`catch let error as TimeoutError`) and

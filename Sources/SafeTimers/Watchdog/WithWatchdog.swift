@@ -27,7 +27,7 @@ public func withWatchdog<Result, Failure: Error>(
 /// Runs the asynchronous `body` under a ``Watchdog``: `onTimeout` is called (on
 /// `queue`) if `body` is still running after `timeout`. `body` always runs to
 /// completion and is not cancelled; to cancel work at a deadline use
-/// ``withTimeout(_:scheduler:operation:)``.
+/// ``withTimeout(_:scheduler:isolation:operation:)``.
 ///
 /// ```swift
 /// let image = try await withWatchdog(timeout: .seconds(1), onTimeout: { report("slow decode") }) {
