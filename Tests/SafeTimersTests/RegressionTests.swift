@@ -22,8 +22,16 @@ struct RegressionTests {
     /// Counts handler invocations in flight and remembers the most at once.
     final class Overlap: Sendable {
         private let state = Mutex((current: 0, most: 0, finished: 0))
-        func enter() { state.withLock { $0.current += 1; $0.most = max($0.most, $0.current) } }
-        func leave() { state.withLock { $0.current -= 1; $0.finished += 1 } }
+        func enter() {
+            state.withLock {
+                $0.current += 1; $0.most = max($0.most, $0.current)
+            }
+        }
+        func leave() {
+            state.withLock {
+                $0.current -= 1; $0.finished += 1
+            }
+        }
         var current: Int { state.withLock { $0.current } }
         var most: Int { state.withLock { $0.most } }
         var finished: Int { state.withLock { $0.finished } }
@@ -259,7 +267,8 @@ struct RegressionTests {
         let manual = ManualTimerScheduler()
         let depth = Overlap()
         let advanced = Flag()
-        let timer = RepeatingTimer(interval: .milliseconds(1), missedTicks: .catchUp(limit: 10_000), scheduler: manual) {
+        let timer = RepeatingTimer(interval: .milliseconds(1), missedTicks: .catchUp(limit: 10_000), scheduler: manual)
+        {
             depth.enter()
             if !advanced.isSet {
                 advanced.set()

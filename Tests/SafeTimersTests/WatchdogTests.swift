@@ -227,7 +227,11 @@ struct WithTimeoutContractTests {
     func lateValueWins() async throws {
         let manual = ManualTimerScheduler()
         let gate = Gate()
-        let task = Task { try await withTimeout(.seconds(1), scheduler: manual) { await gate.wait(); return 5 } }
+        let task = Task {
+            try await withTimeout(.seconds(1), scheduler: manual) {
+                await gate.wait(); return 5
+            }
+        }
         while manual.pendingCount == 0 { await Task.yield() }
         manual.advance(by: .seconds(2))
         gate.open()

@@ -58,7 +58,9 @@ struct DebouncerSystem: ExplorableSystem {
         guard let action = core.begin(tag: tag, thread: worker) else { return false }
         action()
         let number = log.numbers.last!
-        if number != calls.count - 1 { world.violation = "call \(number) ran although call \(calls.count - 1) came after it" }
+        if number != calls.count - 1 {
+            world.violation = "call \(number) ran although call \(calls.count - 1) came after it"
+        }
         if !flushedSince && world.now < calls[number] + 10_000_000 {
             world.violation = "call \(number) ran before its quiet period was over"
         }
