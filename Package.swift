@@ -27,6 +27,9 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        // Tests only: SafeTimersTesting drives async-algorithms' `debounce` on its clock.
+        // (Dependencies used only by test targets are not fetched by users.)
+        .package(url: "https://github.com/apple/swift-async-algorithms", from: "1.1.4"),
     ],
     targets: [
         .target(name: "SafeTimers"),
@@ -50,7 +53,13 @@ let package = Package(
         // A child process for StallDetection's integration tests (not a product).
         .executableTarget(name: "stall-probe", dependencies: ["StallDetection"]),
         .testTarget(name: "SafeTimersTests", dependencies: ["SafeTimers", "SafeTimersTesting"]),
-        .testTarget(name: "SafeTimersTestingTests", dependencies: ["SafeTimers", "SafeTimersTesting"]),
+        .testTarget(
+            name: "SafeTimersTestingTests",
+            dependencies: [
+                "SafeTimers", "SafeTimersTesting",
+                .product(name: "AsyncAlgorithms", package: "swift-async-algorithms"),
+            ]
+        ),
         .testTarget(name: "StallDetectionTests", dependencies: ["StallDetection", "CStallCapture", "stall-probe"]),
         .testTarget(
             name: "StallDetectionReportingTests",

@@ -18,10 +18,14 @@
 /// ```
 ///
 /// Under a manual scheduler, handlers run synchronously inside `advance(by:)`, on
-/// the calling thread, whatever `queue:` a primitive was given: no waiting, no
-/// yielding, no real sleep. Entries fire in deadline order, ties in the order they
-/// were armed, and entries armed by a handler during an advance fire within the
-/// same advance when they fall due before its end.
+/// the calling thread, whatever `queue:` a primitive was given, and nowhere else:
+/// no waiting, no yielding, no real sleep. Entries fire in deadline order, ties
+/// in the order they were armed, and entries armed by a handler during an advance
+/// fire within the same advance when they fall due before its end (one armed for
+/// an instant already reached runs at the next instant: see ``advance(by:)``).
+///
+/// Async code sleeps on ``TimerScheduler/clock``; ``waitForSleepers(_:)`` tells a
+/// test when the code under test has reached its sleep.
 ///
 /// Thread safety: other threads may arm and cancel entries while one thread
 /// advances; handlers run on the advancing thread.
@@ -43,6 +47,11 @@ public final class ManualTimerScheduler: TimerScheduler {
 
     /// Moves the clock forward by `duration` and runs every handler that falls due.
     ///
+    /// An entry armed during the advance for an instant the clock has already
+    /// reached (a zero or negative delay) runs at the next instant the advance
+    /// moves to, or in the next advance, so work that keeps scheduling itself
+    /// with a zero delay cannot make an advance loop forever.
+    ///
     /// A zero or negative `duration` runs only what is due already and leaves the
     /// clock where it is; a duration too long to represent moves the clock to the
     /// end of time, firing everything except entries that never fire.
@@ -60,13 +69,18 @@ public final class ManualTimerScheduler: TimerScheduler {
         engine.advance(to: instant)
     }
 
-    /// Advances to the earliest pending deadline and runs what falls due there,
-    /// repeating until nothing is pending or `limit` rounds have run.
+    /// Runs what is due now, then advances to the earliest pending deadline and
+    /// runs what falls due there, repeating until nothing is pending or `limit`
+    /// rounds have run.
     ///
     /// Returns the number of rounds run. Entries that never fire (armed with a
-    /// delay too long to represent) are left pending.
+    /// delay too long to represent) are left pending. A timer that re-arms itself
+    /// forever (a `RepeatingTimer`, or work that schedules itself again) keeps it
+    /// busy until `limit`: each round runs it at most once per instant (see
+    /// ``advance(by:)``), so this always returns.
     @discardableResult
     public func runUntilIdle(limit: Int = 10_000) -> Int {
+        engine.advance(by: .zero)
         var rounds = 0
         while rounds < limit, let next = engine.nextDeadline, next != Int64.max {
             engine.advance(toTicks: next)
@@ -74,4 +88,38 @@ public final class ManualTimerScheduler: TimerScheduler {
         }
         return rounds
     }
+
+    /// The scheduler's clock as an instant (see ``TimerClock``).
+    public var instant: TimerClock.Instant { clock.now }
+
+    /// Moves the clock forward to `instant` (an instant of this scheduler's
+    /// ``TimerScheduler/clock``) and runs every handler that falls due, as
+    /// ``advance(by:)`` does. An instant in the past leaves the clock where it is.
+    public func advance(to instant: TimerClock.Instant) {
+        engine.advance(to: instant.sinceCreation)
+    }
+
+    /// Returns once at least `count` tasks are suspended in a sleep on this
+    /// scheduler's ``TimerScheduler/clock`` (`clock.sleep`, `Task.sleep(…, clock:)`,
+    /// or anything built on them, such as swift-async-algorithms' `debounce`).
+    ///
+    /// This is how an async test knows that the code under test has reached its
+    /// sleep before it calls ``advance(by:)``, without yielding and hoping:
+    ///
+    /// ```swift
+    /// let manual = ManualTimerScheduler()
+    /// let task = Task { try await manual.clock.sleep(for: .seconds(5)); return "woke" }
+    /// await manual.waitForSleepers(1)
+    /// manual.advance(by: .seconds(5))
+    /// #expect(try await task.value == "woke")
+    /// ```
+    ///
+    /// A sleep counts from the moment its entry is armed until its deadline passes
+    /// or its task is cancelled. Waits forever if the count is never reached.
+    public func waitForSleepers(_ count: Int) async {
+        await engine.waitForSleepers(count)
+    }
+
+    /// How many tasks are suspended in a sleep on this scheduler's clock.
+    public var sleeperCount: Int { engine.sleeperCount }
 }

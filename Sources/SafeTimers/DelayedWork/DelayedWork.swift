@@ -92,6 +92,49 @@ public final class DelayedWork: Sendable {
         schedule(after: delay, executor: .mainActor, scheduler: scheduler, HandlerExecutor.adapt(work))
     }
 
+    /// Schedules `work` to run once on `queue` at `deadline`, an instant of
+    /// `scheduler`'s ``TimerScheduler/clock``.
+    ///
+    /// ```swift
+    /// let manual = ManualTimerScheduler()
+    /// let deadline = manual.clock.now.advanced(by: .seconds(2))
+    /// let work = DelayedWork.schedule(at: deadline, scheduler: manual) { refresh() }
+    /// ```
+    ///
+    /// A deadline in the past runs the work as soon as possible; the far end of
+    /// time never runs it (until cancelled). Everything else is as in
+    /// ``schedule(after:on:scheduler:_:)``.
+    public static func schedule(
+        at deadline: TimerClock.Instant,
+        on queue: DispatchQueue = .global(),
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        _ work: @escaping @Sendable () -> Void
+    ) -> DelayedWork {
+        schedule(atTicks: { _ in deadline.ticks }, executor: .queue(queue), engine: scheduler.engine, work)
+    }
+
+    /// Schedules `work` to run once on the main actor at `deadline`; see
+    /// ``schedule(at:on:scheduler:_:)``.
+    public static func schedule(
+        at deadline: TimerClock.Instant,
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        _ work: @escaping @MainActor @Sendable () -> Void
+    ) -> DelayedWork {
+        schedule(
+            atTicks: { _ in deadline.ticks }, executor: .mainActor, engine: scheduler.engine,
+            HandlerExecutor.adapt(work))
+    }
+
+    /// Moves a pending work's deadline to `deadline` (an instant of the scheduler's
+    /// clock); see ``reschedule(after:)``.
+    @discardableResult
+    public func reschedule(at deadline: TimerClock.Instant) -> Bool {
+        let effects = transition { $0.reschedule(to: deadline.ticks) }
+        let rescheduled = effects.prevented
+        complete(effects)
+        return rescheduled
+    }
+
     /// Schedules `work` for `executor` at `deadline` (engine ticks).
     static func schedule(
         atTicks deadline: (TimerEngine) -> Int64,

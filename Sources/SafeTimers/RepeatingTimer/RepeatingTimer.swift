@@ -229,6 +229,19 @@ public final class RepeatingTimer: Sendable {
     /// No-op while running or suspended.
     public func start() { core.start() }
 
+    /// Starts the timer with an initial delay separate from its interval: the
+    /// first tick comes `delay` from now (instead of one interval later, or at
+    /// once with `firesImmediately`), then one every interval after it.
+    ///
+    /// ```swift
+    /// let heartbeat = RepeatingTimer(interval: .seconds(30)) { ping() }
+    /// heartbeat.start(after: .seconds(1))   // 1 s, 31 s, 61 s, …
+    /// ```
+    ///
+    /// Same transitions as ``start()``; a zero or negative delay ticks as soon as
+    /// possible, a delay too long to represent never ticks.
+    public func start(after delay: Duration) { core.start(after: delay) }
+
     /// Pauses the timer: ``TimerState/running`` → ``TimerState/suspended``. Ticks
     /// owed under the missed-tick policy are dropped, and an invocation queued but
     /// not begun will not begin; one already running finishes (suspend does not

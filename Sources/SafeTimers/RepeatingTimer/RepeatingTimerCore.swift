@@ -56,9 +56,10 @@ final class RepeatingTimerCore: GatedPrimitive {
     var state: TimerState { storage.withLock { $0.machine.state } }
     var fireCount: Int { storage.withLock { $0.machine.fireCount } }
 
-    func start() {
+    func start(after delay: Duration? = nil) {
         let now = engine.nowTicks
-        perform(transition { $0.start(now: now) })
+        let first = delay.map { DeadlineArithmetic.deadline(now: now, after: $0) }
+        perform(transition { $0.start(now: now, firstDeadline: first) })
     }
 
     func suspend() { perform(transition { $0.suspend() }) }

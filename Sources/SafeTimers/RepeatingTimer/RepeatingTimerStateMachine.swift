@@ -57,7 +57,10 @@ struct RepeatingTimerStateMachine: GatedStateMachine, Sendable {
         configuration.repetitions.map { $0 - fireCount - owed - (gate.queued == nil ? 0 : 1) }
     }
 
-    mutating func start(now: Int64) -> MachineEffects {
+    /// `start()` at `now`; with `firstDeadline`, `start(after:)`: the first tick
+    /// comes then (not immediately, not one interval later) and the grid
+    /// continues from it.
+    mutating func start(now: Int64, firstDeadline: Int64? = nil) -> MachineEffects {
         switch state {
         case .running, .suspended:
             return MachineEffects()
@@ -66,8 +69,8 @@ struct RepeatingTimerStateMachine: GatedStateMachine, Sendable {
         }
         state = .running
         fireCount = 0
-        owed = configuration.firesImmediately ? 1 : 0
-        nextDeadline = DeadlineArithmetic.adding(configuration.interval, to: now)
+        owed = configuration.firesImmediately && firstDeadline == nil ? 1 : 0
+        nextDeadline = firstDeadline ?? DeadlineArithmetic.adding(configuration.interval, to: now)
         var effects = MachineEffects()
         if let repetitions = configuration.repetitions {
             owed = min(owed, repetitions)

@@ -45,6 +45,10 @@ public final class TimerEngine: @unchecked Sendable {
         var deliveryHead = 0
         /// Scheduler-thread wake-ups, counted for tests and benchmarks.
         var wakeUps = 0
+        /// Manual engines: tasks suspended in a sleep on the engine's clock, and
+        /// the tests waiting for that count to reach theirs.
+        var sleepers = 0
+        var sleeperWaiters: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
     }
 
     private let lock = ConditionLock()
@@ -161,6 +165,49 @@ public final class TimerEngine: @unchecked Sendable {
         return removed != nil
     }
 
+    // MARK: Sleepers
+
+    /// A task is now suspended in a sleep on this engine's clock (manual engines
+    /// count them for ``waitForSleepers(_:)``).
+    func sleeperArmed() {
+        guard isVirtual else { return }
+        lock.lock()
+        state.pointee.sleepers += 1
+        let count = state.pointee.sleepers
+        var ready: [CheckedContinuation<Void, Never>] = []
+        state.pointee.sleeperWaiters.removeAll { waiter in
+            guard waiter.count <= count else { return false }
+            ready.append(waiter.continuation)
+            return true
+        }
+        lock.unlock()
+        for continuation in ready { continuation.resume() }
+    }
+
+    /// A sleep on this engine's clock ended (its deadline passed or it was cancelled).
+    func sleeperEnded() {
+        guard isVirtual else { return }
+        lock.withLock { state.pointee.sleepers -= 1 }
+    }
+
+    /// Tasks suspended in a sleep on this engine's clock (manual engines).
+    public var sleeperCount: Int { lock.withLock { state.pointee.sleepers } }
+
+    /// Returns once at least `count` tasks are suspended in a sleep on this
+    /// engine's clock (manual engines).
+    public func waitForSleepers(_ count: Int) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            lock.lock()
+            if state.pointee.sleepers >= count {
+                lock.unlock()
+                continuation.resume()
+            } else {
+                state.pointee.sleeperWaiters.append((count, continuation))
+                lock.unlock()
+            }
+        }
+    }
+
     // MARK: Virtual time
 
     /// Manual engines: queues a handler delivery for the advancing thread.
@@ -216,8 +263,22 @@ public final class TimerEngine: @unchecked Sendable {
 
     /// Moves the virtual clock to `target` ticks (never backwards), firing as
     /// ``advance(by:)`` does.
+    ///
+    /// One rule keeps every advance finite: an entry armed during the advance for
+    /// an instant the clock has already reached (a zero or negative delay, say a
+    /// `DelayedWork` that schedules itself again with `.zero`) does not run at
+    /// that instant: it runs at the next instant the advance moves to, or in the
+    /// next advance. So an entry that keeps re-arming itself with a zero delay
+    /// runs once per instant, never in an endless loop. Queued deliveries (a
+    /// `firesImmediately` tick, owed invocations) always run, in order, before the
+    /// clock moves on.
     public func advance(toTicks target: Int64) {
         precondition(isVirtual, "advance(to:) needs a manual engine")
+        let state = self.state
+        var deferred: [TimerWheel.Fired] = []
+        lock.lock()
+        var barrier = state.pointee.lastSequence
+        lock.unlock()
         while true {
             lock.lock()
             if let delivery = popDelivery() {
@@ -226,13 +287,38 @@ public final class TimerEngine: @unchecked Sendable {
                 continue
             }
             guard let fired = state.pointee.wheel.popDue(now: target) else {
+                reinsert(deferred)
                 state.pointee.virtualNow = max(state.pointee.virtualNow, target)
                 lock.unlock()
                 return
             }
-            state.pointee.virtualNow = max(state.pointee.virtualNow, fired.deadline)
+            if fired.deadline <= state.pointee.virtualNow && fired.sequence > barrier {
+                // Armed at this instant for this instant: the next one.
+                deferred.append(fired)
+                lock.unlock()
+                continue
+            }
+            if fired.deadline > state.pointee.virtualNow {
+                state.pointee.virtualNow = fired.deadline
+                barrier = state.pointee.lastSequence
+                if !deferred.isEmpty {
+                    // The clock moved on: what was deferred runs now, before this.
+                    reinsert(deferred + [fired])
+                    deferred.removeAll()
+                    lock.unlock()
+                    continue
+                }
+            }
             lock.unlock()
             fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
+        }
+    }
+
+    /// Puts deferred firings back in the wheel, unless their entry was armed
+    /// again meanwhile (then the newer arming stands). Lock held.
+    private func reinsert(_ firings: [TimerWheel.Fired]) {
+        for fired in firings where fired.entry.timerSlot < 0 {
+            state.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
         }
     }
 

@@ -64,8 +64,41 @@ public func withTimeout<Result: Sendable>(
     isolation: isolated (any Actor)? = #isolation,
     operation: @escaping @Sendable () async throws -> Result
 ) async throws -> Result {
-    let race = DeadlineRace()
     let engine = scheduler.engine
+    let deadline = DeadlineArithmetic.deadline(now: engine.nowTicks, after: timeout)
+    return try await withDeadline(deadline, timeout: timeout, engine: engine, operation: operation)
+}
+
+/// Runs `operation` with a deadline: an instant of `scheduler`'s
+/// ``TimerScheduler/clock``. Exactly as ``withTimeout(_:scheduler:isolation:operation:)``,
+/// with a point in time instead of a duration; the ``TimeoutError`` it throws
+/// carries the time from the call to the deadline.
+///
+/// ```swift
+/// let deadline = SystemTimerScheduler.shared.clock.now.advanced(by: .seconds(2))
+/// let first = try await withTimeout(until: deadline) { try await fetchFirstPage() }
+/// let second = try await withTimeout(until: deadline) { try await fetchSecondPage() }   // same budget
+/// ```
+public func withTimeout<Result: Sendable>(
+    until deadline: TimerClock.Instant,
+    scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+    isolation: isolated (any Actor)? = #isolation,
+    operation: @escaping @Sendable () async throws -> Result
+) async throws -> Result {
+    let engine = scheduler.engine
+    let timeout = Duration.nanoseconds(max(0, Int128(deadline.ticks) - Int128(engine.nowTicks)))
+    return try await withDeadline(deadline.ticks, timeout: timeout, engine: engine, operation: operation)
+}
+
+/// The body of both `withTimeout` forms: `deadline` in engine ticks.
+private func withDeadline<Result: Sendable>(
+    _ deadline: Int64,
+    timeout: Duration,
+    engine: TimerEngine,
+    isolation: isolated (any Actor)? = #isolation,
+    operation: @escaping @Sendable () async throws -> Result
+) async throws -> Result {
+    let race = DeadlineRace()
     let outcome = await withTaskGroup(
         of: TimeoutEvent<Result>.self, returning: Swift.Result<Result, any Error>.self, isolation: isolation
     ) { group in
@@ -80,7 +113,9 @@ public func withTimeout<Result: Sendable>(
             }
         }
         group.addTask {
-            guard (try? await sleep(on: engine, for: timeout)) != nil else { return .deadlineCancelled }
+            guard (try? await ClockSleep.sleep(on: engine, until: deadline, leeway: 0)) != nil else {
+                return .deadlineCancelled
+            }
             return race.deadlinePassed() ? .deadlinePassed : .deadlineCancelled
         }
         while let event = await group.next() {
@@ -125,69 +160,5 @@ private final class DeadlineRace: Sendable {
     func deadlinePassed() -> Bool {
         state.compareExchange(expected: Self.running, desired: Self.expired, ordering: .acquiringAndReleasing)
             .exchanged
-    }
-}
-
-/// Suspends the current task for `delay` on `engine`'s clock; throws
-/// `CancellationError` (and frees the engine entry at once) when the task is
-/// cancelled first.
-func sleep(on engine: TimerEngine, for delay: Duration) async throws {
-    let sleeper = Sleeper()
-    try await withTaskCancellationHandler {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            sleeper.begin(continuation, engine: engine, delay: delay)
-        }
-    } onCancel: {
-        sleeper.cancel()
-    }
-}
-
-/// One suspended ``sleep(on:for:)``: the continuation and its deadline, resumed
-/// exactly once by whichever of the deadline and the cancellation comes first.
-private final class Sleeper: Sendable {
-    private struct State {
-        var continuation: CheckedContinuation<Void, any Error>?
-        var work: DelayedWork?
-        var cancelled = false
-    }
-
-    private let state = StateLock(State())
-
-    func begin(_ continuation: CheckedContinuation<Void, any Error>, engine: TimerEngine, delay: Duration) {
-        let cancelledAlready = state.withLock { state -> Bool in
-            if !state.cancelled { state.continuation = continuation }
-            return state.cancelled
-        }
-        if cancelledAlready {
-            continuation.resume(throwing: CancellationError())
-            return
-        }
-        let work = DelayedWork.schedule(
-            atTicks: { DeadlineArithmetic.deadline(now: $0.nowTicks, after: delay) }, executor: .queue(.global()),
-            engine: engine
-        ) { [self] in self.finish(with: .success(())) }
-        let cancelledMeanwhile = state.withLock { state -> Bool in
-            if !state.cancelled { state.work = work }
-            return state.cancelled
-        }
-        if cancelledMeanwhile { work.cancel() }
-    }
-
-    func cancel() {
-        let work = state.withLock { state -> DelayedWork? in
-            state.cancelled = true
-            defer { state.work = nil }
-            return state.work
-        }
-        work?.cancel(waitingForRun: false)
-        finish(with: .failure(CancellationError()))
-    }
-
-    private func finish(with result: Swift.Result<Void, any Error>) {
-        let continuation = state.withLock { state in
-            defer { state.continuation = nil }
-            return state.continuation
-        }
-        continuation?.resume(with: result)
     }
 }

@@ -1,0 +1,75 @@
+import Synchronization
+
+/// One task suspended in ``TimerClock/sleep(until:tolerance:)``: a wheel entry
+/// whose firing resumes the task directly, on the thread that fires it.
+///
+/// The continuation is resumed exactly once, by whichever comes first of the
+/// deadline and the task's cancellation; both take it out under the lock.
+final class ClockSleep: TimerEntry {
+    private struct State {
+        var continuation: CheckedContinuation<Void, any Error>?
+        var cancelled = false
+        var finished = false
+    }
+
+    private let state = Mutex(State())
+    private let index = Atomic<Int>(-1)
+    let leewayTicks: Int64
+    private let engine: TimerEngine
+
+    private init(engine: TimerEngine, leeway: Int64) {
+        self.engine = engine
+        self.leewayTicks = leeway
+    }
+
+    var timerSlot: Int {
+        get { index.load(ordering: .relaxed) }
+        set { index.store(newValue, ordering: .relaxed) }
+    }
+
+    /// Sleeps until `deadline` (engine ticks) on `engine`.
+    static func sleep(on engine: TimerEngine, until deadline: Int64, leeway: Int64) async throws {
+        let sleep = ClockSleep(engine: engine, leeway: leeway)
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                // Armed under the sleep's lock, so a cancel either comes first (and
+                // nothing is armed) or finds the entry armed and disarms it.
+                let cancelled = sleep.state.withLock { state -> Bool in
+                    guard !state.cancelled else { return true }
+                    state.continuation = continuation
+                    engine.arm(sleep, at: deadline)
+                    return false
+                }
+                if cancelled {
+                    continuation.resume(throwing: CancellationError())
+                } else {
+                    engine.sleeperArmed()
+                }
+            }
+        } onCancel: {
+            sleep.cancel()
+        }
+    }
+
+    private func cancel() {
+        let continuation = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+            state.cancelled = true
+            defer { state.continuation = nil }
+            return state.continuation
+        }
+        guard let continuation else { return }
+        engine.disarm(self)
+        engine.sleeperEnded()
+        continuation.resume(throwing: CancellationError())
+    }
+
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+        let continuation = state.withLock { state -> CheckedContinuation<Void, any Error>? in
+            defer { state.continuation = nil }
+            return state.continuation
+        }
+        guard let continuation else { return }
+        engine.sleeperEnded()
+        continuation.resume()
+    }
+}
