@@ -53,6 +53,7 @@ public struct TimerClock: Clock, Sendable {
         /// The time since the scheduler was created.
         public var sinceCreation: Duration { .nanoseconds(ticks) }
 
+        /// Whether `lhs` comes before `rhs`.
         public static func < (lhs: Instant, rhs: Instant) -> Bool { lhs.ticks < rhs.ticks }
 
         /// The time since the scheduler was created, as a duration.
