@@ -3,6 +3,7 @@
 
 import Dispatch
 import Foundation
+import SafeTimers
 
 let quick = CommandLine.arguments.contains("--quick")
 let iterations = quick ? 20_000 : 200_000
@@ -61,6 +62,19 @@ for pending in quick ? [0, 100_000] : [0, 100_000, 1_000_000] {
     if pending == 0 {
         add(label, "Task.sleep + Task.cancel", safe, PeerArmCancel.taskSleep(iterations: iterations / 10), "ns/op")
     }
+}
+
+do {
+    let clock = SystemTimerScheduler.shared.clock
+    add(
+        "sleeping task, create + cancel", "Task.sleep on ContinuousClock",
+        ClockSleeps.timerClock(iterations: iterations / 10), PeerArmCancel.taskSleep(iterations: iterations / 10),
+        "ns/op")
+    let sleepers = quick ? 10_000 : 100_000
+    let safe = ClockSleeps.bytesPerSleepingTask(count: sleepers) { try? await clock.sleep(for: .seconds(3600)) }
+    let peer = ClockSleeps.bytesPerSleepingTask(count: sleepers) { try? await Task.sleep(for: .seconds(3600)) }
+    add("bytes per sleeping task", "Task.sleep on ContinuousClock", safe.0, peer.0, "B")
+    add("bytes kept after the sleep is cancelled", "Task.sleep on ContinuousClock", safe.1, peer.1, "B")
 }
 
 for pending in [0, 100_000] {
