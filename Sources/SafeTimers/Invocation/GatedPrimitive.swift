@@ -7,6 +7,9 @@ struct MachineEffects {
     var timer = TimerCommand.keep
     /// A tag the gate queued: hand it to the executor.
     var deliver: UInt64?
+    /// Hand it to the main actor instead of the primitive's executor (a
+    /// main-actor action given to a `Debouncer` or `Throttler`).
+    var deliverOnMainActor = false
     /// A user closure the input took out of the state: released outside the lock,
     /// before the call that made the input returns.
     var released: (@Sendable () -> Void)?
@@ -86,8 +89,18 @@ extension GatedPrimitive {
     func complete(_ effects: consuming MachineEffects) {
         effects.released = nil
         if effects.wake { InvocationParking.wakeAll() }
-        if let tag = effects.deliver { executor.deliver(self, tag: tag, engine: engine) }
+        if let tag = effects.deliver {
+            let executor = effects.deliverOnMainActor && !isRecording ? HandlerExecutor.mainActor : self.executor
+            executor.deliver(self, tag: tag, engine: engine)
+        }
         if let ticket = effects.waitFor { storage.wait(for: ticket) }
+    }
+
+    /// Whether the executor is a test recorder (which then also takes main-actor
+    /// deliveries, so the test decides when they begin).
+    private var isRecording: Bool {
+        if case .recorder = executor { return true }
+        return false
     }
 
     /// Tests: completes `effects` like ``complete(_:)`` but, instead of waiting,

@@ -37,7 +37,7 @@ enum HandlerExecutor: Sendable {
         case .mainActor:
             if engine.isVirtual {
                 engine.enqueueDelivery {
-                    if ThreadIdentity.isMainThread {
+                    if ThreadIdentity.isMainThread || MainQueueMarker.isCurrent {
                         target.invoke(tag: tag)
                     } else {
                         Task { @MainActor in target.invoke(tag: tag) }
@@ -55,6 +55,23 @@ enum HandlerExecutor: Sendable {
     /// executor runs it only on the main actor.
     static func adapt(_ handler: @escaping @MainActor @Sendable () -> Void) -> @Sendable () -> Void {
         { MainActor.assumeIsolated { handler() } }
+    }
+}
+
+/// Tells whether the current code runs as a block of the main dispatch queue,
+/// which is where the main actor's jobs run. Under `dispatchMain()` on Linux the
+/// main thread exits and a worker thread drains the main queue, so "is this the
+/// main thread" is not the question to ask.
+enum MainQueueMarker {
+    private static let key = DispatchSpecificKey<Bool>()
+    private static let installed: Bool = {
+        DispatchQueue.main.setSpecific(key: key, value: true)
+        return true
+    }()
+
+    static var isCurrent: Bool {
+        _ = installed
+        return DispatchQueue.getSpecific(key: key) ?? false
     }
 }
 

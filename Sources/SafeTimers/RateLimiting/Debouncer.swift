@@ -10,11 +10,14 @@ import Synchronization
 /// }
 /// ```
 ///
-/// Semantics (trailing edge):
+/// Semantics (trailing edge, and optionally leading):
 /// - Each ``call(_:)`` replaces the pending action (the replaced one is released at
 ///   once) and moves the deadline to *now + delay*. A run that was due but has not
 ///   begun yet is called off too: the quiet period starts again.
 /// - When the deadline passes, the latest action runs once on `queue`.
+/// - With `leading: true`, the first call of a burst runs at once too; the
+///   latest call runs at the end of the quiet period only if calls came after the
+///   first (a lone call runs once).
 /// - Actions never overlap: if the deadline passes while an earlier action still
 ///   runs, the new one begins right after it returns.
 /// - ``flush()`` runs the pending action now instead of at its deadline.
@@ -36,18 +39,17 @@ public final class Debouncer: Sendable {
     ///
     /// - Parameters:
     ///   - delay: How long calls must stop before the last one runs.
+    ///   - leading: Also run the first call of each burst at once (the latest
+    ///     still runs at the end if more calls came). Default: false.
     ///   - queue: Where actions run (under a manual scheduler: inside `advance(by:)`).
     ///   - scheduler: The scheduler that keeps the deadline.
     public init(
         delay: Duration,
+        leading: Bool = false,
         queue: DispatchQueue = .global(),
         scheduler: any TimerScheduler = SystemTimerScheduler.shared
     ) {
-        core = DebouncerCore(delay: delay, executor: .queue(queue), engine: scheduler.engine)
-    }
-
-    init(delay: Duration, executor: HandlerExecutor, scheduler: any TimerScheduler) {
-        core = DebouncerCore(delay: delay, executor: executor, engine: scheduler.engine)
+        core = DebouncerCore(delay: delay, leading: leading, executor: .queue(queue), engine: scheduler.engine)
     }
 
     deinit {
@@ -58,7 +60,22 @@ public final class Debouncer: Sendable {
     /// unless another call comes first.
     ///
     /// - Complexity: O(1) in the number of pending timers.
-    public func call(_ action: @escaping @Sendable () -> Void) { core.call(action) }
+    public func call(_ action: @escaping @Sendable () -> Void) {
+        core.call(RateLimitedAction(run: action, onMainActor: false))
+    }
+
+    /// Like ``call(_:)``, for an action that runs on the main actor (whatever
+    /// `queue` the debouncer was given).
+    ///
+    /// ```swift
+    /// debouncer.call { @MainActor in resultsView.show(search(query)) }
+    /// ```
+    ///
+    /// The `isolation` parameter only tells this overload apart from
+    /// ``call(_:)``; leave it out.
+    public func call(isolation: MainActor.Type = MainActor.self, _ action: @escaping @MainActor @Sendable () -> Void) {
+        core.call(RateLimitedAction(run: HandlerExecutor.adapt(action), onMainActor: true))
+    }
 
     /// Runs the pending action now (on `queue`), if there is one, instead of at
     /// its deadline. If an earlier action is still running, the pending one
@@ -78,13 +95,14 @@ public final class Debouncer: Sendable {
 /// The storage of a ``Debouncer``: what the engine keeps while a call waits.
 final class DebouncerCore: GatedPrimitive {
     let delay: Duration
-    let storage = StateLock(LockedMachine(machine: DebouncerStateMachine()))
+    let storage: StateLock<LockedMachine<DebouncerStateMachine>>
     private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
     let engine: TimerEngine
 
-    init(delay: Duration, executor: HandlerExecutor, engine: TimerEngine) {
+    init(delay: Duration, leading: Bool = false, executor: HandlerExecutor, engine: TimerEngine) {
         self.delay = delay
+        self.storage = StateLock(LockedMachine(machine: DebouncerStateMachine(leading: leading)))
         self.executor = executor
         self.engine = engine
     }
@@ -94,7 +112,7 @@ final class DebouncerCore: GatedPrimitive {
         set { index.store(newValue, ordering: .relaxed) }
     }
 
-    func call(_ action: @escaping @Sendable () -> Void) {
+    func call(_ action: RateLimitedAction) {
         let deadline = DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay)
         complete(transition { $0.call(action, deadline: deadline) })
     }
@@ -110,7 +128,7 @@ final class DebouncerCore: GatedPrimitive {
     }
 
     func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
-        storage.withLock { $0.machine.begin(tag: tag, thread: thread) }
+        storage.withLock { $0.machine.begin(tag: tag, thread: thread) }?.run
     }
 
     func end() { complete(transition { $0.end() }) }

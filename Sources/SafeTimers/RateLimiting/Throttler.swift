@@ -65,7 +65,22 @@ public final class Throttler: Sendable {
     /// for the end of the window (see the type's discussion for which call is kept).
     ///
     /// - Complexity: O(1) in the number of pending timers.
-    public func call(_ action: @escaping @Sendable () -> Void) { core.call(action) }
+    public func call(_ action: @escaping @Sendable () -> Void) {
+        core.call(RateLimitedAction(run: action, onMainActor: false))
+    }
+
+    /// Like ``call(_:)``, for an action that runs on the main actor (whatever
+    /// `queue` the throttler was given).
+    ///
+    /// ```swift
+    /// throttler.call { @MainActor in progressView.update(progress) }
+    /// ```
+    ///
+    /// The `isolation` parameter only tells this overload apart from
+    /// ``call(_:)``; leave it out.
+    public func call(isolation: MainActor.Type = MainActor.self, _ action: @escaping @MainActor @Sendable () -> Void) {
+        core.call(RateLimitedAction(run: HandlerExecutor.adapt(action), onMainActor: true))
+    }
 
     /// Drops the kept call. Once it returns, no action of this throttler is
     /// running on another thread (if one was, `cancel()` waited for it), and none
@@ -97,7 +112,7 @@ final class ThrottlerCore: GatedPrimitive {
         set { index.store(newValue, ordering: .relaxed) }
     }
 
-    func call(_ action: @escaping @Sendable () -> Void) {
+    func call(_ action: RateLimitedAction) {
         let now = engine.nowTicks
         complete(transition { $0.call(action, now: now) })
     }
@@ -113,7 +128,7 @@ final class ThrottlerCore: GatedPrimitive {
 
     func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
         let now = engine.nowTicks
-        return storage.withLock { $0.machine.begin(tag: tag, thread: thread, now: now) }
+        return storage.withLock { $0.machine.begin(tag: tag, thread: thread, now: now) }?.run
     }
 
     func end() {

@@ -20,9 +20,9 @@ struct ThrottlerStateMachine: GatedStateMachine, Sendable {
     /// Keep the latest call of a window (true) or the first (false).
     let keepsLatest: Bool
     /// The call kept for the end of the window.
-    private var waiting: (@Sendable () -> Void)?
+    private var waiting: RateLimitedAction?
     /// The action the queued delivery runs.
-    private var queuedAction: (@Sendable () -> Void)?
+    private var queuedAction: RateLimitedAction?
     /// When the last run began, if any.
     private(set) var lastBegin: Int64?
     /// Whether the engine entry is armed for the window's end.
@@ -42,13 +42,13 @@ struct ThrottlerStateMachine: GatedStateMachine, Sendable {
         return DeadlineArithmetic.adding(interval, to: lastBegin)
     }
 
-    mutating func call(_ action: @escaping @Sendable () -> Void, now: Int64) -> MachineEffects {
+    mutating func call(_ action: RateLimitedAction, now: Int64) -> MachineEffects {
         var effects = MachineEffects()
         if waiting == nil || keepsLatest {
-            effects.released = waiting
+            effects.released = waiting?.run
             waiting = action
         } else {
-            effects.released = action
+            effects.released = action.run
         }
         settle(now: now, &effects)
         return effects
@@ -62,7 +62,7 @@ struct ThrottlerStateMachine: GatedStateMachine, Sendable {
         return effects
     }
 
-    mutating func begin(tag: UInt64, thread: UInt, now: Int64) -> (@Sendable () -> Void)? {
+    mutating func begin(tag: UInt64, thread: UInt, now: Int64) -> RateLimitedAction? {
         guard gate.begin(tag: tag, thread: thread) else { return nil }
         lastBegin = now
         defer { queuedAction = nil }
@@ -82,8 +82,8 @@ struct ThrottlerStateMachine: GatedStateMachine, Sendable {
         // Two closures may go; one travels in `released`, the other is dropped
         // here, which is outside any lock only if the caller holds none: so hand
         // both over by chaining them into one released value.
-        let kept = waiting
-        let queued = queuedAction
+        let kept = waiting?.run
+        let queued = queuedAction?.run
         waiting = nil
         queuedAction = nil
         if kept != nil || queued != nil {
@@ -108,6 +108,7 @@ struct ThrottlerStateMachine: GatedStateMachine, Sendable {
             queuedAction = waiting
             waiting = nil
             effects.deliver = tag
+            effects.deliverOnMainActor = queuedAction?.onMainActor ?? false
             if isArmed {
                 isArmed = false
                 effects.timer = .disarm

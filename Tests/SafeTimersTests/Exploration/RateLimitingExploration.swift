@@ -29,7 +29,10 @@ struct DebouncerSystem: ExplorableSystem {
             flushedSince = false
             cancelledSinceLast = false
             let deadline = world.now + 10_000_000
-            _ = core.completeReturningTicket(core.transition { $0.call({ log.record(number) }, deadline: deadline) })
+            _ = core.completeReturningTicket(
+                core.transition {
+                    $0.call(RateLimitedAction(run: { log.record(number) }, onMainActor: false), deadline: deadline)
+                })
             world.restarted()
             world.collect()
         case .call("flush", _):
@@ -115,7 +118,10 @@ struct ThrottlerSystem<Keep: ThrottlerKeep>: ExplorableSystem {
             callCount += 1
             cancelledSinceLast = false
             let now = world.now
-            _ = core.completeReturningTicket(core.transition { $0.call({ log.record(number) }, now: now) })
+            _ = core.completeReturningTicket(
+                core.transition {
+                    $0.call(RateLimitedAction(run: { log.record(number) }, onMainActor: false), now: now)
+                })
             world.restarted()
             world.collect()
         case .call(_, let thread):
