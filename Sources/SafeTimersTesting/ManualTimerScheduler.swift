@@ -10,11 +10,11 @@
 /// import SafeTimersTesting
 ///
 /// let manual = ManualTimerScheduler()
-/// var fired = 0
-/// let timer = RepeatingTimer(interval: .seconds(30), scheduler: manual) { fired += 1 }
+/// let fired = Mutex(0)   // import Synchronization: handlers are @Sendable
+/// let timer = RepeatingTimer(interval: .seconds(30), scheduler: manual) { fired.withLock { $0 += 1 } }
 /// timer.start()
 /// manual.advance(by: .seconds(3600))
-/// #expect(fired == 120)
+/// #expect(fired.withLock { $0 } == 120)
 /// ```
 ///
 /// Under a manual scheduler, handlers run synchronously inside `advance(by:)`, on

@@ -129,7 +129,7 @@ public final class RepeatingTimer: Sendable {
     /// ```swift
     /// final class WallScreen: Sendable {
     ///     let interactor = WallInteractor()
-    ///     private let poll: StateLock<RepeatingTimer?> = StateLock(nil)
+    ///     private let poll = Mutex<RepeatingTimer?>(nil)   // import Synchronization
     ///
     ///     func appear() {
     ///         let timer = RepeatingTimer(interval: .seconds(15), owner: interactor) { interactor in
@@ -170,6 +170,7 @@ public final class RepeatingTimer: Sendable {
     /// ```swift
     /// @MainActor final class FeedViewModel {
     ///     private var poll: RepeatingTimer?
+    ///     func reload() { /* fetch the feed */ }
     ///     func appear() {
     ///         poll = RepeatingTimer(interval: .seconds(15), owner: self) { @MainActor model in model.reload() }
     ///         poll?.start()

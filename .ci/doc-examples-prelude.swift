@@ -1,0 +1,65 @@
+// Free names the documentation examples use, declared so that the examples
+// type-check (see doc-examples.py). Nothing here runs.
+import Dispatch
+import Foundation
+import SafeTimers
+import SafeTimersTesting
+import Synchronization
+import Testing
+
+func refresh() {}
+func sendEvents() {}
+func save() {}
+func report() {}
+func report(_ message: String) {}
+func ping() {}
+func done() {}
+func alarm() {}
+func log(_ message: String) {}
+func search(_ query: String) -> [String] { [] }
+func syncEverything() throws {}
+
+func decode() async throws -> Data { Data() }
+func fetch() async throws -> Data { Data() }
+func fetchPage() async throws -> Data { Data() }
+func fetchProfile() async throws -> Data { Data() }
+func fetchFirstPage() async throws -> Data { Data() }
+func fetchSecondPage() async throws -> Data { Data() }
+func showOfflineBanner() {}
+func show(_ value: Data) {}
+let query = ""
+let sql = ""
+enum Logger { static func warning(_ message: String) {} }
+let logger = Logger.self
+struct Log { func warning(_ message: String) {} }
+let log = Log()
+struct Database { func query(_ sql: String) throws -> [String] { [] } }
+let database = Database()
+struct Decoder { func decode(_ data: Data) async throws -> Data { data } }
+let decoder = Decoder()
+let data = Data()
+struct API { func fetchProfile() async throws -> Data { Data() } }
+let api = API()
+@MainActor final class View {
+    var isHidden = false
+    var text = ""
+    func show(_ results: [String]) {}
+    func update(_ progress: Double) {}
+    func showSlowNetworkHint() {}
+}
+@MainActor let banner = View()
+@MainActor let resultsView = View()
+@MainActor let progressView = View()
+@MainActor let spinner = View()
+@MainActor let clockLabel = View()
+@MainActor let label = View()
+let progress = 0.5
+let formatter = DateFormatter()
+func now() -> String { "" }
+let debouncer = Debouncer(delay: .seconds(1))
+let throttler = Throttler(interval: .seconds(1))
+let heartbeat = RepeatingTimer(interval: .seconds(30)) {}
+final class WallInteractor: Sendable { func fetchWallPosts() {} }
+let interactor = WallInteractor()
+let queue = DispatchQueue(label: "examples")
+let manualScheduler = ManualTimerScheduler()
