@@ -79,13 +79,17 @@ public final class ConditionLock: @unchecked Sendable {
     /// (nanoseconds, as ``MonotonicClock/nanoseconds()``); the mutex must be held.
     /// May wake spuriously.
     public func wait(untilMonotonic deadline: Int64) {
+        // Seconds are clamped to what `time_t` holds: on 32-bit platforms (watchOS
+        // arm64_32, 32-bit Linux) a deadline beyond about 68 years would otherwise
+        // trap in the conversion. A wait that ends early is harmless: callers loop.
         #if canImport(Darwin)
         let remaining = max(0, deadline &- MonotonicClock.nanoseconds())
-        var relative = timespec(tv_sec: Int(remaining / 1_000_000_000), tv_nsec: Int(remaining % 1_000_000_000))
+        var relative = timespec(
+            tv_sec: time_t(clamping: remaining / 1_000_000_000), tv_nsec: Int(remaining % 1_000_000_000))
         pthread_cond_timedwait_relative_np(condition, mutex, &relative)
         #else
         var absolute = timespec(
-            tv_sec: time_t(deadline / 1_000_000_000),
+            tv_sec: time_t(clamping: deadline / 1_000_000_000),
             tv_nsec: Int(deadline % 1_000_000_000)
         )
         pthread_cond_timedwait(condition, mutex, &absolute)

@@ -45,6 +45,7 @@ public struct NamedThread: @unchecked Sendable {
                 let start = Unmanaged<Start>.fromOpaque(context!).takeRetainedValue()
                 #endif
                 ThreadIdentity.nameCurrentThread(start.name)
+                ThreadIdentity.raiseToUserInteractive()
                 start.body()
                 return nil
             }, context)

@@ -65,6 +65,19 @@ public enum ThreadIdentity {
         #endif
     }
 
+    /// On Apple platforms, moves the calling thread to the user-interactive QoS
+    /// class: Darwin coalesces the timers of lower classes (a background thread's
+    /// timed wait may end late by design), which would make the scheduler fire
+    /// late and a stall detector miss or misjudge stalls. The scheduler's and the
+    /// detectors' threads sleep almost always, so the class costs nothing.
+    /// No effect elsewhere (Linux has no timer coalescing by class; its timer
+    /// slack is set by ``minimizeTimerSlack()``).
+    static func raiseToUserInteractive() {
+        #if canImport(Darwin)
+        _ = pthread_set_qos_class_self_np(QOS_CLASS_USER_INTERACTIVE, 0)
+        #endif
+    }
+
     /// Asks Linux to end the calling thread's timed waits on time.
     ///
     /// By default the kernel may let a timed wait of an ordinary thread end up to
