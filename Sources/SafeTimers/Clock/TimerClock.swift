@@ -90,7 +90,13 @@ extension TimerClock.Instant {
     /// Adds a duration (saturating).
     public static func + (lhs: Self, rhs: Duration) -> Self { lhs.advanced(by: rhs) }
     /// Subtracts a duration (saturating).
-    public static func - (lhs: Self, rhs: Duration) -> Self { lhs.advanced(by: .zero - rhs) }
+    public static func - (lhs: Self, rhs: Duration) -> Self {
+        // Negating `rhs` could overflow (`Int128.min` attoseconds); its
+        // nanoseconds are clamped first, and their negation saturates.
+        let nanoseconds = DeadlineArithmetic.nanoseconds(rhs)
+        let negated = nanoseconds == Int64.min ? Int64.max : -nanoseconds
+        return Self(ticks: DeadlineArithmetic.adding(negated, to: lhs.ticks))
+    }
     /// The time from `rhs` to `lhs`.
     public static func - (lhs: Self, rhs: Self) -> Duration { rhs.duration(to: lhs) }
 }

@@ -15,7 +15,7 @@ struct MachineEffects {
     var released: (@Sendable () -> Void)?
     /// A ticket to wait for: the handler runs on another thread and the input was
     /// a cancel, which must not return before it ended.
-    var waitFor: UInt64?
+    var waitFor: WaitTicket?
     /// Whether the input prevented a run (what `cancel()` reports).
     var prevented = false
     /// Whether the primitive stopped for good (a timer cancelled or finished):
@@ -105,7 +105,7 @@ extension GatedPrimitive {
 
     /// Tests: completes `effects` like ``complete(_:)`` but, instead of waiting,
     /// returns the ticket a cancel would wait for (see ``hasPassed(_:)``).
-    func completeReturningTicket(_ effects: consuming MachineEffects) -> UInt64? {
+    func completeReturningTicket(_ effects: consuming MachineEffects) -> WaitTicket? {
         let ticket = effects.waitFor
         effects.waitFor = nil
         complete(effects)
@@ -113,11 +113,11 @@ extension GatedPrimitive {
     }
 
     /// Tests: whether the invocation `ticket` waits for has ended.
-    func hasPassed(_ ticket: UInt64) -> Bool { storage.withLock { $0.gate.hasPassed(ticket) } }
+    func hasPassed(_ ticket: WaitTicket) -> Bool { storage.withLock { $0.gate.hasPassed(ticket) } }
 
     /// Tests: whether the invocation `ticket` waits for has ended; once it has,
     /// the waiter is unregistered.
-    func passWaiter(_ ticket: UInt64) -> Bool {
+    func passWaiter(_ ticket: WaitTicket) -> Bool {
         storage.withLock { locked in
             guard locked.gate.hasPassed(ticket) else { return false }
             locked.gate.leave()

@@ -77,17 +77,24 @@ struct InvocationGate: Sendable, Hashable {
 
     /// If the handler runs on a thread other than `thread`, registers a waiter and
     /// returns the ticket it waits for; nil when there is nothing to wait for.
-    mutating func waitTicket(thread: UInt) -> UInt64? {
+    mutating func waitTicket(thread: UInt) -> WaitTicket? {
         guard runner != 0, runner != thread else { return nil }
         waiters += 1
-        return ended &+ 1
+        return WaitTicket(ended: ended &+ 1, runner: runner)
     }
 
     /// Whether the invocation a ticket waits for has ended.
-    func hasPassed(_ ticket: UInt64) -> Bool { ended >= ticket }
+    func hasPassed(_ ticket: WaitTicket) -> Bool { ended >= ticket.ended }
 
     /// A waiter stopped waiting.
     mutating func leave() { waiters -= 1 }
+}
+
+/// What a cancel waits for: the invocation that runs on `runner` to end (the
+/// gate's count of ended invocations to reach `ended`).
+struct WaitTicket: Sendable, Hashable {
+    let ended: UInt64
+    let runner: UInt
 }
 
 /// What a primitive's state machine asks of the engine after an input.
@@ -104,18 +111,45 @@ enum TimerCommand: Sendable, Hashable {
 /// running handler to return. Waiting is rare (a cancel racing a handler on
 /// another thread), so one shared condition costs nothing per primitive.
 ///
+/// It also keeps who waits for whom, to refuse the one wait that can never
+/// end: handler A (on thread 1) cancels timer B while B's handler (on thread 2)
+/// cancels timer A. Each would wait for the other's handler to return. Before a
+/// thread waits for the handler running on `runner`, the chain of waits that
+/// starts at `runner` is followed; if it leads back to the waiting thread, the
+/// wait is refused and the cancel returns at once (the cancelled handler still
+/// never begins again; the one running finishes on its own). Every other wait
+/// goes ahead, so the barrier holds wherever it can hold at all.
+///
 /// Lock order: a waiter holds the parking lock while it briefly takes a
 /// primitive's lock to check; a handler's thread releases the primitive's lock
 /// before it takes the parking lock. So the two never wait on each other.
 enum InvocationParking {
     private static let lock = ConditionLock()
+    /// Thread → the thread whose handler it waits for (parking lock held).
+    nonisolated(unsafe) private static var waitsFor: [UInt: UInt] = [:]
 
-    /// Blocks until `isDone` returns true; `isDone` is evaluated with the parking
-    /// lock held, so a wake-up between the check and the wait cannot be lost.
-    static func wait(until isDone: () -> Bool) {
+    /// Blocks until `isDone` returns true, unless waiting for the handler that
+    /// runs on `runner` would close a cycle of waits (returns false then).
+    /// `isDone` is evaluated with the parking lock held, so a wake-up between
+    /// the check and the wait cannot be lost.
+    static func wait(forHandlerOn runner: UInt, until isDone: () -> Bool) -> Bool {
+        let me = ThreadIdentity.current()
         lock.lock()
+        var next: UInt? = runner
+        var steps = 0
+        while let thread = next, steps <= waitsFor.count {
+            if thread == me {
+                lock.unlock()
+                return false
+            }
+            next = waitsFor[thread]
+            steps += 1
+        }
+        waitsFor[me] = runner
         while !isDone() { lock.wait() }
+        waitsFor[me] = nil
         lock.unlock()
+        return true
     }
 
     /// Wakes every waiting thread so that each re-checks its condition.
@@ -133,10 +167,11 @@ protocol GatedStateMachine {
 
 extension StateLock where Value: GatedStateMachine {
     /// The waiting half of the barrier: blocks until the invocation `ticket`
-    /// waits for has ended, then unregisters the waiter. Call it without holding
-    /// the lock, after the input that returned the ticket.
-    func wait(for ticket: UInt64) {
-        InvocationParking.wait { withLock { $0.gate.hasPassed(ticket) } }
+    /// waits for has ended (unless that would close a cycle of waits, see
+    /// ``InvocationParking``), then unregisters the waiter. Call it without
+    /// holding the lock, after the input that returned the ticket.
+    func wait(for ticket: WaitTicket) {
+        _ = InvocationParking.wait(forHandlerOn: ticket.runner) { withLock { $0.gate.hasPassed(ticket) } }
         withLock { $0.gate.leave() }
     }
 }

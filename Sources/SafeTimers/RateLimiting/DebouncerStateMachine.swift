@@ -8,31 +8,37 @@ struct RateLimitedAction: Sendable {
 /// The pure state machine of a ``Debouncer``: no lock, no clock, no engine.
 ///
 /// A *burst* is a run of calls, each less than `delay` after the previous; it
-/// ends (its *quiet period* is over) `delay` after its last call.
+/// ends (its *quiet period* is over) `delay` after its last call. A run handed to
+/// the executor is either *trailing* (the end of a quiet period: a later call
+/// calls it off and starts the quiet period again) or *fixed* (a leading run, or
+/// a flushed one: nothing calls it off but `cancel()`).
 ///
 /// | input | effects |
 /// |---|---|
-/// | call, leading and no burst open, nothing in flight | the action is queued to run now; the burst opens |
+/// | call, leading and no burst open, nothing in flight | the action is queued to run now (fixed); the burst opens |
 /// | call otherwise | the action replaces the pending one (released); a queued trailing run that has not begun is revoked; arm now + delay |
-/// | deadline passed (quiet period over) | the burst closes; deliver the pending action, or run it right after the running one ends |
+/// | deadline passed (quiet period over) | the burst closes; deliver the pending action (trailing), or run it right after the running one ends |
+/// | flush | disarm, close the burst; the pending action runs now (fixed), or right after the running one |
 /// | begin (the delivered tag) | the queued action is taken out to run |
-/// | end | if the quiet period passed meanwhile (or flush), deliver the pending action |
-/// | flush | disarm, close the burst; deliver the pending action now (or right after the running one) |
-/// | cancel | release the pending and queued actions, revoke, disarm; wait for a running action on another thread |
+/// | end | deliver a flushed action, else the pending one if its quiet period passed meanwhile |
+/// | cancel | release every action held, revoke, disarm; wait for a running action on another thread |
 ///
-/// So the actions never overlap, at most one trailing run follows each quiet
-/// period, and with `leading` the first call of a burst runs at once (a burst of
-/// one call runs once, not twice).
+/// So the actions never overlap, one trailing run follows each quiet period, a
+/// flushed action always runs (in the order flushed), and with `leading` the first call of a burst
+/// runs at once (a burst of one call runs once, not twice).
 struct DebouncerStateMachine: GatedStateMachine, Sendable {
     let leading: Bool
-    /// The latest call's action, until it is handed over to run.
+    /// The latest call's action, until its quiet period passes.
     private var pending: RateLimitedAction?
-    /// The action the queued delivery runs, and whether it is a leading run.
+    /// Flushed actions waiting for the running one to end, oldest first (each
+    /// `flush()` promises its action runs).
+    private var flushed: [RateLimitedAction] = []
+    /// The action the queued delivery runs, and whether a call may revoke it.
     private var queuedAction: RateLimitedAction?
-    private var queuedIsLeading = false
+    private var queuedIsFixed = false
     /// A burst is open: its quiet period has not passed.
     private(set) var inBurst = false
-    /// The quiet period passed (or flush was called) while an action was in flight.
+    /// The quiet period passed while an action was in flight.
     private(set) var isDue = false
     var gate = InvocationGate()
 
@@ -41,20 +47,17 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
     }
 
     /// Whether an action waits to run.
-    var hasPending: Bool { pending != nil }
+    var hasPending: Bool { pending != nil || !flushed.isEmpty }
 
     mutating func call(_ action: RateLimitedAction, deadline: Int64) -> MachineEffects {
         var effects = MachineEffects(timer: .arm(deadline))
         if leading && !inBurst && gate.isIdle {
             inBurst = true
-            let tag = gate.deliver()
-            queuedAction = action
-            queuedIsLeading = true
-            effects.deliver = tag
+            deliver(action, fixed: true, &effects)
             return effects
         }
         inBurst = true
-        if gate.queued != nil && !queuedIsLeading {
+        if gate.queued != nil && !queuedIsFixed {
             // A trailing run that has not begun: the quiet period starts again.
             gate.revoke()
             effects.released = queuedAction?.run
@@ -70,15 +73,30 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
     /// The quiet period passed.
     mutating func deadlinePassed() -> MachineEffects {
         inBurst = false
-        return deliverOrMarkDue()
+        var effects = MachineEffects()
+        guard let action = pending else { return effects }
+        if gate.isIdle {
+            pending = nil
+            deliver(action, fixed: false, &effects)
+        } else {
+            isDue = true
+        }
+        return effects
     }
 
-    /// `flush()`: the pending action runs now.
+    /// `flush()`: the pending action runs now (or right after the running one),
+    /// and no later call can call it off.
     mutating func flush() -> MachineEffects {
-        guard pending != nil else { return MachineEffects() }
+        guard let action = pending else { return MachineEffects() }
+        var effects = MachineEffects(timer: .disarm)
         inBurst = false
-        var effects = deliverOrMarkDue()
-        effects.timer = .disarm
+        isDue = false
+        pending = nil
+        if gate.isIdle {
+            deliver(action, fixed: true, &effects)
+        } else {
+            flushed.append(action)
+        }
         return effects
     }
 
@@ -89,9 +107,14 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
     }
 
     mutating func end() -> MachineEffects {
-        let wake = gate.end()
-        var effects = isDue ? deliverOrMarkDue() : MachineEffects()
-        effects.wake = wake
+        var effects = MachineEffects(wake: gate.end())
+        if !flushed.isEmpty {
+            deliver(flushed.removeFirst(), fixed: true, &effects)
+        } else if isDue, let action = pending {
+            isDue = false
+            pending = nil
+            deliver(action, fixed: false, &effects)
+        }
         return effects
     }
 
@@ -100,31 +123,21 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
         isDue = false
         inBurst = false
         var effects = MachineEffects(timer: .disarm, waitFor: gate.waitTicket(thread: thread))
-        effects.prevented = pending != nil || queuedAction != nil
-        let dropped = (pending?.run, queuedAction?.run)
+        let dropped = (pending?.run, flushed.map(\.run), queuedAction?.run)
+        effects.prevented = dropped.0 != nil || !dropped.1.isEmpty || dropped.2 != nil
         pending = nil
+        flushed = []
         queuedAction = nil
-        if dropped.0 != nil || dropped.1 != nil {
-            effects.released = { _ = dropped }
-        }
+        if effects.prevented { effects.released = { _ = dropped } }
         return effects
     }
 
-    /// Hands the pending action over if nothing is in flight; otherwise marks it
-    /// due, for the end of the running action.
-    private mutating func deliverOrMarkDue() -> MachineEffects {
-        guard let action = pending else {
-            isDue = false
-            return MachineEffects()
-        }
-        guard let tag = gate.deliver() else {
-            isDue = true
-            return MachineEffects()
-        }
-        isDue = false
-        pending = nil
+    /// Queues `action` to run (nothing in flight).
+    private mutating func deliver(_ action: RateLimitedAction, fixed: Bool, _ effects: inout MachineEffects) {
+        guard let tag = gate.deliver() else { return }
         queuedAction = action
-        queuedIsLeading = false
-        return MachineEffects(deliver: tag, deliverOnMainActor: action.onMainActor)
+        queuedIsFixed = fixed
+        effects.deliver = tag
+        effects.deliverOnMainActor = action.onMainActor
     }
 }

@@ -222,7 +222,7 @@ public final class RepeatingTimer: Sendable {
     }
 
     deinit {
-        core.cancel()
+        core.release()
     }
 
     /// Starts the timer: ``TimerState/idle``, ``TimerState/cancelled`` or

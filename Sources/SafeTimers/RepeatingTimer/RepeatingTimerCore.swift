@@ -28,8 +28,10 @@ final class RepeatingTimerCore: GatedPrimitive {
     let executor: HandlerExecutor
     /// The scheduler's engine: kept, so releasing the scheduler never stops the timer.
     let engine: TimerEngine
-    /// Kept until the timer is released: `start()` may run it again after a cancel.
-    private let handler: Handler
+    /// Kept until the timer is released (``release()``): `start()` may run it
+    /// again after a cancel. A delivery still waiting in a queue then finds
+    /// nothing, so it does not keep the captures alive.
+    private let handler: Mutex<Handler?>
 
     init(
         configuration: RepeatingTimerStateMachine.Configuration,
@@ -44,7 +46,7 @@ final class RepeatingTimerCore: GatedPrimitive {
         self.leewayTicks = min(DeadlineArithmetic.delayNanoseconds(leeway), configuration.interval / 2)
         self.executor = executor
         self.engine = scheduler.engine
-        self.handler = handler
+        self.handler = Mutex(handler)
         self.storage = StateLock(LockedMachine(machine: RepeatingTimerStateMachine(configuration: configuration)))
     }
 
@@ -115,8 +117,20 @@ final class RepeatingTimerCore: GatedPrimitive {
         perform(transition { $0.end() })
     }
 
+    /// The public timer was released: cancel (waiting for a running handler on
+    /// another thread) and drop the handler and its captures.
+    func release() {
+        cancel()
+        let dropped = handler.withLock { handler in
+            defer { handler = nil }
+            return handler
+        }
+        _ = dropped  // released here, outside the lock
+    }
+
     func invoke(tag: UInt64) {
         let thread = ThreadIdentity.current()
+        guard let handler = handler.withLock({ $0 }) else { return }
         switch handler {
         case .plain(let run):
             guard begin(tag: tag, thread: thread) != nil else { return }

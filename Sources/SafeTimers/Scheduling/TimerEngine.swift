@@ -40,8 +40,13 @@ public final class TimerEngine: @unchecked Sendable {
         /// The scheduler object is gone: a real engine's thread ends once nothing
         /// is armed (what is armed still fires); a manual engine is shut down.
         var retired = false
-        /// Manual engines: handler deliveries waiting for the next advance, in order.
-        var deliveries: [@Sendable () -> Void] = []
+        /// Manual engines: handler deliveries waiting for the next advance, in
+        /// order, each with a sequence number from the arming sequence, so that
+        /// an entry armed earlier for the same instant runs first.
+        var deliveries: [(sequence: UInt64, body: @Sendable () -> Void)] = []
+        /// The advancing thread and the sequence of the entry it is firing: a
+        /// delivery that firing makes is ordered by the entry's sequence.
+        var firing: (thread: UInt, sequence: UInt64)?
         var deliveryHead = 0
         /// Scheduler-thread wake-ups, counted for tests and benchmarks.
         var wakeUps = 0
@@ -220,7 +225,22 @@ public final class TimerEngine: @unchecked Sendable {
     func enqueueDelivery(_ body: @escaping @Sendable () -> Void) {
         lock.lock()
         let dropped = state.pointee.shuttingDown
-        if !dropped { state.pointee.deliveries.append(body) }
+        if !dropped {
+            let state = self.state
+            let sequence: UInt64
+            if let firing = state.pointee.firing, firing.thread == ThreadIdentity.current() {
+                sequence = firing.sequence
+            } else {
+                state.pointee.lastSequence &+= 1
+                sequence = state.pointee.lastSequence
+            }
+            // Kept sorted by sequence (stable): almost always an append.
+            var index = state.pointee.deliveries.count
+            while index > state.pointee.deliveryHead && state.pointee.deliveries[index - 1].sequence > sequence {
+                index -= 1
+            }
+            state.pointee.deliveries.insert((sequence, body), at: index)
+        }
         lock.unlock()
         if dropped { _ = body }  // released outside the lock
     }
@@ -229,7 +249,7 @@ public final class TimerEngine: @unchecked Sendable {
     private func popDelivery() -> (@Sendable () -> Void)? {
         let state = self.state
         guard state.pointee.deliveryHead < state.pointee.deliveries.count else { return nil }
-        let body = state.pointee.deliveries[state.pointee.deliveryHead]
+        let body = state.pointee.deliveries[state.pointee.deliveryHead].body
         state.pointee.deliveryHead += 1
         if state.pointee.deliveryHead == state.pointee.deliveries.count {
             state.pointee.deliveries.removeAll(keepingCapacity: true)
@@ -281,7 +301,19 @@ public final class TimerEngine: @unchecked Sendable {
         lock.unlock()
         while true {
             lock.lock()
-            if let delivery = popDelivery() {
+            if state.pointee.deliveryHead < state.pointee.deliveries.count {
+                // A delivery is queued for now; an entry due now that was armed
+                // before it (a smaller sequence) goes first.
+                let sequence = state.pointee.deliveries[state.pointee.deliveryHead].sequence
+                if let fired = state.pointee.wheel.popDue(now: state.pointee.virtualNow) {
+                    if fired.sequence < sequence && fired.sequence <= barrier {
+                        lock.unlock()
+                        fire(fired)
+                        continue
+                    }
+                    state.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
+                }
+                let delivery = popDelivery()!
                 lock.unlock()
                 delivery()
                 continue
@@ -310,8 +342,21 @@ public final class TimerEngine: @unchecked Sendable {
                 }
             }
             lock.unlock()
-            fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
+            fire(fired)
         }
+    }
+
+    /// Fires `fired` on the advancing thread. Deliveries its firing queues take
+    /// the entry's own sequence number, so they run in the entry's arming order
+    /// among everything due at this instant.
+    private func fire(_ fired: TimerWheel.Fired) {
+        lock.lock()
+        state.pointee.firing = (ThreadIdentity.current(), fired.sequence)
+        lock.unlock()
+        fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
+        lock.lock()
+        state.pointee.firing = nil
+        lock.unlock()
     }
 
     /// Puts deferred firings back in the wheel, unless their entry was armed
@@ -335,7 +380,7 @@ public final class TimerEngine: @unchecked Sendable {
         lock.lock()
         state.pointee.shuttingDown = true
         let dropped = state.pointee.wheel.removeAll()
-        let deliveries = state.pointee.deliveries
+        let deliveries = state.pointee.deliveries.map(\.body)
         state.pointee.deliveries = []
         state.pointee.deliveryHead = 0
         lock.signal()

@@ -68,21 +68,30 @@ public final class Watchdog: Sendable {
 
     /// Re-arms the watchdog: the deadline becomes now + timeout.
     ///
-    /// No effect once the watchdog has fired or was invalidated.
+    /// Returns `true` if it did. A kick has no effect (and returns `false`) once
+    /// the deadline has passed: the handler has then begun, or is about to begin
+    /// on its queue, and still runs. It has no effect after ``invalidate()``
+    /// either.
+    ///
+    /// A kicked watchdog keeps its engine entry at the old deadline and moves it
+    /// then (so a kick costs a clock read and a lock): among entries due at the
+    /// same instant, it is ordered by that move, not by the kick.
     ///
     /// - Complexity: O(1): a clock read and a lock; the engine is not touched.
-    public func kick() { core.kick() }
+    @discardableResult
+    public func kick() -> Bool { core.kick() }
 
     /// Re-arms the watchdog with a new timeout: the deadline becomes now +
     /// `timeout`, and later ``kick()`` calls use it too. A shorter timeout than
     /// before moves the engine entry at once.
     ///
-    /// No effect once the watchdog has fired or was invalidated (or its deadline
-    /// passed and the handler is about to begin). Timeouts are treated as in
-    /// ``init(timeout:queue:scheduler:onTimeout:)``.
+    /// Returns `true` if it did; like ``kick()``, it has no effect once the
+    /// deadline has passed or the watchdog was invalidated. Timeouts are treated
+    /// as in ``init(timeout:queue:scheduler:onTimeout:)``.
     ///
     /// - Complexity: O(1) in the number of pending timers.
-    public func kick(timeout: Duration) { core.kick(timeout: timeout) }
+    @discardableResult
+    public func kick(timeout: Duration) -> Bool { core.kick(timeout: timeout) }
 
     /// Disarms the watchdog for good and releases the handler.
     ///
@@ -132,9 +141,12 @@ final class WatchdogCore: GatedPrimitive {
     /// Whether the handler is still held (tests).
     var holdsHandler: Bool { storage.withLock { $0.machine.holdsHandler } }
 
-    func kick(timeout newTimeout: Duration? = nil) {
+    func kick(timeout newTimeout: Duration? = nil) -> Bool {
         let now = engine.nowTicks
-        complete(transition { $0.kick(now: now, timeout: newTimeout) })
+        let effects = transition { $0.kick(now: now, timeout: newTimeout) }
+        let kicked = effects.prevented
+        complete(effects)
+        return kicked
     }
 
     func invalidate() {

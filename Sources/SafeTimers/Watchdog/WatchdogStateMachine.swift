@@ -46,6 +46,7 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
     var holdsHandler: Bool { handler != nil }
 
     /// `kick()` or `kick(timeout:)` at `now`.
+    /// `prevented` in the effects tells whether the kick took effect.
     mutating func kick(now: Int64, timeout newTimeout: Duration? = nil) -> MachineEffects {
         guard status == .armed, gate.isIdle else { return MachineEffects() }
         if let newTimeout {
@@ -53,9 +54,9 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
             timeout = DeadlineArithmetic.delayNanoseconds(newTimeout)
         }
         deadline = DeadlineArithmetic.adding(timeout, to: now)
-        guard deadline < armedAt else { return MachineEffects() }
+        guard deadline < armedAt else { return MachineEffects(prevented: true) }
         armedAt = deadline
-        return MachineEffects(timer: .arm(deadline))
+        return MachineEffects(timer: .arm(deadline), prevented: true)
     }
 
     /// The armed deadline `passed` was reached.

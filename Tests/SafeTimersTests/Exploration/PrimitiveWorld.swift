@@ -55,7 +55,7 @@ final class PrimitiveWorld {
     /// Worker → the tag whose handler it runs.
     private(set) var running: [UInt: UInt64] = [:]
     /// Thread → the ticket its cancel waits for.
-    private(set) var blocked: [UInt: UInt64] = [:]
+    private(set) var blocked: [UInt: WaitTicket] = [:]
     /// A cancel has returned and no call that restarts has come since.
     var quiet = false
     /// Handler runs that began, ever, and the most that ran at once.
@@ -80,7 +80,7 @@ final class PrimitiveWorld {
     }
 
     /// Every step the world allows besides the calls.
-    func steps(calls: [String], passed: (UInt64) -> Bool) -> [PrimitiveStep] {
+    func steps(calls: [String], passed: (WaitTicket) -> Bool) -> [PrimitiveStep] {
         var steps: [PrimitiveStep] = []
         for thread in callers {
             for call in calls { steps.append(.call(call, thread)) }
@@ -136,7 +136,7 @@ final class PrimitiveWorld {
 
     /// A cancel-like call made on `thread` returned `ticket` (nil: it returned
     /// at once).
-    func cancelled(on thread: UInt, ticket: UInt64?) {
+    func cancelled(on thread: UInt, ticket: WaitTicket?) {
         collect()
         if let ticket {
             blocked[thread] = ticket
@@ -174,7 +174,7 @@ final class PrimitiveWorld {
     /// `begin` and `end` perform the primitive's halves; returns false if the
     /// world did not come to rest within `limit` rounds.
     func runToRest(
-        limit: Int = 200, passed: (UInt64) -> Bool, begin: (UInt64, UInt) -> Bool, end: (UInt) -> Void
+        limit: Int = 200, passed: (WaitTicket) -> Bool, begin: (UInt64, UInt) -> Bool, end: (UInt) -> Void
     ) -> Bool {
         for _ in 0..<limit {
             if let (thread, _) = blocked.first(where: { passed($0.value) }) {

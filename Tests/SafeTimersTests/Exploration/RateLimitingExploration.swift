@@ -1,16 +1,17 @@
-@testable @_spi(SchedulerImplementation) import SafeTimers
+@testable @_spi(SchedulerImplementation) @_spi(SafeTimersInternal) import SafeTimers
 
 /// A `Debouncer` (delay 10 ms) in a ``PrimitiveWorld``: calls are `call` (each
-/// with a new number), `flush` and `cancel`. Only the latest call may run, each
-/// call at most once, not before its delay unless flushed, and at rest the last
-/// call has run unless a cancel came after it.
+/// with a new number), `flush` and `cancel`. Only the latest call, or one that
+/// was flushed, may run; each call at most once; not before its delay unless
+/// flushed; and at rest the last call and every flushed one have run unless a
+/// cancel came after them.
 struct DebouncerSystem: ExplorableSystem {
     let world = PrimitiveWorld(elapse: .milliseconds(6))
     let core: DebouncerCore
     let log = RunLog()
     private var calls: [Int64] = []  // call number → when it was made
-    private var flushedSince = false
-    private var cancelledSinceLast = false
+    private var flushed: Set<Int> = []
+    private var cancelledAfter: Int = -1  // the last call a cancel came after
 
     init() {
         core = DebouncerCore(delay: .milliseconds(10), executor: world.executor, engine: world.engine)
@@ -26,8 +27,6 @@ struct DebouncerSystem: ExplorableSystem {
             let number = calls.count
             let log = self.log
             calls.append(world.now)
-            flushedSince = false
-            cancelledSinceLast = false
             let deadline = world.now + 10_000_000
             _ = core.completeReturningTicket(
                 core.transition {
@@ -36,11 +35,14 @@ struct DebouncerSystem: ExplorableSystem {
             world.restarted()
             world.collect()
         case .call("flush", _):
-            flushedSince = true
+            if core.storage.withLock({ $0.machine.hasPending }), !calls.isEmpty, !log.numbers.contains(calls.count - 1)
+            {
+                flushed.insert(calls.count - 1)
+            }
             _ = core.completeReturningTicket(core.transition { $0.flush() })
             world.collect()
         case .call(_, let thread):
-            cancelledSinceLast = true
+            cancelledAfter = calls.count - 1
             world.cancelled(
                 on: thread, ticket: core.completeReturningTicket(core.transition { $0.cancel(thread: thread) }))
         case .fire: world.fire()
@@ -61,10 +63,10 @@ struct DebouncerSystem: ExplorableSystem {
         guard let action = core.begin(tag: tag, thread: worker) else { return false }
         action()
         let number = log.numbers.last!
-        if number != calls.count - 1 {
+        if number != calls.count - 1 && !flushed.contains(number) {
             world.violation = "call \(number) ran although call \(calls.count - 1) came after it"
         }
-        if !flushedSince && world.now < calls[number] + 10_000_000 {
+        if !flushed.contains(number) && world.now < calls[number] + 10_000_000 {
             world.violation = "call \(number) ran before its quiet period was over"
         }
         return true
@@ -82,8 +84,11 @@ struct DebouncerSystem: ExplorableSystem {
             passed: { this.core.hasPassed($0) }, begin: { tag, worker in this.begin(tag, worker) },
             end: { _ in this.core.end() })
         if let violation { return violation }
-        if !calls.isEmpty && !cancelledSinceLast && log.numbers.last != calls.count - 1 {
+        if !calls.isEmpty && cancelledAfter < calls.count - 1 && !log.numbers.contains(calls.count - 1) {
             return "the last call (\(calls.count - 1)) never ran: \(log.numbers)"
+        }
+        for number in flushed where number > cancelledAfter && !log.numbers.contains(number) {
+            return "flushed call \(number) never ran: \(log.numbers)"
         }
         return nil
     }
