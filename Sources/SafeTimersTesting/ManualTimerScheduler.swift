@@ -24,6 +24,10 @@
 /// fire within the same advance when they fall due before its end (one armed for
 /// an instant already reached runs at the next instant: see ``advance(by:)``).
 ///
+/// A `@MainActor` handler runs inside the advance only when the advance runs on
+/// the main actor (a `@MainActor` test); otherwise it is enqueued on the main
+/// actor, and what it leaves owed runs in the next advance.
+///
 /// Async code sleeps on ``TimerScheduler/clock``; ``waitForSleepers(_:)`` tells a
 /// test when the code under test has reached its sleep.
 ///

@@ -83,7 +83,8 @@ public final class DelayedWork: Sendable {
     ///
     /// Everything else is as in ``schedule(after:on:scheduler:_:)``. Under a
     /// `ManualTimerScheduler`, the work runs inside `advance(by:)` when that is
-    /// called on the main thread, and is enqueued on the main actor otherwise.
+    /// called on the main actor, and is enqueued on the main actor otherwise (it
+    /// then runs outside the advance).
     public static func schedule(
         after delay: Duration,
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,

@@ -105,7 +105,7 @@ public final class RepeatingTimer: Sendable {
     /// Everything else is as in
     /// ``init(interval:leeway:repetitions:firesImmediately:missedTicks:queue:scheduler:handler:)``.
     /// Under a `ManualTimerScheduler` the handler runs inside `advance(by:)` when
-    /// that is called on the main thread, and is enqueued on the main actor
+    /// that is called on the main actor, and is enqueued on the main actor
     /// otherwise.
     public convenience init(
         interval: Duration,
