@@ -12,7 +12,7 @@ final class ClockSleep: TimerEntry {
         var finished = false
     }
 
-    private let state = Mutex(State())
+    private let state = StateLock(State())
     private let index = Atomic<Int>(-1)
     let leewayTicks: Int64
     private let engine: TimerEngine

@@ -31,7 +31,7 @@ final class RepeatingTimerCore: GatedPrimitive {
     /// Kept until the timer is released (``release()``): `start()` may run it
     /// again after a cancel. A delivery still waiting in a queue then finds
     /// nothing, so it does not keep the captures alive.
-    private let handler: Mutex<Handler?>
+    private let handler: StateLock<Handler?>
 
     init(
         configuration: RepeatingTimerStateMachine.Configuration,
@@ -46,7 +46,7 @@ final class RepeatingTimerCore: GatedPrimitive {
         self.leewayTicks = min(DeadlineArithmetic.delayNanoseconds(leeway), configuration.interval / 2)
         self.executor = executor
         self.engine = scheduler.engine
-        self.handler = Mutex(handler)
+        self.handler = StateLock(handler)
         self.storage = StateLock(LockedMachine(machine: RepeatingTimerStateMachine(configuration: configuration)))
     }
 
