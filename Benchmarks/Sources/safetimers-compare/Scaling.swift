@@ -28,6 +28,40 @@ enum Parallel {
         return Double(monotonicNanoseconds() - began) / Double(iterations)
     }
 
+    /// Wall nanoseconds per operation over all threads together (1000 / this is
+    /// millions of operations per second): falling as threads are added means
+    /// throughput scales.
+    static func nanosecondsPerOperationOverall(
+        threads: Int, iterations: Int, _ body: @escaping @Sendable () -> Void
+    ) -> Double {
+        nanosecondsPerOperation(threads: threads, iterations: iterations, body) / Double(threads)
+    }
+
+    static func delayedWorkOverall(threads: Int, iterations: Int) -> Double {
+        nanosecondsPerOperationOverall(threads: threads, iterations: iterations) {
+            DelayedWork.schedule(after: .seconds(10)) {}.cancel()
+        }
+    }
+
+    static func asyncAfterOverall(threads: Int, iterations: Int) -> Double {
+        let queue = DispatchQueue.global()
+        return nanosecondsPerOperationOverall(threads: threads, iterations: iterations) {
+            let item = DispatchWorkItem {}
+            queue.asyncAfter(deadline: .now() + 10, execute: item)
+            item.cancel()
+        }
+    }
+
+    static func watchdogOverall(threads: Int, iterations: Int) -> Double {
+        nanosecondsPerOperationOverall(threads: threads, iterations: iterations) {
+            withWatchdog(timeout: .seconds(10), onTimeout: {}) { blackHole(0) }
+        }
+    }
+
+    static func dispatchSourceIdiomOverall(threads: Int, iterations: Int) -> Double {
+        dispatchSourceIdiom(threads: threads, iterations: iterations) / Double(threads)
+    }
+
     static func watchdog(threads: Int, iterations: Int) -> Double {
         nanosecondsPerOperation(threads: threads, iterations: iterations) {
             withWatchdog(timeout: .seconds(10), onTimeout: {}) { blackHole(0) }

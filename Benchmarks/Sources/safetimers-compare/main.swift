@@ -90,6 +90,20 @@ for threads in [1, 2] {
         Parallel.dispatchSourceIdiom(threads: threads, iterations: iterations), "ns/op")
 }
 
+// Throughput as threads are added (issue: the engine scales with cores). Wall
+// nanoseconds per operation over all threads; 1000 / value = M ops/s.
+for threads in quick ? [1, 2] : [1, 2, 4, 8] {
+    let each = max(1, iterations / threads)
+    add(
+        "withWatchdog, \(threads) threads, ns/op overall", "DispatchSourceTimer per section",
+        Parallel.watchdogOverall(threads: threads, iterations: each),
+        Parallel.dispatchSourceIdiomOverall(threads: threads, iterations: each), "ns/op")
+    add(
+        "DelayedWork arm+cancel, \(threads) threads, ns/op overall", "asyncAfter+DispatchWorkItem",
+        Parallel.delayedWorkOverall(threads: threads, iterations: each),
+        Parallel.asyncAfterOverall(threads: threads, iterations: each), "ns/op")
+}
+
 // Firing lateness of timers due 1–2 s out.
 var latenessRows: [(String, Int, Lateness.Percentiles)] = []
 for count in quick ? [1_000] : [1_000, 100_000] {
