@@ -28,7 +28,7 @@
 /// the main actor (a `@MainActor` test); otherwise it is enqueued on the main
 /// actor, and what it leaves owed runs in the next advance.
 ///
-/// Async code sleeps on ``TimerScheduler/clock``; ``waitForSleepers(_:)`` tells a
+/// Async code sleeps on `clock`; ``waitForSleepers(_:)`` tells a
 /// test when the code under test has reached its sleep.
 ///
 /// Thread safety: other threads may arm and cancel entries while one thread
@@ -93,18 +93,18 @@ public final class ManualTimerScheduler: TimerScheduler {
         return rounds
     }
 
-    /// The scheduler's clock as an instant (see ``TimerClock``).
+    /// The scheduler's clock as an instant (see `TimerClock`).
     public var instant: TimerClock.Instant { clock.now }
 
     /// Moves the clock forward to `instant` (an instant of this scheduler's
-    /// ``TimerScheduler/clock``) and runs every handler that falls due, as
+    /// `clock`) and runs every handler that falls due, as
     /// ``advance(by:)`` does. An instant in the past leaves the clock where it is.
     public func advance(to instant: TimerClock.Instant) {
         engine.advance(to: instant.sinceCreation)
     }
 
     /// Returns once at least `count` tasks are suspended in a sleep on this
-    /// scheduler's ``TimerScheduler/clock`` (`clock.sleep`, `Task.sleep(…, clock:)`,
+    /// scheduler's `clock` (`clock.sleep`, `Task.sleep(…, clock:)`,
     /// or anything built on them, such as swift-async-algorithms' `debounce`).
     ///
     /// This is how an async test knows that the code under test has reached its
