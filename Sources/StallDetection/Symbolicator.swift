@@ -6,23 +6,44 @@ import FoundationEssentials
 import Foundation
 #endif
 
-/// Turns raw addresses into named frames with the toolchain's `Runtime` module.
+/// Turns raw addresses into named frames with the toolchain's `Runtime` module, and
+/// remembers every address it named.
 ///
 /// `Runtime.Backtrace` has no public initializer from addresses, but its `Codable`
 /// form carries the addresses in the Compact Backtrace Format (a header byte, then
 /// one instruction per frame); this builds that form and decodes it. The
 /// `ImageMap` (the loaded images) is captured once and again only when an address
-/// falls outside every known image, for instance after a `dlopen`: the first
-/// symbolication costs tens of milliseconds, later ones about one.
+/// falls outside every known image, for instance after a `dlopen`.
 ///
-/// Not thread-safe: one symbolicator belongs to one detector thread.
+/// Inlined frames: `symbolicated()` lists the frames inlined at an address
+/// *before* the frame they were inlined into (innermost first, as a stack is read),
+/// and every one of them carries the captured address it came from; each is given
+/// that address and that frame's "uncertain" flag.
+///
+/// The cache: an address (with its kind: the interrupted instruction or a return
+/// address) always names the same frames while its image stays loaded, so each is
+/// symbolicated once; a repeated stall costs dictionary look-ups. The cache is
+/// dropped when the image map is refreshed.
+///
+/// Not thread-safe: one symbolicator belongs to one detector queue.
 final class Symbolicator {
     private var images: ImageMap
     private var encodedImages: String
+    /// Executable text of each image, sorted by start.
+    private var textRanges: [(start: UInt, end: UInt)] = []
+
+    struct Key: Hashable {
+        var address: UInt
+        var isReturnAddress: Bool
+    }
+
+    /// Frames (innermost first, inlined ones included) per address.
+    private var cache: [Key: [StackFrame]] = [:]
 
     init() {
         images = ImageMap.capture()
         encodedImages = Self.encode(images)
+        textRanges = Self.textRanges(images)
     }
 
     /// Symbolicates the current stack once, so that the first real stall does not
@@ -33,46 +54,89 @@ final class Symbolicator {
         }
     }
 
+    /// The number of cached addresses.
+    var cachedCount: Int { cache.count }
+
     /// Whether `address` lies in the executable text of a loaded image.
     func isTextAddress(_ address: UInt) -> Bool {
-        guard let index = images.indexOfImage(at: Backtrace.Address(UInt64(address))) else { return false }
-        let image = images[images.index(images.startIndex, offsetBy: index)]
-        return Backtrace.Address(UInt64(address)) < image.endOfText
+        var low = 0
+        var high = textRanges.count
+        while low < high {
+            let middle = (low + high) / 2
+            if textRanges[middle].start <= address { low = middle + 1 } else { high = middle }
+        }
+        guard low > 0 else { return false }
+        let range = textRanges[low - 1]
+        return address >= range.start && address < range.end
     }
 
-    /// Names the frames; unknown ones keep only their address.
+    /// Names the frames; unknown ones keep only their address. The first frame is
+    /// the interrupted instruction, the others return addresses.
     func symbolicate(_ raw: [RawFrame]) -> [StackFrame] {
         guard !raw.isEmpty else { return [] }
-        if raw.contains(where: { images.indexOfImage(at: Backtrace.Address(UInt64($0.address))) == nil }) {
-            refreshImages()
+        let keys = raw.enumerated().map { Key(address: $0.element.address, isReturnAddress: $0.offset > 0) }
+        var missing: [Key] = []
+        var seen = Set<Key>()
+        for key in keys where cache[key] == nil && seen.insert(key).inserted { missing.append(key) }
+        if !missing.isEmpty {
+            if missing.contains(where: { images.indexOfImage(at: Backtrace.Address(UInt64($0.address))) == nil }) {
+                refreshImages()
+            }
+            resolve(missing)
         }
-        guard let backtrace = decodeBacktrace(raw.map(\.address)),
-            let symbolicated = backtrace.symbolicated(with: images)
-        else {
-            return raw.map { StackFrame(address: $0.address, isUncertain: $0.isUncertain) }
-        }
-        // Inlined frames share their caller's address; map each back to its raw frame.
         var frames: [StackFrame] = []
-        var rawIndex = -1
-        for frame in symbolicated.frames {
-            if !frame.inlined { rawIndex += 1 }
-            let source = raw[min(max(rawIndex, 0), raw.count - 1)]
-            let symbol = frame.symbol
-            frames.append(
-                StackFrame(
-                    address: source.address,
-                    function: symbol.map { $0.name },
-                    file: symbol?.sourceLocation?.path,
-                    line: symbol?.sourceLocation.map { $0.line },
-                    image: symbol?.imageName,
-                    isUncertain: source.isUncertain))
+        frames.reserveCapacity(raw.count)
+        for (frame, key) in zip(raw, keys) {
+            for named in cache[key] ?? [StackFrame(address: frame.address, isUncertain: frame.isUncertain)] {
+                frames.append(named.with(isUncertain: frame.isUncertain))
+            }
         }
         return frames
+    }
+
+    /// Symbolicates `keys` and fills the cache, one entry per key.
+    private func resolve(_ keys: [Key]) {
+        for key in keys { cache[key] = [StackFrame(address: key.address, isUncertain: false)] }
+        guard let backtrace = decodeBacktrace(keys), let symbolicated = backtrace.symbolicated(with: images) else {
+            return
+        }
+        var index = 0
+        var group: [StackFrame] = []
+        for frame in symbolicated.frames {
+            let original = UInt(frame.captured.originalProgramCounter) ?? 0
+            // Frames come in the order of `keys`: a key's inlined frames, then its own.
+            while index < keys.count && keys[index].address != original { index += 1 }
+            guard index < keys.count else { break }
+            let symbol = frame.symbol
+            group.append(
+                StackFrame(
+                    address: original,
+                    function: symbol.map { $0.name },
+                    file: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.path : nil },
+                    line: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.line : nil },
+                    image: symbol?.imageName,
+                    isUncertain: false,
+                    isInlined: frame.inlined))
+            if !frame.inlined {
+                cache[keys[index]] = group
+                group = []
+                index += 1
+            }
+        }
     }
 
     private func refreshImages() {
         images = ImageMap.capture()
         encodedImages = Self.encode(images)
+        textRanges = Self.textRanges(images)
+        cache.removeAll()
+    }
+
+    private static func textRanges(_ images: ImageMap) -> [(start: UInt, end: UInt)] {
+        images.compactMap { image -> (start: UInt, end: UInt)? in
+            guard let start = UInt(image.baseAddress), let end = UInt(image.endOfText) else { return nil }
+            return (start, end)
+        }.sorted { $0.start < $1.start }
     }
 
     private static func encode(_ images: ImageMap) -> String {
@@ -80,8 +144,9 @@ final class Symbolicator {
         return String(decoding: data, as: UTF8.self)
     }
 
-    private func decodeBacktrace(_ addresses: [UInt]) -> Backtrace? {
-        let encoded = Data(CompactBacktrace.encode(addresses)).base64EncodedString()
+    private func decodeBacktrace(_ keys: [Key]) -> Backtrace? {
+        let frames = keys.map { (address: $0.address, isReturnAddress: $0.isReturnAddress) }
+        let encoded = Data(CompactBacktrace.encode(frames)).base64EncodedString()
         #if arch(x86_64)
         let architecture = "x86_64"
         #elseif arch(arm64)
@@ -99,12 +164,19 @@ final class Symbolicator {
 /// `xxx + 1` big-endian bytes of the difference from the previous address
 /// (sign-extended), starting from zero.
 enum CompactBacktrace {
+    /// Encodes addresses, the first as the interrupted instruction, the others as
+    /// return addresses.
     static func encode(_ addresses: [UInt]) -> [UInt8] {
+        encode(addresses.enumerated().map { (address: $0.element, isReturnAddress: $0.offset > 0) })
+    }
+
+    /// Encodes frames of either kind.
+    static func encode(_ frames: [(address: UInt, isReturnAddress: Bool)]) -> [UInt8] {
         var bytes: [UInt8] = [0b0000_0010]  // version 0, 64-bit words
         var previous: UInt64 = 0
-        for (index, address) in addresses.enumerated() {
-            let delta = Int64(bitPattern: UInt64(address) &- previous)
-            previous = UInt64(address)
+        for frame in frames {
+            let delta = Int64(bitPattern: UInt64(frame.address) &- previous)
+            previous = UInt64(frame.address)
             var length = 8
             while length > 1 {
                 let shift = Int64(8 * (length - 1))
@@ -112,7 +184,7 @@ enum CompactBacktrace {
                 if truncated != delta { break }
                 length -= 1
             }
-            let opcode: UInt8 = index == 0 ? 0b0001_0000 : 0b0010_0000
+            let opcode: UInt8 = frame.isReturnAddress ? 0b0010_0000 : 0b0001_0000
             bytes.append(opcode | UInt8(length - 1))
             for byteIndex in stride(from: length - 1, through: 0, by: -1) {
                 bytes.append(UInt8(truncatingIfNeeded: delta >> Int64(8 * byteIndex)))
@@ -126,5 +198,11 @@ enum CompactBacktrace {
 extension StackFrame {
     init(address: UInt, isUncertain: Bool) {
         self.init(address: address, function: nil, file: nil, line: nil, image: nil, isUncertain: isUncertain)
+    }
+
+    func with(isUncertain: Bool) -> StackFrame {
+        StackFrame(
+            address: address, function: function, file: file, line: line, image: image, isUncertain: isUncertain,
+            isInlined: isInlined)
     }
 }
