@@ -50,44 +50,39 @@ struct StackUnwinder {
             }
         }
 
-        // 2. The frame-pointer chain.
-        var chainStart = copy.fp
-        if chainStart == nil || word(at: chainStart!) == nil { chainStart = findAnchor() }
-        var firstRecordSlot: Int?
-        if var framePointer = chainStart {
+        // 2 and 3, segment by segment: a frame-pointer chain, and below its first
+        // record (with no unwinder) the validated return addresses; where a chain
+        // breaks off (a function without frame pointer, such as libc's qsort
+        // calling back into Swift), the next segment starts at the next record
+        // that validates.
+        var inner = copy.pc
+        var scanFrom = 0
+        var anchor: UInt? = copy.fp.flatMap { word(at: $0) != nil ? $0 : nil } ?? findAnchor(from: 0)
+        while true {
+            let segmentEnd = min(anchor.map { slot(of: $0) + 1 } ?? words.count, words.count)
+            if copy.unwound.isEmpty && scanFrom < segmentEnd {
+                validatedScan(scanFrom..<segmentEnd, inner: &inner, into: &bySlot)
+            }
+            guard var framePointer = anchor else { break }
+            var lastSlot = scanFrom
+            var complete = false
             while let saved = word(at: framePointer), let returnAddress = word(at: framePointer + Self.wordSize),
                 returnAddress != 0, isText(returnAddress)
             {
                 let returnSlot = slot(of: framePointer) + 1
-                if firstRecordSlot == nil { firstRecordSlot = returnSlot }
                 if bySlot[returnSlot] == nil { bySlot[returnSlot] = RawFrame(address: returnAddress, isUncertain: false) }
-                guard saved > framePointer else { break }
-                framePointer = saved
-            }
-        }
-
-        // 3. Below the first frame record, with no unwinder: validated return addresses.
-        if copy.unwound.isEmpty {
-            let end = min(firstRecordSlot ?? words.count, words.count)
-            var inner = copy.pc
-            for index in 0..<end where bySlot[index] == nil {
-                let candidate = words[index]
-                guard isReturnAddress(candidate) else { continue }
-                switch CallSite.target(ofCallBefore: candidate, readWord: readWord) {
-                case .known(let target):
-                    // The callee contains the inner frame's address: it starts at or
-                    // before it, within a function's size.
-                    if target <= inner && inner - target < 0x4_0000 {
-                        bySlot[index] = RawFrame(address: candidate, isUncertain: false)
-                        inner = candidate
-                    }
-                case .unknown:
-                    bySlot[index] = RawFrame(address: candidate, isUncertain: true)
-                    inner = candidate
-                case .none:
+                inner = returnAddress
+                lastSlot = returnSlot
+                if saved == 0 {
+                    complete = true
                     break
                 }
+                guard saved > framePointer, word(at: saved) != nil else { break }
+                framePointer = saved
             }
+            if complete || lastSlot + 1 >= words.count { break }
+            scanFrom = lastSlot + 1
+            anchor = findAnchor(from: scanFrom)
         }
 
         // 4. Beyond the certain chain: uncertain candidates, where it broke off.
@@ -107,13 +102,39 @@ struct StackUnwinder {
         return frames
     }
 
-    /// The lowest frame record (saved frame pointer, return address) from which the
-    /// chain holds for at least three links, or runs to its end (a zero frame
-    /// pointer) or out of the copy after two.
-    private func findAnchor() -> UInt? {
-        let limit = min(copy.words.count - 1, 16_384)
-        guard limit > 0 else { return nil }
-        for index in 0..<limit {
+    /// Adds the return addresses in `slots` whose call provably leads to `inner`'s
+    /// function: a direct (or GOT, or PLT) call whose target starts at most 256 KB
+    /// before `inner`, or a wrapper at most 4 KB after it that tail-calls it. An
+    /// indirect call through a register cannot be checked: its frame is kept,
+    /// marked uncertain, since it sits where the certain chain has a gap.
+    private func validatedScan(_ slots: Range<Int>, inner: inout UInt, into bySlot: inout [Int: RawFrame]) {
+        for index in slots where bySlot[index] == nil {
+            let candidate = copy.words[index]
+            guard isReturnAddress(candidate) else { continue }
+            switch CallSite.target(ofCallBefore: candidate, readWord: readWord) {
+            case .known(let target):
+                let leadsThere =
+                    (target <= inner && inner - target < 0x4_0000) || (target > inner && target - inner < 0x1000)
+                if leadsThere {
+                    bySlot[index] = RawFrame(address: candidate, isUncertain: false)
+                    inner = candidate
+                }
+            case .unknown:
+                bySlot[index] = RawFrame(address: candidate, isUncertain: true)
+                inner = candidate
+            case .none:
+                break
+            }
+        }
+    }
+
+    /// The lowest frame record at or above slot `first` (saved frame pointer,
+    /// return address) from which the chain holds for at least three links, or runs
+    /// to its end (a zero frame pointer) or out of the copy after two.
+    private func findAnchor(from first: Int) -> UInt? {
+        let limit = min(copy.words.count - 1, first + 16_384)
+        guard limit > first else { return nil }
+        for index in first..<limit {
             let record = copy.sp + UInt(index) * Self.wordSize
             if validates(record, links: 3) { return record }
         }

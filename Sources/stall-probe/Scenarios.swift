@@ -25,6 +25,14 @@ func cpuMilliseconds() -> Double {
         + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000
 }
 
+/// Voluntary and involuntary context switches of the whole process: each wake-up
+/// of a sleeping thread costs one.
+func contextSwitches() -> Int {
+    var usage = rusage()
+    getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+}
+
 /// Blocks the calling thread for `ms` milliseconds, in a function whose name the
 /// tests look for in the reported stack.
 @inline(never)
