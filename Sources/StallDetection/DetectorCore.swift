@@ -5,11 +5,14 @@ import SafeTimers
 /// The engine of a ``StallDetector``. It owns no thread: it runs on SafeTimers'
 /// engine and on one private serial queue.
 ///
-/// - Heartbeat targets: a `DelayedWork` posts the probe to the target `heartbeat`
-///   after the previous answer (it runs *on* the target queue, so the engine's
-///   firing is the post). Each answer kicks one `Watchdog`, whose deadline is the
-///   moment the next probe would be overdue. With nothing stalled, the detector
-///   costs one timer firing and one tiny block per heartbeat, and nothing else.
+/// - Heartbeat targets: a `RepeatingTimer` whose handler is the probe: it runs *on*
+///   the target queue, so the engine's firing is the post, and with
+///   `MissedTickPolicy.skip` no new probe is posted while one is still queued or
+///   running (a blocked target gets one probe, not a pile). Each answer kicks one
+///   `Watchdog`, whose deadline is the moment the next probe would be overdue.
+///   With nothing stalled, the detector costs one timer firing and one tiny block
+///   per heartbeat: the engine re-arms the repeating timer itself, and a kick only
+///   moves a deadline (the engine moves its entry lazily, once per threshold).
 /// - The main run loop: a run-loop observer records each activity and kicks the
 ///   watchdog while the loop is busy.
 /// - When the watchdog fires, the detector's queue asks ``StopWitness`` whether the
@@ -39,8 +42,9 @@ final class DetectorCore: Sendable {
         enum Lifecycle { case idle, running, stopped }
         var lifecycle = Lifecycle.idle
         var tracker: StallTracker
-        /// The armed probe (heartbeat targets).
-        var probe: DelayedWork?
+        /// The probe timer (heartbeat targets) and the start of its grid.
+        var probe: RepeatingTimer?
+        var probeGridStart: Int64 = 0
         /// The deadline at which the target is overdue; `overdueGeneration` tells a
         /// current firing from a stale one.
         var overdue: Watchdog?
@@ -114,7 +118,7 @@ final class DetectorCore: Sendable {
             state.lastObservation = now
             state.lastContinueSeen = now
             if target.usesHeartbeat {
-                scheduleProbe(&state, answeredAt: now)
+                startProbe(&state, now: now)
                 state.overdue = makeOverdue(&state, timeout: overdueTimeout)
             }
             return false
@@ -123,7 +127,7 @@ final class DetectorCore: Sendable {
     }
 
     func stop() {
-        let taken = state.withLock { state -> (DelayedWork?, Watchdog?, RunLoopObserverHandle?, Bool) in
+        let taken = state.withLock { state -> (RepeatingTimer?, Watchdog?, RunLoopObserverHandle?, Bool) in
             let wasRunning = state.lifecycle == .running
             state.lifecycle = .stopped
             defer {
@@ -134,7 +138,7 @@ final class DetectorCore: Sendable {
             return (state.probe, state.overdue, state.observer, wasRunning)
         }
         let (probe, overdue, observer, wasRunning) = taken
-        _ = probe?.cancel()
+        probe?.cancel()
         overdue?.invalidate()
         observer?.remove()
         if wasRunning {
@@ -153,17 +157,27 @@ final class DetectorCore: Sendable {
 
     // MARK: Timers (called with the lock held; they only arm, never release)
 
-    private func scheduleProbe(_ state: inout State, answeredAt time: Int64) {
+    private func startProbe(_ state: inout State, now: Int64) {
         let queue: DispatchQueue
         switch target {
         case .mainRunLoop: return
         case .mainQueue: queue = .main
         case .queue(let watched): queue = watched
         }
-        state.tracker.probeSent(at: time + heartbeatTicks)
-        state.probe = DelayedWork.schedule(after: heartbeat, on: queue, scheduler: scheduler) { [weak self] in
+        let probe = RepeatingTimer(interval: heartbeat, missedTicks: .skip, queue: queue, scheduler: scheduler) {
+            [weak self] in
             self?.record(answerAt: Monotonic.now(), thread: stallcapture_current_tid())
         }
+        state.probeGridStart = now
+        state.tracker.probeSent(at: now + heartbeatTicks)
+        probe.start()
+        state.probe = probe
+    }
+
+    /// The next probe after an answer at `time`: the next point of the timer's grid.
+    private func nextProbe(after time: Int64, _ state: State) -> Int64 {
+        let elapsed = max(0, time - state.probeGridStart)
+        return state.probeGridStart + (elapsed / heartbeatTicks + 1) * heartbeatTicks
     }
 
     private func makeOverdue(_ state: inout State, timeout: Int64) -> Watchdog {
@@ -188,6 +202,13 @@ final class DetectorCore: Sendable {
         return replaced
     }
 
+    /// Releases a replaced watchdog on the detector queue: its `deinit` waits for a
+    /// handler that runs there, and the target's thread must never wait for that.
+    private func releaseOnDetectorQueue(_ watchdog: Watchdog?) {
+        guard let watchdog else { return }
+        detectorQueue.async { withExtendedLifetime(watchdog) {} }
+    }
+
     // MARK: Facts from the target
 
     private func record(answerAt time: Int64, thread: Int32) {
@@ -198,10 +219,10 @@ final class DetectorCore: Sendable {
             state.lastObservation = max(state.lastObservation, time)
             let ended = finish(state.tracker.progress(at: time), &state, thread: thread)
             replaced = rearmOverdue(&state)
-            scheduleProbe(&state, answeredAt: time)
+            state.tracker.probeSent(at: nextProbe(after: time, state))
             return ended
         }
-        _ = replaced
+        releaseOnDetectorQueue(replaced)
         if let ended { continuation.yield(ended) }
     }
 
@@ -215,7 +236,7 @@ final class DetectorCore: Sendable {
             if !idle { replaced = rearmOverdue(&state) }
             return ended
         }
-        _ = replaced
+        releaseOnDetectorQueue(replaced)
         if let ended { continuation.yield(ended) }
     }
 

@@ -112,11 +112,16 @@ case "idle", "overhead":
     // A detector on an idle queue for `number` seconds (tests stop and continue
     // this process meanwhile; the overhead measurement reads the CPU line).
     let queue = DispatchQueue(label: "probe.idle")
-    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), heartbeat: .milliseconds(50))
+    // The default heartbeat unless a third argument sets one (milliseconds).
+    let heartbeat = arguments.dropFirst(2).first.flatMap { Int($0) }.map { Duration.milliseconds($0) }
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), heartbeat: heartbeat)
     detector.start()
     Task.detached { for await event in detector.events { report(event) } }
     emit("READY")
-    if scenario == "overhead" { usleep(2_000_000) }  // the detector's one-time warm-up is not overhead
+    emit("HEARTBEAT \(milliseconds(detector.heartbeat))")
+    // The detector's one-time warm-up (symbol tables loaded, and freed again when the
+    // dispatch worker that loaded them retires, about 5 s later) is not overhead.
+    if scenario == "overhead" { usleep(8_000_000) }
     let before = cpuMilliseconds()
     let switchesBefore = contextSwitches()
     // One sleep for the whole measurement (a stop and continue restart it): the
