@@ -19,6 +19,24 @@ struct StackUnwinder {
     let isText: (UInt) -> Bool
     /// Reads one word of this process' memory without faulting (for GOT slots).
     let readWord: (UInt) -> UInt?
+    /// Decodes the call before a return address (tests inject one for synthetic
+    /// stacks); by default ``CallSite/target(ofCallBefore:readWord:)``.
+    var callTarget: ((UInt) -> CallSite.Target)?
+
+    init(
+        copy: StackCopy, isText: @escaping (UInt) -> Bool, readWord: @escaping (UInt) -> UInt?,
+        callTarget: ((UInt) -> CallSite.Target)? = nil
+    ) {
+        self.copy = copy
+        self.isText = isText
+        self.readWord = readWord
+        self.callTarget = callTarget
+    }
+
+    private func target(ofCallBefore address: UInt) -> CallSite.Target {
+        if let callTarget { return callTarget(address) }
+        return CallSite.target(ofCallBefore: address, readWord: readWord)
+    }
 
     /// The most uncertain frames added beyond the certain chain.
     static let uncertainLimit = 24
@@ -32,8 +50,12 @@ struct StackUnwinder {
 
     private func slot(of address: UInt) -> Int { Int((address - copy.sp) / Self.wordSize) }
 
+    /// Text right after a call instruction (decoded only: no memory is read).
     private func isReturnAddress(_ value: UInt) -> Bool {
-        isText(value) && CallSite.followsCall(value)
+        guard isText(value) else { return false }
+        guard let callTarget else { return CallSite.followsCall(value) }
+        if case .none = callTarget(value) { return false }
+        return true
     }
 
     func unwind() -> [RawFrame] {
@@ -111,7 +133,7 @@ struct StackUnwinder {
         for index in slots where bySlot[index] == nil {
             let candidate = copy.words[index]
             guard isReturnAddress(candidate) else { continue }
-            switch CallSite.target(ofCallBefore: candidate, readWord: readWord) {
+            switch target(ofCallBefore: candidate) {
             case .known(let target):
                 let leadsThere =
                     (target <= inner && inner - target < 0x4_0000) || (target > inner && target - inner < 0x1000)

@@ -77,6 +77,34 @@ struct StallDetectorIntegrationTests {
         #expect(run.events.isEmpty, "\(run.lines)")
     }
 
+    @Test("SIGSTOP/SIGCONT with two busy processes on the machine: 12 stops of 0.15–2 s at random moments, no event")
+    func stoppedUnderLoad() throws {
+        // Two processes that burn a core each, started and ended by pid.
+        let burners = try (0..<2).map { _ in try ProbeRun.spawn(["burn", "120"]) }
+        defer {
+            for burner in burners {
+                kill(burner.processIdentifier, SIGKILL)
+                burner.waitUntilExit()
+            }
+        }
+        let stops: [Double] = [0.15, 0.6, 2.0, 0.3, 1.0, 0.45, 0.2, 1.5, 0.8, 0.15, 0.6, 0.25]
+        var generator = SystemRandomNumberGenerator()
+        let gaps = stops.map { _ in UInt32.random(in: 120_000...520_000, using: &generator) }
+        let seconds = Int((stops.reduce(0, +) + Double(gaps.reduce(0, +)) / 1e6 + 3).rounded(.up))
+        let run = try ProbeRun.run(["idle", "\(seconds)"], timeLimit: Double(seconds) + 60) { pid in
+            usleep(1_000_000)
+            for (stop, gap) in zip(stops, gaps) {
+                kill(pid, SIGSTOP)
+                usleep(UInt32(stop * 1e6))
+                kill(pid, SIGCONT)
+                usleep(gap)
+            }
+        }
+        #expect(run.exitStatus == 0)
+        #expect(run.lines.contains("READY"))
+        #expect(run.events.isEmpty, "\(run.lines)")
+    }
+
     @Test("recall and accuracy: 20 stalls of 300 ms to 1.5 s, each reported once, durations within 5 %")
     func recall() throws {
         let run = try ProbeRun.run(["recall"])

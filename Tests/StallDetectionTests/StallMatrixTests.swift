@@ -10,10 +10,9 @@ import Testing
 /// the file and line of the call they are in (read from `// matrix:<name>` markers
 /// in `Sources/stall-probe/Matrix.swift`), reach the thread's start, and contain no
 /// uncertain frame; a stalled `usleep` must return 0 after its full time.
-@Suite(
-    "Stall matrix (stall-probe, real time)", .serialized,
-    .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
-struct StallMatrixTests {
+extension StallDetectorIntegrationTests {
+@Suite("Stall matrix (stall-probe, real time)")
+struct Matrix {
     /// A user frame the report must show: function name prefix and marker line.
     struct Expected: CustomStringConvertible {
         var function: String
@@ -114,4 +113,5 @@ struct StallMatrixTests {
         guard let number = line(of: marker) else { return false }
         return text.contains("Matrix.swift:\(number) ")
     }
+}
 }
