@@ -258,7 +258,10 @@ final class DetectorCore: Sendable {
     // MARK: The overdue deadline (on the detector queue)
 
     private func overdue(generation: UInt64) {
-        let fireTime = Monotonic.now()
+        // The moment this look is about. Read before asking the witness: a stop that
+        // ends before it is then always seen, and one that starts after it does not
+        // concern this look.
+        let now = Monotonic.now()
         // 1. Was the process stopped since the detector last looked? (May wait for
         //    the witness to record a continue it has not had the CPU to record yet.)
         let since = state.withLock { $0.lastContinueSeen }
@@ -267,11 +270,13 @@ final class DetectorCore: Sendable {
         let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool)? in
             guard state.lifecycle == .running, generation == state.overdueGeneration else { return nil }
             if let continued, continued > state.lastContinueSeen {
-                state.tracker.continued(at: continued, lastObservation: state.lastObservation)
+                // Owed answers are owed afresh from this look, the detector's first
+                // since the continue: a process that gets the CPU late after a stop
+                // (a loaded machine) is not stalled for that.
+                state.tracker.continued(at: max(continued, now), lastObservation: state.lastObservation)
                 state.lastContinueSeen = continued
             }
-            state.lastObservation = max(state.lastObservation, fireTime)
-            let now = Monotonic.now()
+            state.lastObservation = max(state.lastObservation, now)
             guard case .started(let id, let duration) = state.tracker.tick(now: now) else {
                 // Not (or no longer) overdue: keep watching if anything is owed.
                 if state.tracker.isStalled || state.tracker.dueTime != nil {

@@ -79,7 +79,7 @@ struct StackUnwinder {
         // that validates.
         var inner = copy.pc
         var scanFrom = 0
-        var anchor: UInt? = copy.fp.flatMap { word(at: $0) != nil ? $0 : nil } ?? findAnchor(from: 0)
+        var anchor: UInt? = copy.fp.flatMap { word(at: $0) != nil ? $0 : nil } ?? findAnchor(from: 0, inner: inner)
         while true {
             let segmentEnd = min(anchor.map { slot(of: $0) + 1 } ?? words.count, words.count)
             if copy.unwound.isEmpty && scanFrom < segmentEnd {
@@ -104,7 +104,7 @@ struct StackUnwinder {
             }
             if complete || lastSlot + 1 >= words.count { break }
             scanFrom = lastSlot + 1
-            anchor = findAnchor(from: scanFrom)
+            anchor = findAnchor(from: scanFrom, inner: inner)
         }
 
         // 4. Beyond the certain chain: uncertain candidates, where it broke off.
@@ -135,9 +135,7 @@ struct StackUnwinder {
             guard isReturnAddress(candidate) else { continue }
             switch target(ofCallBefore: candidate) {
             case .known(let target):
-                let leadsThere =
-                    (target <= inner && inner - target < 0x4_0000) || (target > inner && target - inner < 0x1000)
-                if leadsThere {
+                if Self.leads(to: inner, from: target) {
                     bySlot[index] = RawFrame(address: candidate, isUncertain: false)
                     inner = candidate
                 }
@@ -150,15 +148,29 @@ struct StackUnwinder {
         }
     }
 
+    /// Whether a call to `target` can have led to code at `inner`: the callee starts
+    /// at most 256 KB before it, or is a wrapper at most 4 KB after it that
+    /// tail-calls it.
+    static func leads(to inner: UInt, from target: UInt) -> Bool {
+        (target <= inner && inner - target < 0x4_0000) || (target > inner && target - inner < 0x1000)
+    }
+
     /// The lowest frame record at or above slot `first` (saved frame pointer,
     /// return address) from which the chain holds for at least three links, or runs
-    /// to its end (a zero frame pointer) or out of the copy after two.
-    private func findAnchor(from first: Int) -> UInt? {
+    /// to its end (a zero frame pointer) or out of the copy after two, and that
+    /// belongs to the function running at `inner`: its return address follows a
+    /// call of that function. (The words below a sleeping thread's live frames hold
+    /// stale records of calls that returned long ago, whose chains are valid too.)
+    private func findAnchor(from first: Int, inner: UInt) -> UInt? {
         let limit = min(copy.words.count - 1, first + 16_384)
         guard limit > first else { return nil }
         for index in first..<limit {
             let record = copy.sp + UInt(index) * Self.wordSize
-            if validates(record, links: 3) { return record }
+            guard validates(record, links: 3) else { continue }
+            if case .known(let target) = target(ofCallBefore: copy.words[index + 1]), !Self.leads(to: inner, from: target) {
+                continue
+            }
+            return record
         }
         return nil
     }

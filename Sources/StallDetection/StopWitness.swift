@@ -135,7 +135,7 @@ enum StopWitness {
         let tid = state.withLock { $0.threadID }
         if tid != 0 {
             let deadline = Monotonic.now() + wait
-            while !ThreadState.isAsleep(thread: tid), Monotonic.now() < deadline {
+            while !ThreadState.isWaitingInEpoll(thread: tid), Monotonic.now() < deadline {
                 sched_yield()
                 usleep(1_000)
             }
@@ -165,5 +165,22 @@ enum ThreadState {
     static func isAsleep(thread: Int32) -> Bool {
         guard let state = letter(thread: thread) else { return true }
         return state == "S" || state == "D"
+    }
+
+    /// Whether the thread sleeps in `epoll_wait` (not, say, on a lock): the system
+    /// call number in `/proc/self/task/TID/syscall`. Where the number is unknown,
+    /// whether it sleeps at all.
+    static func isWaitingInEpoll(thread: Int32) -> Bool {
+        guard let line = ProcFile.read("/proc/self/task/\(thread)/syscall") else { return true }
+        guard let first = line.split(separator: " ").first, let number = Int(first) else {
+            return isAsleep(thread: thread)
+        }
+        #if arch(x86_64)
+        return number == 232 || number == 281 || number == 441  // epoll_wait, epoll_pwait, epoll_pwait2
+        #elseif arch(arm64)
+        return number == 22 || number == 441  // epoll_pwait, epoll_pwait2
+        #else
+        return isAsleep(thread: thread)
+        #endif
     }
 }

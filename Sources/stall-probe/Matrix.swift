@@ -14,6 +14,7 @@ let matrixCases: [String: @Sendable (Int) -> Void] = [
     "busy": { ms in matrixBusy1(ms) },
     "sleep": { ms in matrixSleep(ms) },
     "ccallback": { ms in matrixSortWithCallback(ms) },
+    "inlined": { ms in inlinedOuter(ms) },
 ]
 
 /// Runs one case and reports how long it really took.
@@ -158,4 +159,39 @@ func matrixComparator(_ left: UnsafeRawPointer?, _ right: UnsafeRawPointer?) -> 
 struct UnsafeSendable<Value>: @unchecked Sendable {
     let value: Value
     init(_ value: Value) { self.value = value }
+}
+
+// Inlined frames: in a release build `inlinedMiddle` and `inlinedInner` are
+// inlined into `inlinedOuter`, so one return address stands for three frames.
+
+@inline(never)
+func inlinedOuter(_ ms: Int) {
+    inlinedMiddle(ms)  // matrix:inlined-outer
+    blackHole(10)
+}
+
+@inline(__always)
+func inlinedMiddle(_ ms: Int) {
+    inlinedInner(ms)  // matrix:inlined-middle
+    blackHole(11)
+}
+
+@inline(__always)
+func inlinedInner(_ ms: Int) {
+    matrixSleep(ms)  // matrix:inlined-inner
+    blackHole(12)
+}
+
+/// The load address of this executable (for `llvm-symbolizer` in the tests): the
+/// start of its first mapping in `/proc/self/maps`.
+func executableBase() -> UInt? {
+    guard let maps = try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8) else { return nil }
+    let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
+    for line in maps.split(separator: "\n") where line.hasSuffix(executable) {
+        guard let range = line.split(separator: " ").first, let start = range.split(separator: "-").first else {
+            continue
+        }
+        return UInt(start, radix: 16)
+    }
+    return nil
 }

@@ -15,7 +15,15 @@ func milliseconds(_ duration: Duration) -> Double {
 func report(_ event: StallEvent) {
     let text = Data(String(describing: event).utf8).base64EncodedString()
     emit("EVENT \(event.id) \(event.phase.rawValue) \(milliseconds(event.duration)) \(text)")
-    if event.phase == .started { emit("SAMPLING \(milliseconds(event.samplingTime))") }
+    if event.phase == .started {
+        emit("SAMPLING \(milliseconds(event.samplingTime))")
+        for (index, frame) in event.backtrace.frames.enumerated() {
+            let location = frame.file.map { "\($0):\(frame.line ?? 0)" } ?? "-"
+            emit(
+                "FRAME \(index) \(String(frame.address, radix: 16)) \(frame.isInlined ? 1 : 0) "
+                    + "\(frame.isUncertain ? 1 : 0) \(frame.image ?? "-") \(location)")
+        }
+    }
 }
 
 func cpuMilliseconds() -> Double {

@@ -8,6 +8,9 @@
 //   CPU <user+system ms>      the detector process' CPU time at the end
 //   WAKEUPS <n> <seconds>     context switches of the whole process over the measurement
 //   SLEEP <result> <ms>       what a `usleep` in a stalled thread returned, and how long it took
+//   BASE <hex>                the executable's load address (matrix runs)
+//   FRAME <i> <hex address> <inlined 0|1> <uncertain 0|1> <image> <file:line or ->
+//                             each frame of a .started event
 // Not a product: tests run it from the build folder.
 
 import Dispatch
@@ -69,6 +72,7 @@ case "matrix":
     }
     let name = fields[0]
     let ms = fields.count > 2 ? Int(fields[2]) ?? 700 : 700
+    emit("BASE \(String(executableBase() ?? 0, radix: 16))")
     switch fields[1] {
     case "queue":
         let queue = DispatchQueue(label: "probe.matrix")

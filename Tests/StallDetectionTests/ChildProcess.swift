@@ -33,12 +33,18 @@ struct ProbeRun {
     /// Whether the helper is a release build (CI's matrix step).
     static var probeIsRelease: Bool { probeURL.path.contains("/release/") }
 
-    /// Starts the helper without waiting for it (for load generators); the caller
-    /// ends it by pid.
-    static func spawn(_ arguments: [String]) throws -> Process {
+    /// Starts a process that keeps one core busy (a shell loop), without waiting
+    /// for it; the caller ends it by pid.
+    /// With `iterations`, the loop ends after that many rounds (a short burst, like a
+    /// program starting up).
+    static func spawnBurner(iterations: Int? = nil) throws -> Process {
         let process = Process()
-        process.executableURL = probeURL
-        process.arguments = arguments
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        if let iterations {
+            process.arguments = ["-c", "i=0; while [ $i -lt \(iterations) ]; do i=$((i+1)); done"]
+        } else {
+            process.arguments = ["-c", "while :; do :; done"]
+        }
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
         try process.run()
@@ -49,11 +55,17 @@ struct ProbeRun {
     /// still running after `timeLimit` is killed, so a broken detector fails the
     /// test instead of hanging it.
     static func run(
-        _ arguments: [String], timeLimit: Double = 60, whileRunning: (Int32) -> Void = { _ in }
+        _ arguments: [String], niceness: Int? = nil, timeLimit: Double = 60, whileRunning: (Int32) -> Void = { _ in }
     ) throws -> ProbeRun {
         let process = Process()
-        process.executableURL = probeURL
-        process.arguments = arguments
+        if let niceness {
+            // `nice` execs the helper, so the pid stays the helper's.
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/nice")
+            process.arguments = ["-n", "\(niceness)", probeURL.path] + arguments
+        } else {
+            process.executableURL = probeURL
+            process.arguments = arguments
+        }
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
