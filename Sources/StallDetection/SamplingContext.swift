@@ -66,27 +66,32 @@ final class SamplingContext: @unchecked Sendable {
         case .queue:
             candidates = lastAnswering.map { [$0] } ?? []
         }
-        if candidates.count > 1 || target.usesHeartbeat {
-            let own = stallcapture_current_tid()
-            for (id, name) in ProcessFacts.threads()
-            where id != own && !candidates.contains(id) && !Self.ignoredThreadNames.contains(name) {
-                candidates.append(id)
-            }
-        }
         var samples: [Int32: StallBacktrace] = [:]
         var firstFailure: StallBacktrace?
         var firstIdle: StallBacktrace?
-        for thread in candidates.prefix(48) {
-            let backtrace = backtrace(of: thread)
-            if backtrace.unavailableReason != nil {
-                if firstFailure == nil { firstFailure = backtrace }
-                continue
+        /// Samples `threads`; returns the first that runs a job, if any.
+        func sample(_ threads: [Int32], alone: Bool) -> StallBacktrace? {
+            for thread in threads {
+                let backtrace = backtrace(of: thread)
+                if backtrace.unavailableReason != nil {
+                    if firstFailure == nil { firstFailure = backtrace }
+                    continue
+                }
+                samples[thread] = backtrace
+                if alone || !StackShape.looksIdle(backtrace.frames) { return backtrace }
+                if firstIdle == nil { firstIdle = backtrace }
             }
-            samples[thread] = backtrace
-            if candidates.count == 1 || !StackShape.looksIdle(backtrace.frames) {
-                return (backtrace, samples)
-            }
-            if firstIdle == nil { firstIdle = backtrace }
+            return nil
+        }
+        let alone = !target.usesHeartbeat && candidates.count == 1
+        if let found = sample(candidates, alone: alone) { return (found, samples) }
+        if target.usesHeartbeat {
+            // The likely threads were idle or gone: every other thread, once.
+            let own = stallcapture_current_tid()
+            let others = ProcessFacts.threads().filter { id, name in
+                id != own && !candidates.contains(id) && !Self.ignoredThreadNames.contains(name)
+            }.map(\.id)
+            if let found = sample(Array(others.prefix(48)), alone: false) { return (found, samples) }
         }
         return (firstIdle ?? firstFailure ?? .unavailable("no thread to sample"), samples)
     }

@@ -45,8 +45,9 @@ final class StackSampler {
         case unavailable(String)
     }
 
-    /// How much of a sleeping thread's stack is copied.
-    static let kernelCopyBytes = 1 << 20
+    /// How much of a sleeping thread's stack is copied: the same as a signal
+    /// sample (256 KB: over 2,000 frames of a typical Swift recursion).
+    static let kernelCopyBytes = Int(STALLCAPTURE_STACK_BYTES)
 
     private let sample: UnsafeMutablePointer<stallcapture_sample>
     private let timeoutMilliseconds: Int32
@@ -115,19 +116,29 @@ final class StackSampler {
     /// Copies memory of this process through the kernel, stopping at the first
     /// unmapped page instead of faulting. Returns the number of words copied.
     static func copyMemory(from address: UInt, into bytes: UnsafeMutableRawBufferPointer) -> Int {
-        let page = UInt(sysconf(Int32(_SC_PAGESIZE)))
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
         var total = 0
-        // The first chunk runs to the end of `address`'s page, then page by page
-        // (only the page-by-page reads can tell where the mapping ends).
-        var chunk = Int(page - address % page)
+        func read(_ length: Int) -> Bool {
+            var local = iovec(iov_base: bytes.baseAddress! + total, iov_len: length)
+            var remote = iovec(iov_base: UnsafeMutableRawPointer(bitPattern: address + UInt(total)), iov_len: length)
+            return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == length
+        }
+        // Chunks that double in size (few system calls for a deep stack); a chunk
+        // that fails is retried page by page, to find where the mapping ends.
+        var chunk = page - Int(address % UInt(page))
         while total < bytes.count {
             chunk = min(chunk, bytes.count - total)
-            var local = iovec(iov_base: bytes.baseAddress! + total, iov_len: chunk)
-            var remote = iovec(iov_base: UnsafeMutableRawPointer(bitPattern: address + UInt(total)), iov_len: chunk)
-            let copied = process_vm_readv(getpid(), &local, 1, &remote, 1, 0)
-            if copied != chunk { break }
-            total += chunk
-            chunk = total < 64 * Int(page) ? Int(page) : 16 * Int(page)
+            if read(chunk) {
+                total += chunk
+                chunk *= 2
+                continue
+            }
+            var pageLength = min(page - (Int(address) + total) % page, bytes.count - total)
+            while total < bytes.count && read(pageLength) {
+                total += pageLength
+                pageLength = min(page, bytes.count - total)
+            }
+            break
         }
         return total / MemoryLayout<UInt>.size
     }

@@ -38,7 +38,8 @@ struct StackUnwinder {
         return CallSite.target(ofCallBefore: address, readWord: readWord)
     }
 
-    /// The most uncertain frames added beyond the certain chain.
+    /// The most uncertain frames added beyond the certain chain (from at most 4,096
+    /// words beyond it).
     static let uncertainLimit = 24
     private static let wordSize = UInt(MemoryLayout<UInt>.size)
 
@@ -111,7 +112,8 @@ struct StackUnwinder {
         let lastCertain = bySlot.keys.max() ?? -1
         var added = 0
         var index = lastCertain + 1
-        while index < words.count && added < Self.uncertainLimit {
+        let scanEnd = min(words.count, index + 4_096)
+        while index < scanEnd && added < Self.uncertainLimit {
             if isReturnAddress(words[index]) {
                 bySlot[index] = RawFrame(address: words[index], isUncertain: true)
                 added += 1
