@@ -80,13 +80,9 @@ struct StackUnwinder {
         // that validates.
         var inner = copy.pc
         var scanFrom = 0
-        var anchor: UInt? = copy.fp.flatMap { word(at: $0) != nil ? $0 : nil } ?? findAnchor(from: 0, inner: inner)
-        while true {
-            let segmentEnd = min(anchor.map { slot(of: $0) + 1 } ?? words.count, words.count)
-            if copy.unwound.isEmpty && scanFrom < segmentEnd {
-                validatedScan(scanFrom..<segmentEnd, inner: &inner, into: &bySlot)
-            }
-            guard var framePointer = anchor else { break }
+        var anchor: UInt? = copy.fp.flatMap { word(at: $0) != nil ? $0 : nil }
+        if anchor == nil { anchor = scanToAnchor(from: 0, inner: &inner, into: &bySlot) }
+        while var framePointer = anchor {
             var lastSlot = scanFrom
             var complete = false
             while let saved = word(at: framePointer), let returnAddress = word(at: framePointer + Self.wordSize),
@@ -105,7 +101,7 @@ struct StackUnwinder {
             }
             if complete || lastSlot + 1 >= words.count { break }
             scanFrom = lastSlot + 1
-            anchor = findAnchor(from: scanFrom, inner: inner)
+            anchor = scanToAnchor(from: scanFrom, inner: &inner, into: &bySlot)
         }
 
         // 4. Beyond the certain chain: uncertain candidates, where it broke off.
@@ -126,28 +122,69 @@ struct StackUnwinder {
         return frames
     }
 
-    /// Adds the return addresses in `slots` whose call provably leads to `inner`'s
-    /// function: a direct (or GOT, or PLT) call whose target starts at most 256 KB
-    /// before `inner`, or a wrapper at most 4 KB after it that tail-calls it. An
-    /// indirect call through a register cannot be checked: its frame is kept,
-    /// marked uncertain, since it sits where the certain chain has a gap.
-    private func validatedScan(_ slots: Range<Int>, inner: inout UInt, into bySlot: inout [Int: RawFrame]) {
-        for index in slots where bySlot[index] == nil {
-            let candidate = copy.words[index]
+    /// Walks up from slot `first` to the next frame record the chain can continue
+    /// from, and returns it. A record qualifies when its chain holds for three
+    /// links (or runs to its end, or out of the copy, after two) and it belongs to
+    /// the function running at `inner`: its return address follows a call of that
+    /// function. (Below a sleeping thread's live frames lie stale records of calls
+    /// that returned long ago, whose chains are valid too.)
+    ///
+    /// On the way, with no unwinder, each word whose call provably leads to
+    /// `inner`'s function becomes a frame and the new `inner`: a direct (or GOT,
+    /// or PLT) call of a function that starts at most 256 KB before `inner`, or of
+    /// a wrapper at most 4 KB after it that tail-calls it. An indirect call through
+    /// a register cannot be checked: its frame is kept, marked uncertain, since it
+    /// sits where the certain chain has a gap.
+    private func scanToAnchor(from first: Int, inner: inout UInt, into bySlot: inout [Int: RawFrame]) -> UInt? {
+        let words = copy.words
+        guard first < words.count else { return nil }
+        let limit = min(words.count, first + 32_768)
+        let entryInner = inner
+        var added: [Int] = []
+        var firstValid: Int?
+        for index in first..<limit {
+            let record = copy.sp + UInt(index) * Self.wordSize
+            if index + 1 < words.count, isReturnAddress(words[index + 1]), validates(record, links: 3) {
+                if firstValid == nil { firstValid = index }
+                let leadsHere: Bool
+                if case .known(let target) = target(ofCallBefore: words[index + 1]) {
+                    leadsHere = Self.leads(to: inner, from: target)
+                } else {
+                    leadsHere = true
+                }
+                if leadsHere { return record }
+            }
+            guard copy.unwound.isEmpty, bySlot[index] == nil else { continue }
+            let candidate = words[index]
             guard isReturnAddress(candidate) else { continue }
             switch target(ofCallBefore: candidate) {
             case .known(let target):
                 if Self.leads(to: inner, from: target) {
                     bySlot[index] = RawFrame(address: candidate, isUncertain: false)
                     inner = candidate
+                    added.append(index)
+                } else if target > inner ? target - inner < 0x10_0000 : inner - target < 0x10_0000 {
+                    // A call within the same library that does not reach `inner`'s
+                    // function directly: a tail call may lie between (glibc's futex
+                    // waits). Kept, uncertain.
+                    bySlot[index] = RawFrame(address: candidate, isUncertain: true)
+                    inner = candidate
+                    added.append(index)
                 }
             case .unknown:
                 bySlot[index] = RawFrame(address: candidate, isUncertain: true)
                 inner = candidate
+                added.append(index)
             case .none:
                 break
             }
         }
+        // No record continues from the frames found: take the first record whose
+        // chain holds, and drop what the scan found above it.
+        guard let firstValid else { return nil }
+        for index in added where index > firstValid { bySlot[index] = nil }
+        inner = added.last(where: { $0 <= firstValid }).flatMap { bySlot[$0]?.address } ?? entryInner
+        return copy.sp + UInt(firstValid) * Self.wordSize
     }
 
     /// Whether a call to `target` can have led to code at `inner`: the callee starts
@@ -155,26 +192,6 @@ struct StackUnwinder {
     /// tail-calls it.
     static func leads(to inner: UInt, from target: UInt) -> Bool {
         (target <= inner && inner - target < 0x4_0000) || (target > inner && target - inner < 0x1000)
-    }
-
-    /// The lowest frame record at or above slot `first` (saved frame pointer,
-    /// return address) from which the chain holds for at least three links, or runs
-    /// to its end (a zero frame pointer) or out of the copy after two, and that
-    /// belongs to the function running at `inner`: its return address follows a
-    /// call of that function. (The words below a sleeping thread's live frames hold
-    /// stale records of calls that returned long ago, whose chains are valid too.)
-    private func findAnchor(from first: Int, inner: UInt) -> UInt? {
-        let limit = min(copy.words.count - 1, first + 16_384)
-        guard limit > first else { return nil }
-        for index in first..<limit {
-            let record = copy.sp + UInt(index) * Self.wordSize
-            guard validates(record, links: 3) else { continue }
-            if case .known(let target) = target(ofCallBefore: copy.words[index + 1]), !Self.leads(to: inner, from: target) {
-                continue
-            }
-            return record
-        }
-        return nil
     }
 
     private func validates(_ record: UInt, links: Int) -> Bool {
