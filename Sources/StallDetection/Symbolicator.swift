@@ -29,7 +29,8 @@ import Foundation
 final class Symbolicator {
     private var images: ImageMap
     private var encodedImages: String
-    /// Executable text of each image, sorted by start.
+    /// The executable mappings of the process (`r-x` in `/proc/self/maps`), sorted
+    /// by start: the only memory the call decoder reads directly.
     private var textRanges: [(start: UInt, end: UInt)] = []
 
     struct Key: Hashable {
@@ -57,7 +58,8 @@ final class Symbolicator {
     /// The number of cached addresses.
     var cachedCount: Int { cache.count }
 
-    /// Whether `address` lies in the executable text of a loaded image.
+    /// Whether `address` lies in an executable mapping, with the 7 bytes before it
+    /// (where the call instruction would be) in the same mapping.
     func isTextAddress(_ address: UInt) -> Bool {
         var low = 0
         var high = textRanges.count
@@ -67,7 +69,7 @@ final class Symbolicator {
         }
         guard low > 0 else { return false }
         let range = textRanges[low - 1]
-        return address >= range.start && address < range.end
+        return address >= range.start + 8 && address < range.end
     }
 
     /// Names the frames; unknown ones keep only their address. The first frame is
@@ -132,11 +134,22 @@ final class Symbolicator {
         cache.removeAll()
     }
 
+    /// The executable mappings from `/proc/self/maps`. (An image's base to its end
+    /// of text is not all mapped: reading a hole between its segments faults.)
     private static func textRanges(_ images: ImageMap) -> [(start: UInt, end: UInt)] {
-        images.compactMap { image -> (start: UInt, end: UInt)? in
-            guard let start = UInt(image.baseAddress), let end = UInt(image.endOfText) else { return nil }
-            return (start, end)
-        }.sorted { $0.start < $1.start }
+        guard let maps = ProcFile.read("/proc/self/maps") else { return [] }
+        var ranges: [(start: UInt, end: UInt)] = []
+        for line in maps.split(separator: "\n") {
+            let fields = line.split(separator: " ", maxSplits: 2)
+            guard fields.count >= 2, fields[1].count >= 3, fields[1].dropFirst(2).first == "x",
+                fields[1].first == "r"
+            else { continue }
+            let bounds = fields[0].split(separator: "-")
+            guard bounds.count == 2, let start = UInt(bounds[0], radix: 16), let end = UInt(bounds[1], radix: 16)
+            else { continue }
+            ranges.append((start, end))
+        }
+        return ranges.sorted { $0.start < $1.start }
     }
 
     private static func encode(_ images: ImageMap) -> String {

@@ -71,6 +71,7 @@ func matrixSemaphoreWait(_ ms: Int) {
 func matrixRecurse(depth: Int, _ ms: Int) {
     if depth <= 1 {
         matrixSleep(ms)  // matrix:recursion-bottom
+        blackHole(depth)  // (no tail call: the bottom frame stays on the stack)
         return
     }
     matrixRecurse(depth: depth - 1, ms)  // matrix:recursion
