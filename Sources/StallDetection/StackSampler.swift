@@ -156,7 +156,8 @@ final class StackSampler {
             ).map { UInt($0) }
             let copy = StackCopy(
                 pc: UInt(sample.pointee.pc), sp: UInt(sample.pointee.sp), fp: UInt(sample.pointee.fp),
-                words: words, unwound: unwound, truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES))
+                words: words, unwound: unwound,
+                truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES))
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
             return .unavailable("thread \(tid) did not answer within \(timeoutMilliseconds) ms")

@@ -89,7 +89,9 @@ struct StackUnwinder {
                 returnAddress != 0, isText(returnAddress)
             {
                 let returnSlot = slot(of: framePointer) + 1
-                if bySlot[returnSlot] == nil { bySlot[returnSlot] = RawFrame(address: returnAddress, isUncertain: false) }
+                if bySlot[returnSlot] == nil {
+                    bySlot[returnSlot] = RawFrame(address: returnAddress, isUncertain: false)
+                }
                 inner = returnAddress
                 lastSlot = returnSlot
                 if saved == 0 {
@@ -238,14 +240,16 @@ enum CallSite {
         // is never within 7 bytes of its image's start).
         // call rel32: E8 xx xx xx xx
         if code[2] == 0xE8 {
-            let displacement = Int32(bitPattern: UInt32(code[3]) | UInt32(code[4]) << 8 | UInt32(code[5]) << 16
-                | UInt32(code[6]) << 24)
+            let displacement = Int32(
+                bitPattern: UInt32(code[3]) | UInt32(code[4]) << 8 | UInt32(code[5]) << 16
+                    | UInt32(code[6]) << 24)
             return .direct(UInt(bitPattern: Int(bitPattern: address) &+ Int(displacement)))
         }
         // call *disp32(%rip): FF 15 xx xx xx xx
         if code[1] == 0xFF && code[2] == 0x15 {
-            let displacement = Int32(bitPattern: UInt32(code[3]) | UInt32(code[4]) << 8 | UInt32(code[5]) << 16
-                | UInt32(code[6]) << 24)
+            let displacement = Int32(
+                bitPattern: UInt32(code[3]) | UInt32(code[4]) << 8 | UInt32(code[5]) << 16
+                    | UInt32(code[6]) << 24)
             return .memory(UInt(bitPattern: Int(bitPattern: address) &+ Int(displacement)))
         }
         // call r/m64: FF /2, with 2 to 7 bytes of operand encoding.
@@ -293,14 +297,17 @@ enum CallSite {
         guard let first = readWord(stub), let second = readWord(stub + 8) else { return nil }
         var bytes: [UInt8] = []
         for value in [first, second] {
-            for shift in stride(from: 0, to: 64, by: 8) { bytes.append(UInt8(truncatingIfNeeded: value >> UInt(shift))) }
+            for shift in stride(from: 0, to: 64, by: 8) {
+                bytes.append(UInt8(truncatingIfNeeded: value >> UInt(shift)))
+            }
         }
         var index = 0
         if bytes[0] == 0xF3 && bytes[1] == 0x0F && bytes[2] == 0x1E && bytes[3] == 0xFA { index = 4 }  // endbr64
         if bytes[index] == 0xF2 { index += 1 }  // bnd
         guard bytes[index] == 0xFF, bytes[index + 1] == 0x25 else { return nil }
-        let displacement = Int32(bitPattern: UInt32(bytes[index + 2]) | UInt32(bytes[index + 3]) << 8
-            | UInt32(bytes[index + 4]) << 16 | UInt32(bytes[index + 5]) << 24)
+        let displacement = Int32(
+            bitPattern: UInt32(bytes[index + 2]) | UInt32(bytes[index + 3]) << 8
+                | UInt32(bytes[index + 4]) << 16 | UInt32(bytes[index + 5]) << 24)
         let next = Int(bitPattern: stub) + index + 6
         return readWord(UInt(bitPattern: next &+ Int(displacement)))
     }

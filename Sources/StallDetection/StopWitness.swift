@@ -64,13 +64,15 @@ enum StopWitness {
             var previous = sigset_t()
             sigfillset(&all)
             pthread_sigmask(SIG_SETMASK, &all, &previous)
-            let result = pthread_create(&thread, nil, { context in
-                let descriptors = context!.assumingMemoryBound(to: Int32.self)
-                StopWitness.watch(epoll: descriptors[0])
-                close(descriptors[0])
-                descriptors.deallocate()
-                return nil
-            }, descriptors)
+            let result = pthread_create(
+                &thread, nil,
+                { context in
+                    let descriptors = context!.assumingMemoryBound(to: Int32.self)
+                    StopWitness.watch(epoll: descriptors[0])
+                    close(descriptors[0])
+                    descriptors.deallocate()
+                    return nil
+                }, descriptors)
             pthread_sigmask(SIG_SETMASK, &previous, nil)
             if result == 0 {
                 state.thread = thread

@@ -49,13 +49,18 @@ extension StallDetectorIntegrationTests {
             for group in groups {
                 // Only the last frame of a group is the real one; the others are inlined into it.
                 #expect(group.frames.dropLast().allSatisfy(\.inlined) && !group.frames.last!.inlined)
-                let expected = try symbolize(symbolizer, binary: ProbeRun.probeURL.path, offset: group.address - base - 1)
+                let expected = try symbolize(
+                    symbolizer, binary: ProbeRun.probeURL.path, offset: group.address - base - 1)
                 let ours = group.frames.map { $0.location.map(Self.fileAndLine) ?? "??:0" }
                 #expect(ours == expected, "0x\(String(group.address, radix: 16)): ours \(ours), llvm \(expected)")
             }
             if ProbeRun.probeIsRelease {
-                let outer = groups.first { $0.frames.contains { $0.location?.hasSuffix("Matrix.swift:\(line("inlined-outer"))") == true } }
-                #expect(outer?.frames.count == 3, "inlinedInner and inlinedMiddle are inlined into inlinedOuter: \(run.lines)")
+                let outer = groups.first {
+                    $0.frames.contains { $0.location?.hasSuffix("Matrix.swift:\(line("inlined-outer"))") == true }
+                }
+                #expect(
+                    outer?.frames.count == 3,
+                    "inlinedInner and inlinedMiddle are inlined into inlinedOuter: \(run.lines)")
             }
         }
 
