@@ -59,6 +59,17 @@ final class DetectorCore: Sendable {
     }
 
     private struct OpenStall {
+        enum Phase {
+            /// `.started` is being sampled.
+            case sampling
+            /// The first sample found no thread running a job for the target (every
+            /// thread idle or elsewhere): the target may just not have had the CPU
+            /// yet. The next look, a heartbeat later, reports it if it still owes.
+            case awaitingConfirmation
+            /// `.started` was emitted.
+            case reported
+        }
+
         var id: UInt64
         var samples: [Int32: StallBacktrace] = [:]
         var reported: StallBacktrace = .unavailable("not sampled yet")
@@ -66,7 +77,7 @@ final class DetectorCore: Sendable {
         var sampling: Int64 = 0
         /// `.ended` arrived while `.started` was still being sampled.
         var endedWhileSampling: (duration: Int64, thread: Int32?)?
-        var startedEmitted = false
+        var phase = Phase.sampling
     }
 
     private let state: Locked<State>
@@ -243,11 +254,18 @@ final class DetectorCore: Sendable {
     /// The `.ended` event for a tracker event, if it ends the open stall.
     private func finish(_ event: StallTracker.Event?, _ state: inout State, thread: Int32?) -> StallEvent? {
         guard case .ended(let id, let duration) = event, var stall = state.open, stall.id == id else { return nil }
-        if !stall.startedEmitted {
-            // Still sampling: the sampler emits both events.
+        switch stall.phase {
+        case .sampling:
+            // The sampler emits both events.
             stall.endedWhileSampling = (duration, thread)
             state.open = stall
             return nil
+        case .awaitingConfirmation:
+            // Never confirmed: the target answered before a second look.
+            state.open = nil
+            return nil
+        case .reported:
+            break
         }
         state.open = nil
         if stall.suppressed { return nil }
@@ -267,7 +285,7 @@ final class DetectorCore: Sendable {
         let since = state.withLock { $0.lastContinueSeen }
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
         var replaced: Watchdog?
-        let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool)? in
+        let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool, second: Bool)? in
             guard state.lifecycle == .running, generation == state.overdueGeneration else { return nil }
             if let continued, continued > state.lastContinueSeen {
                 // Owed answers are owed afresh from this look, the detector's first
@@ -277,6 +295,14 @@ final class DetectorCore: Sendable {
                 state.lastContinueSeen = continued
             }
             state.lastObservation = max(state.lastObservation, now)
+            if var stall = state.open, stall.phase == .awaitingConfirmation, let start = state.tracker.stall?.start {
+                // The second look at an unconfirmed stall: the target still owes.
+                stall.phase = .sampling
+                state.open = stall
+                replaced = state.overdue
+                state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
+                return (stall.id, now - start, stall.suppressed, true)
+            }
             guard case .started(let id, let duration) = state.tracker.tick(now: now) else {
                 // Not (or no longer) overdue: keep watching if anything is owed.
                 if state.tracker.isStalled || state.tracker.dueTime != nil {
@@ -295,7 +321,7 @@ final class DetectorCore: Sendable {
             // measured within a heartbeat.
             replaced = state.overdue
             state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
-            return (id, duration, suppressed)
+            return (id, duration, suppressed, false)
         }
         _ = replaced
         guard let decision else { return }
@@ -307,13 +333,24 @@ final class DetectorCore: Sendable {
             (reported, samples) = sampling.sampleBlockedThread(target: target, lastAnswering: lastAnswering)
         }
         let samplingTime = Monotonic.now() - sampleStart
-        // 2. Emit, unless a stop during the sampling explains the whole stall.
+        // A heartbeat target's stall is confirmed by a thread running a job (or by a
+        // second look); the main run loop's culprit is the main thread by definition.
+        let confirmed =
+            decision.second || decision.suppressed || !target.usesHeartbeat
+            || StackShape.runsJob(reported.frames)
+        // 2. Emit.
         let events = state.withLock { state -> [StallEvent] in
             guard state.lifecycle == .running, var stall = state.open, stall.id == decision.id else { return [] }
             stall.samples = samples
             stall.reported = reported
             stall.sampling = samplingTime
-            stall.startedEmitted = true
+            if !confirmed {
+                // Look again in a heartbeat; an answer before that drops the stall.
+                stall.phase = .awaitingConfirmation
+                state.open = stall.endedWhileSampling == nil ? stall : nil
+                return []
+            }
+            stall.phase = .reported
             var events: [StallEvent] = []
             if !stall.suppressed {
                 events.append(

@@ -39,6 +39,10 @@ final class SamplingContext: @unchecked Sendable {
                     var value: UInt = 0
                     let copied = withUnsafeMutableBytes(of: &value) { StackSampler.copyMemory(from: address, into: $0) }
                     return copied == 1 ? value : nil
+                },
+                exactStart: { candidate, inner, innerIsReturnAddress in
+                    guard symbolicator.isInExecutable(candidate) else { return nil }
+                    return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
                 })
             let frames = StackShape.prune(symbolicator.symbolicate(unwinder.unwind()))
             return StallBacktrace(
@@ -107,7 +111,17 @@ enum StackShape {
     static let busyMarkers = [
         "_dispatch_client_callout", "_dispatch_call_block_and_release", "_dispatch_continuation_pop",
         "_dispatch_lane_serial_drain", "_dispatch_main_queue_callback_4CF", "__CFRUNLOOP_IS_", "swift_job_run",
+        "_dispatch_sync", "_dispatch_barrier_sync", "_dispatch_lane_barrier_sync", "DispatchQueue.sync",
+        "DispatchQueue._syncHelper", "DispatchQueue.asyncAndWait",
     ]
+
+    /// True when the stack shows the thread running a job for a queue or run loop.
+    static func runsJob(_ frames: [StackFrame]) -> Bool {
+        frames.contains { frame in
+            guard let name = frame.function else { return false }
+            return busyMarkers.contains { name.contains($0) }
+        }
+    }
     /// Frames that mean the thread waits for work.
     static let idleMarkers = [
         "_dispatch_worker_thread", "_dispatch_sig_thread", "_dispatch_event_loop_drain", "_dispatch_mgr_thread",

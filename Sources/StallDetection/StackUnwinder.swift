@@ -22,15 +22,29 @@ struct StackUnwinder {
     /// Decodes the call before a return address (tests inject one for synthetic
     /// stacks); by default ``CallSite/target(ofCallBefore:readWord:)``.
     var callTarget: ((UInt) -> CallSite.Target)?
+    /// Where a function must start for a call from `candidate` to have led to
+    /// `inner`, when that can be known exactly: `(candidate, inner, inner is a
+    /// return address) -> start`. A caller in the main executable (whose symbol
+    /// table is complete) must call exactly the function `inner` lies in; elsewhere
+    /// (libraries with only dynamic symbols, tail calls) the looser ``leads(to:from:)``
+    /// applies.
+    var exactStart: ((UInt, UInt, Bool) -> UInt?)?
 
     init(
         copy: StackCopy, isText: @escaping (UInt) -> Bool, readWord: @escaping (UInt) -> UInt?,
-        callTarget: ((UInt) -> CallSite.Target)? = nil
+        callTarget: ((UInt) -> CallSite.Target)? = nil, exactStart: ((UInt, UInt, Bool) -> UInt?)? = nil
     ) {
         self.copy = copy
         self.isText = isText
         self.readWord = readWord
         self.callTarget = callTarget
+        self.exactStart = exactStart
+    }
+
+    /// Whether a call from `candidate` to `target` leads to `inner`.
+    private func call(from candidate: UInt, to target: UInt, reaches inner: UInt) -> Bool {
+        if let start = exactStart?(candidate, inner, inner != copy.pc) { return target == start }
+        return Self.leads(to: inner, from: target)
     }
 
     private func target(ofCallBefore address: UInt) -> CallSite.Target {
@@ -150,7 +164,7 @@ struct StackUnwinder {
                 if firstValid == nil { firstValid = index }
                 let leadsHere: Bool
                 if case .known(let target) = target(ofCallBefore: words[index + 1]) {
-                    leadsHere = Self.leads(to: inner, from: target)
+                    leadsHere = call(from: words[index + 1], to: target, reaches: inner)
                 } else {
                     leadsHere = true
                 }
@@ -161,11 +175,13 @@ struct StackUnwinder {
             guard isReturnAddress(candidate) else { continue }
             switch target(ofCallBefore: candidate) {
             case .known(let target):
-                if Self.leads(to: inner, from: target) {
+                if call(from: candidate, to: target, reaches: inner) {
                     bySlot[index] = RawFrame(address: candidate, isUncertain: false)
                     inner = candidate
                     added.append(index)
-                } else if target > inner ? target - inner < 0x10_0000 : inner - target < 0x10_0000 {
+                } else if exactStart?(candidate, inner, inner != copy.pc) == nil,
+                    target > inner ? target - inner < 0x10_0000 : inner - target < 0x10_0000
+                {
                     // A call within the same library that does not reach `inner`'s
                     // function directly: a tail call may lie between (glibc's futex
                     // waits). Kept, uncertain.

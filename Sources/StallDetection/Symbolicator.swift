@@ -1,5 +1,11 @@
 import Runtime
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 #if canImport(FoundationEssentials)
 import FoundationEssentials
 #else
@@ -40,11 +46,37 @@ final class Symbolicator {
 
     /// Frames (innermost first, inlined ones included) per address.
     private var cache: [Key: [StackFrame]] = [:]
+    /// The start of the function (not inlined) each cached address lies in, when the
+    /// image's symbols tell.
+    private var starts: [Key: UInt] = [:]
+    /// The main executable's text, whose symbol table is complete.
+    private var executableText: [(start: UInt, end: UInt)] = []
 
     init() {
         images = ImageMap.capture()
         encodedImages = Self.encode(images)
         textRanges = Self.textRanges(images)
+        executableText = Self.textRanges(images, of: Self.executablePath)
+    }
+
+    private static let executablePath: String = {
+        var buffer = [CChar](repeating: 0, count: 4096)
+        let count = readlink("/proc/self/exe", &buffer, buffer.count - 1)
+        guard count > 0 else { return "" }
+        return String(decoding: buffer.prefix(count).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }()
+
+    /// Whether `address` lies in the main executable's text.
+    func isInExecutable(_ address: UInt) -> Bool {
+        executableText.contains { address >= $0.start && address < $0.end }
+    }
+
+    /// The start of the function `address` lies in (the interrupted instruction, or
+    /// a return address), from the image's symbols; nil when unknown.
+    func functionStart(of address: UInt, isReturnAddress: Bool) -> UInt? {
+        let key = Key(address: address, isReturnAddress: isReturnAddress)
+        if cache[key] == nil { resolve([key]) }
+        return starts[key]
     }
 
     /// Symbolicates the current stack once, so that the first real stall does not
@@ -120,6 +152,10 @@ final class Symbolicator {
                     isUncertain: false,
                     isInlined: frame.inlined))
             if !frame.inlined {
+                if let symbol {
+                    let adjusted = keys[index].isReturnAddress ? original &- 1 : original
+                    starts[keys[index]] = adjusted &- UInt(bitPattern: symbol.offset)
+                }
                 cache[keys[index]] = group
                 group = []
                 index += 1
@@ -131,12 +167,14 @@ final class Symbolicator {
         images = ImageMap.capture()
         encodedImages = Self.encode(images)
         textRanges = Self.textRanges(images)
+        executableText = Self.textRanges(images, of: Self.executablePath)
         cache.removeAll()
+        starts.removeAll()
     }
 
     /// The executable mappings from `/proc/self/maps`. (An image's base to its end
     /// of text is not all mapped: reading a hole between its segments faults.)
-    private static func textRanges(_ images: ImageMap) -> [(start: UInt, end: UInt)] {
+    private static func textRanges(_ images: ImageMap, of path: String? = nil) -> [(start: UInt, end: UInt)] {
         guard let maps = ProcFile.read("/proc/self/maps") else { return [] }
         var ranges: [(start: UInt, end: UInt)] = []
         for line in maps.split(separator: "\n") {
@@ -144,6 +182,7 @@ final class Symbolicator {
             guard fields.count >= 2, fields[1].count >= 3, fields[1].dropFirst(2).first == "x",
                 fields[1].first == "r"
             else { continue }
+            if let path, !line.hasSuffix(" " + path) { continue }
             let bounds = fields[0].split(separator: "-")
             guard bounds.count == 2, let start = UInt(bounds[0], radix: 16), let end = UInt(bounds[1], radix: 16)
             else { continue }
