@@ -323,7 +323,8 @@ final class DetectorCore: Sendable {
             state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
             return (id, duration, suppressed, false)
         }
-        _ = replaced
+        // The replaced watchdog is released here, on the detector queue, after the lock.
+        withExtendedLifetime(replaced) {}
         guard let decision else { return }
         let sampleStart = Monotonic.now()
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")

@@ -65,15 +65,6 @@ struct StallTracker: Sendable {
         return .started(id: lastID, duration: now - start)
     }
 
-    /// Nobody ran for `gap` nanoseconds (the process was stopped, or the machine
-    /// slept): that time says nothing about the target, so it is taken out.
-    mutating func discontinuity(gap: Int64) {
-        guard gap > 0 else { return }
-        lastProgress += gap
-        if let pending = pendingSince { pendingSince = pending + gap }
-        if let current = stall { stall = (current.id, current.start + gap) }
-    }
-
     /// The whole process was stopped and continued at `time` (measured by
     /// ``StopWitness``); the stop began after `lastObservation`, the last moment the
     /// detector saw the process run before `time`.
