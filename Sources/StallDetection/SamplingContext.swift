@@ -41,7 +41,12 @@ final class SamplingContext: @unchecked Sendable {
                     return copied == 1 ? value : nil
                 },
                 exactStart: { candidate, inner, innerIsReturnAddress in
-                    guard symbolicator.isInExecutable(candidate) else { return nil }
+                    // Both in the main executable, whose symbol table is complete; a
+                    // call into a library may reach its target through a tail call
+                    // (`qsort` to `qsort_r`).
+                    guard symbolicator.isInExecutable(candidate), symbolicator.isInExecutable(inner) else {
+                        return nil
+                    }
                     return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
                 })
             let frames = StackShape.prune(symbolicator.symbolicate(unwinder.unwind()))

@@ -24,8 +24,8 @@ struct StackUnwinder {
     var callTarget: ((UInt) -> CallSite.Target)?
     /// Where a function must start for a call from `candidate` to have led to
     /// `inner`, when that can be known exactly: `(candidate, inner, inner is a
-    /// return address) -> start`. A caller in the main executable (whose symbol
-    /// table is complete) must call exactly the function `inner` lies in; elsewhere
+    /// return address) -> start`. Within the main executable (whose symbol table is
+    /// complete) a caller must call exactly the function `inner` lies in; elsewhere
     /// (libraries with only dynamic symbols, tail calls) the looser ``leads(to:from:)``
     /// applies.
     var exactStart: ((UInt, UInt, Bool) -> UInt?)?
