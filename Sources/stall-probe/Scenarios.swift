@@ -33,12 +33,13 @@ func cpuMilliseconds() -> Double {
         + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000
 }
 
-/// Voluntary and involuntary context switches of the whole process: each wake-up
-/// of a sleeping thread costs one.
+/// Voluntary context switches of the whole process: each time one of its threads
+/// went to sleep, so each wake-up counts once (preemptions by other processes, the
+/// involuntary switches, do not).
 func contextSwitches() -> Int {
     var usage = rusage()
     getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
-    return usage.ru_nvcsw + usage.ru_nivcsw
+    return usage.ru_nvcsw
 }
 
 /// Blocks the calling thread for `ms` milliseconds, in a function whose name the
