@@ -128,38 +128,45 @@ final class Symbolicator {
         return frames
     }
 
-    /// Symbolicates `keys` and fills the cache, one entry per key.
-    private func resolve(_ keys: [Key]) {
-        for key in keys { cache[key] = [StackFrame(address: key.address, isUncertain: false)] }
-        guard let backtrace = decodeBacktrace(keys), let symbolicated = backtrace.symbolicated(with: images) else {
-            return
-        }
-        var index = 0
-        var group: [StackFrame] = []
-        for frame in symbolicated.frames {
-            let original = UInt(frame.captured.originalProgramCounter) ?? 0
-            // Frames come in the order of `keys`: a key's inlined frames, then its own.
-            while index < keys.count && keys[index].address != original { index += 1 }
-            guard index < keys.count else { break }
-            let symbol = frame.symbol
-            group.append(
-                StackFrame(
-                    address: original,
-                    function: symbol.map { $0.name },
-                    file: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.path : nil },
-                    line: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.line : nil },
-                    image: symbol?.imageName,
-                    isUncertain: false,
-                    isInlined: frame.inlined))
-            if !frame.inlined {
-                if let symbol {
-                    let adjusted = keys[index].isReturnAddress ? original &- 1 : original
-                    starts[keys[index]] = adjusted &- UInt(bitPattern: symbol.offset)
+    /// Symbolicates `keys` and fills the cache, one entry per key. A key the batch
+    /// leaves unnamed is tried once more on its own; if that fails too it keeps its
+    /// address only (cached: it is not in any image's symbols).
+    private func resolve(_ keys: [Key], retrying: Bool = true) {
+        var named = Set<Key>()
+        if let backtrace = decodeBacktrace(keys), let symbolicated = backtrace.symbolicated(with: images) {
+            var group: [StackFrame] = []
+            for frame in symbolicated.frames {
+                let original = UInt(frame.captured.originalProgramCounter) ?? 0
+                let symbol = frame.symbol
+                group.append(
+                    StackFrame(
+                        address: original,
+                        function: symbol.map { $0.name },
+                        file: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.path : nil },
+                        line: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.line : nil },
+                        image: symbol?.imageName,
+                        isUncertain: false,
+                        isInlined: frame.inlined))
+                guard !frame.inlined else { continue }
+                // A key's inlined frames, then its own: match the group to the first
+                // key with this address that has no name yet (by address, not by
+                // position, so that a frame the batch leaves out shifts nothing).
+                if let key = keys.first(where: { $0.address == original && !named.contains($0) }) {
+                    named.insert(key)
+                    cache[key] = group
+                    if let symbol, symbol.offset >= 0 {
+                        let adjusted = key.isReturnAddress ? original &- 1 : original
+                        starts[key] = adjusted &- UInt(symbol.offset)
+                    }
                 }
-                cache[keys[index]] = group
                 group = []
-                index += 1
             }
+        }
+        let unnamed = keys.filter { !named.contains($0) }
+        if retrying && keys.count > 1 {
+            for key in unnamed { resolve([key], retrying: false) }
+        } else {
+            for key in unnamed { cache[key] = [StackFrame(address: key.address, isUncertain: false)] }
         }
     }
 
