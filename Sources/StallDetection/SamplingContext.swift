@@ -57,9 +57,10 @@ final class SamplingContext: @unchecked Sendable {
     }
 
     /// Samples the thread that is most likely blocked: the main thread for the
-    /// main run loop; otherwise the candidates in order (the main thread for the
-    /// main queue, the thread that answered the last probe, then every other
-    /// thread), skipping samples that show an idle worker. Returns the chosen
+    /// main run loop; otherwise the first thread seen running a job for a queue or
+    /// run loop, among the candidates in order (the main thread for the main queue,
+    /// the thread that answered the last probe, then every other thread); failing
+    /// that, the first thread that is neither idle nor unreadable. Returns the chosen
     /// backtrace and every sample taken (keyed by thread), so the `.ended` event
     /// can use the one of the thread that finally answered.
     func sampleBlockedThread(
@@ -78,7 +79,9 @@ final class SamplingContext: @unchecked Sendable {
         var samples: [Int32: StallBacktrace] = [:]
         var firstFailure: StallBacktrace?
         var firstIdle: StallBacktrace?
-        /// Samples `threads`; returns the first that runs a job, if any.
+        var firstOther: StallBacktrace?
+        /// Samples `threads`; returns the first that runs a job for a queue or run
+        /// loop, if any; remembers the others by kind.
         func sample(_ threads: [Int32], alone: Bool) -> StallBacktrace? {
             for thread in threads {
                 let backtrace = backtrace(of: thread)
@@ -87,22 +90,26 @@ final class SamplingContext: @unchecked Sendable {
                     continue
                 }
                 samples[thread] = backtrace
-                if alone || !StackShape.looksIdle(backtrace.frames) { return backtrace }
-                if firstIdle == nil { firstIdle = backtrace }
+                if alone || StackShape.runsJob(backtrace.frames) { return backtrace }
+                if StackShape.looksIdle(backtrace.frames) {
+                    if firstIdle == nil { firstIdle = backtrace }
+                } else if firstOther == nil {
+                    firstOther = backtrace
+                }
             }
             return nil
         }
         let alone = !target.usesHeartbeat && candidates.count == 1
         if let found = sample(candidates, alone: alone) { return (found, samples) }
         if target.usesHeartbeat {
-            // The likely threads were idle or gone: every other thread, once.
+            // No likely thread runs a job: every other thread, once.
             let own = stallcapture_current_tid()
             let others = ProcessFacts.threads().filter { id, name in
                 id != own && !candidates.contains(id) && !Self.ignoredThreadNames.contains(name)
             }.map(\.id)
             if let found = sample(Array(others.prefix(48)), alone: false) { return (found, samples) }
         }
-        return (firstIdle ?? firstFailure ?? .unavailable("no thread to sample"), samples)
+        return (firstOther ?? firstIdle ?? firstFailure ?? .unavailable("no thread to sample"), samples)
     }
 
     /// Threads that are never the blocked one: detectors, the stop witness and

@@ -76,6 +76,9 @@ final class StackSampler {
             guard let state = ThreadState.letter(thread: tid) else {
                 return .unavailable("thread \(tid) is gone")
             }
+            // A thread that exited (under `dispatchMain()` the main thread calls
+            // `pthread_exit`) stays listed as a zombie with a stale stack.
+            if state == "Z" || state == "X" { return .unavailable("thread \(tid) has exited") }
             if state == "R" { return captureBySignal(tid) }
             switch captureFromKernel(tid) {
             case .some(let copy): return .copied(copy, signalled: false)

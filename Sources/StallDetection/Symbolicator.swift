@@ -19,7 +19,8 @@ import Foundation
 /// form carries the addresses in the Compact Backtrace Format (a header byte, then
 /// one instruction per frame); this builds that form and decodes it. The
 /// `ImageMap` (the loaded images) is captured once and again only when an address
-/// falls outside every known image, for instance after a `dlopen`.
+/// lies in a file's executable mapping that no known image covers, that is after a
+/// `dlopen`; names already found stay cached.
 ///
 /// Inlined frames: `symbolicated()` lists the frames inlined at an address
 /// *before* the frame they were inlined into (innermost first, as a stack is read),
@@ -49,6 +50,8 @@ final class Symbolicator {
     /// The start of the function (not inlined) each cached address lies in, when the
     /// image's symbols tell.
     private var starts: [Key: UInt] = [:]
+    /// Executable mappings of files (not the vDSO or anonymous code).
+    private var fileTextRanges: [(start: UInt, end: UInt)] = []
     /// The main executable's text, whose symbol table is complete.
     private var executableText: [(start: UInt, end: UInt)] = []
 
@@ -56,7 +59,13 @@ final class Symbolicator {
         images = ImageMap.capture()
         encodedImages = Self.encode(images)
         textRanges = Self.textRanges(images)
+        fileTextRanges = Self.textRanges(images, of: "/")
         executableText = Self.textRanges(images, of: Self.executablePath)
+    }
+
+    /// Whether `address` lies in an executable mapping of a file.
+    func isFileBackedText(_ address: UInt) -> Bool {
+        fileTextRanges.contains { address >= $0.start && address < $0.end }
     }
 
     private static let executablePath: String = {
@@ -113,7 +122,12 @@ final class Symbolicator {
         var seen = Set<Key>()
         for key in keys where cache[key] == nil && seen.insert(key).inserted { missing.append(key) }
         if !missing.isEmpty {
-            if missing.contains(where: { images.indexOfImage(at: Backtrace.Address(UInt64($0.address))) == nil }) {
+            // A new image (a `dlopen` since the map was taken): executable text of a
+            // file the map does not know. (The vDSO is in no image map: taking the
+            // map again for it lost every library's symbols.)
+            if missing.contains(where: {
+                isFileBackedText($0.address) && images.indexOfImage(at: Backtrace.Address(UInt64($0.address))) == nil
+            }) {
                 refreshImages()
             }
             resolve(missing)
@@ -128,12 +142,18 @@ final class Symbolicator {
         return frames
     }
 
-    /// Symbolicates `keys` and fills the cache, one entry per key. A key the batch
-    /// leaves unnamed is tried once more on its own; if that fails too it keeps its
-    /// address only (cached: it is not in any image's symbols).
+    /// Symbolicates `keys` and fills the cache, one entry per key.
+    ///
+    /// Every address is handed to `Runtime` as an instruction address: a return
+    /// address as the address before it (inside the call instruction, the line of
+    /// the call), exactly the adjustment `Runtime` would make, so that each frame is
+    /// found by the address it was asked for. A key the batch leaves unnamed is
+    /// tried once more on its own; one that stays unnamed is cached only when it
+    /// lies outside every image.
     private func resolve(_ keys: [Key], retrying: Bool = true) {
+        func lookup(_ key: Key) -> UInt { key.isReturnAddress ? key.address &- 1 : key.address }
         var named = Set<Key>()
-        if let backtrace = decodeBacktrace(keys), let symbolicated = backtrace.symbolicated(with: images) {
+        if let backtrace = decodeBacktrace(keys.map(lookup)), let symbolicated = backtrace.symbolicated(with: images) {
             var group: [StackFrame] = []
             for frame in symbolicated.frames {
                 let original = UInt(frame.captured.originalProgramCounter) ?? 0
@@ -151,13 +171,10 @@ final class Symbolicator {
                 // A key's inlined frames, then its own: match the group to the first
                 // key with this address that has no name yet (by address, not by
                 // position, so that a frame the batch leaves out shifts nothing).
-                if let key = keys.first(where: { $0.address == original && !named.contains($0) }) {
+                if let key = keys.first(where: { lookup($0) == original && !named.contains($0) }) {
                     named.insert(key)
-                    cache[key] = group
-                    if let symbol, symbol.offset >= 0 {
-                        let adjusted = key.isReturnAddress ? original &- 1 : original
-                        starts[key] = adjusted &- UInt(symbol.offset)
-                    }
+                    cache[key] = group.map { $0.with(address: key.address) }
+                    if let symbol, symbol.offset >= 0 { starts[key] = original &- UInt(symbol.offset) }
                 }
                 group = []
             }
@@ -166,7 +183,9 @@ final class Symbolicator {
         if retrying && keys.count > 1 {
             for key in unnamed { resolve([key], retrying: false) }
         } else {
-            for key in unnamed { cache[key] = [StackFrame(address: key.address, isUncertain: false)] }
+            for key in unnamed where images.indexOfImage(at: Backtrace.Address(UInt64(key.address))) == nil {
+                cache[key] = [StackFrame(address: key.address, isUncertain: false)]
+            }
         }
     }
 
@@ -174,9 +193,8 @@ final class Symbolicator {
         images = ImageMap.capture()
         encodedImages = Self.encode(images)
         textRanges = Self.textRanges(images)
+        fileTextRanges = Self.textRanges(images, of: "/")
         executableText = Self.textRanges(images, of: Self.executablePath)
-        cache.removeAll()
-        starts.removeAll()
     }
 
     /// The executable mappings from `/proc/self/maps`. (An image's base to its end
@@ -189,7 +207,10 @@ final class Symbolicator {
             guard fields.count >= 2, fields[1].count >= 3, fields[1].dropFirst(2).first == "x",
                 fields[1].first == "r"
             else { continue }
-            if let path, !line.hasSuffix(" " + path) { continue }
+            if let path {
+                // A whole path, or "/" for any file.
+                if path == "/" ? !line.contains(" /") : !line.hasSuffix(" " + path) { continue }
+            }
             let bounds = fields[0].split(separator: "-")
             guard bounds.count == 2, let start = UInt(bounds[0], radix: 16), let end = UInt(bounds[1], radix: 16)
             else { continue }
@@ -203,8 +224,8 @@ final class Symbolicator {
         return String(decoding: data, as: UTF8.self)
     }
 
-    private func decodeBacktrace(_ keys: [Key]) -> Backtrace? {
-        let frames = keys.map { (address: $0.address, isReturnAddress: $0.isReturnAddress) }
+    private func decodeBacktrace(_ addresses: [UInt]) -> Backtrace? {
+        let frames = addresses.map { (address: $0, isReturnAddress: false) }
         let encoded = Data(CompactBacktrace.encode(frames)).base64EncodedString()
         #if arch(x86_64)
         let architecture = "x86_64"
@@ -257,6 +278,12 @@ enum CompactBacktrace {
 extension StackFrame {
     init(address: UInt, isUncertain: Bool) {
         self.init(address: address, function: nil, file: nil, line: nil, image: nil, isUncertain: isUncertain)
+    }
+
+    func with(address: UInt) -> StackFrame {
+        StackFrame(
+            address: address, function: function, file: file, line: line, image: image, isUncertain: isUncertain,
+            isInlined: isInlined)
     }
 
     func with(isUncertain: Bool) -> StackFrame {
