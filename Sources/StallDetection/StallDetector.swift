@@ -1,5 +1,5 @@
 import Dispatch
-@_spi(SafeTimersInternal) import SafeTimers
+import SafeTimers
 
 /// Detects when a thread or queue stops answering, reports the start and the end of
 /// each stall with its measured duration, and shows where the blocked thread was
