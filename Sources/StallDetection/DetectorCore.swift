@@ -1,23 +1,28 @@
 import CStallCapture
 import Dispatch
-@_spi(SafeTimersInternal) import SafeTimers
+import SafeTimers
 
-#if canImport(CoreFoundation)
-import CoreFoundation
-#endif
-
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
-
-/// The engine of a ``StallDetector``: one thread that probes the target, keeps a
-/// ``StallTracker``, samples the blocked thread and emits events.
+/// The engine of a ``StallDetector``. It owns no thread: it runs on SafeTimers'
+/// engine and on one private serial queue.
 ///
-/// Threads: the detector thread owns the tracker, the sampler and the
-/// symbolicator; probes (on the target queue) and the run-loop observer (on the
-/// main thread) only drop facts into `mailbox`.
+/// - Heartbeat targets: a `RepeatingTimer` whose handler is the probe: it runs *on*
+///   the target queue, so the engine's firing is the post, and with
+///   `MissedTickPolicy.skip` no new probe is posted while one is still queued or
+///   running (a blocked target gets one probe, not a pile). Each answer kicks one
+///   `Watchdog`, whose deadline is the moment the next probe would be overdue.
+///   With nothing stalled, the detector costs one timer firing and one tiny block
+///   per heartbeat: the engine re-arms the repeating timer itself, and a kick only
+///   moves a deadline (the engine moves its entry lazily, once per threshold).
+/// - The main run loop: a run-loop observer records each activity and kicks the
+///   watchdog while the loop is busy.
+/// - When the watchdog fires, the detector's queue asks ``StopWitness`` whether the
+///   process was stopped meanwhile, asks the ``StallTracker`` whether the target is
+///   stalled, and if so samples the blocked thread and emits `.started`. The answer
+///   that finally comes emits `.ended`.
+///
+/// Every decision is made under `state`'s lock with the time it concerns; sampling,
+/// symbolication, timers' `deinit`s and event delivery happen after the lock is
+/// released.
 final class DetectorCore: Sendable {
     let threshold: Duration
     let heartbeat: Duration
@@ -26,31 +31,61 @@ final class DetectorCore: Sendable {
     /// Whether a debugger is attached; `/proc/self/status` unless a test injects one.
     private let isTraced: @Sendable () -> Bool
     private let continuation: AsyncStream<StallEvent>.Continuation
+    private let scheduler: any TimerScheduler
     private let thresholdTicks: Int64
     private let heartbeatTicks: Int64
+    /// Where sampling and symbolication run; never the target.
+    private let detectorQueue: DispatchQueue
+    private let sampling: SamplingContext
 
-    private struct Mailbox {
+    private struct State {
         enum Lifecycle { case idle, running, stopped }
         var lifecycle = Lifecycle.idle
-        var stopRequested = false
-        /// Heartbeat answers: when the probe was posted, when it ran, and where.
-        var answers: [(sent: Int64, ran: Int64, thread: Int32)] = []
-        var probeOutstanding = false
-        /// Run-loop activity since the detector last looked: the first and the last.
-        var firstActivity: (time: Int64, idle: Bool)?
-        var lastActivity: (time: Int64, idle: Bool)?
-        /// A stall is in progress: wake the detector as soon as the target answers.
-        var wantsPromptWake = false
+        var tracker: StallTracker
+        /// The probe timer (heartbeat targets) and the start of its grid.
+        var probe: RepeatingTimer?
+        var probeGridStart: Int64 = 0
+        /// The deadline at which the target is overdue; `overdueGeneration` tells a
+        /// current firing from a stale one.
+        var overdue: Watchdog?
+        var overdueGeneration: UInt64 = 0
+        var overdueTimeout: Int64 = 0
         var observer: RunLoopObserverHandle?
-        var thread: NamedThread?
+        var lastAnsweringThread: Int32?
+        /// The last moments the detector saw the process run (answers, firings).
+        var lastObservation: Int64
+        var lastContinueSeen: Int64 = 0
+        var open: OpenStall?
     }
 
-    private let mailbox = StateLock(Mailbox())
-    private let wake = ConditionLock()
+    private struct OpenStall {
+        enum Phase {
+            /// `.started` is being sampled.
+            case sampling
+            /// The first sample found no thread running a job for the target (every
+            /// thread idle or elsewhere): the target may just not have had the CPU
+            /// yet. The next look, a heartbeat later, reports it if it still owes.
+            case awaitingConfirmation
+            /// `.started` was emitted.
+            case reported
+        }
+
+        var id: UInt64
+        var samples: [Int32: StallBacktrace] = [:]
+        var reported: StallBacktrace = .unavailable("not sampled yet")
+        var suppressed: Bool
+        var sampling: Int64 = 0
+        /// `.ended` arrived while `.started` was still being sampled.
+        var endedWhileSampling: (duration: Int64, thread: Int32?)?
+        var phase = Phase.sampling
+    }
+
+    private let state: Locked<State>
 
     init(
         target: StallDetector.Target, threshold: Duration, heartbeat: Duration, reportsWhileDebugged: Bool,
         isTraced: @escaping @Sendable () -> Bool = ProcessFacts.isTraced,
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         continuation: AsyncStream<StallEvent>.Continuation
     ) {
         self.isTraced = isTraced
@@ -59,261 +94,294 @@ final class DetectorCore: Sendable {
         self.heartbeat = heartbeat
         self.reportsWhileDebugged = reportsWhileDebugged
         self.continuation = continuation
-        self.thresholdTicks = Self.ticks(threshold)
-        self.heartbeatTicks = max(1_000_000, Self.ticks(heartbeat))
+        self.scheduler = scheduler
+        self.thresholdTicks = Monotonic.nanoseconds(threshold)
+        self.heartbeatTicks = max(1_000_000, Monotonic.nanoseconds(heartbeat))
+        self.detectorQueue = DispatchQueue(label: "StallDetector", qos: .userInitiated)
+        self.sampling = SamplingContext()
+        let now = Monotonic.now()
+        self.state = Locked(State(tracker: StallTracker(threshold: thresholdTicks, now: now), lastObservation: now))
     }
 
     // MARK: Lifecycle
 
     func start() {
-        let begin = mailbox.withLock { mailbox -> Bool in
-            guard mailbox.lifecycle == .idle else { return false }
-            mailbox.lifecycle = .running
+        let begin = state.withLock { state -> Bool in
+            guard state.lifecycle == .idle else { return false }
+            state.lifecycle = .running
             return true
         }
         guard begin else { return }
+        StopWitness.acquire()
+        let sampling = self.sampling
+        detectorQueue.async { sampling.warmUp() }
         var observer: RunLoopObserverHandle?
         if case .mainRunLoop = target {
             observer = RunLoopObserverHandle(onActivity: { [weak self] time, idle in
                 self?.record(activityAt: time, idle: idle)
             })
         }
-        // Under the lock, so that a concurrent stop() either finds the observer
-        // and the thread to remove and join, or has already stopped everything.
-        let started = mailbox.withLock { mailbox -> Bool in
-            guard !mailbox.stopRequested, mailbox.lifecycle == .running else { return false }
-            mailbox.observer = observer
-            mailbox.thread = NamedThread.start(name: "StallDetector") { [self] in self.run() }
-            return true
+        let now = Monotonic.now()
+        let removeObserver = state.withLock { state -> Bool in
+            guard state.lifecycle == .running else { return true }
+            state.observer = observer
+            state.tracker = StallTracker(threshold: thresholdTicks, now: now)
+            state.lastObservation = now
+            state.lastContinueSeen = now
+            if target.usesHeartbeat {
+                startProbe(&state, now: now)
+                state.overdue = makeOverdue(&state, timeout: overdueTimeout)
+            }
+            return false
         }
-        if !started { observer?.remove() }
+        if removeObserver { observer?.remove() }
     }
 
     func stop() {
-        let (observer, thread) = mailbox.withLock { mailbox -> (RunLoopObserverHandle?, NamedThread?) in
-            guard mailbox.lifecycle == .running else {
-                mailbox.lifecycle = .stopped
-                mailbox.stopRequested = true
-                return (nil, nil)
-            }
-            mailbox.lifecycle = .stopped
-            mailbox.stopRequested = true
+        let taken = state.withLock { state -> (RepeatingTimer?, Watchdog?, RunLoopObserverHandle?, Bool) in
+            let wasRunning = state.lifecycle == .running
+            state.lifecycle = .stopped
             defer {
-                mailbox.observer = nil
-                mailbox.thread = nil
+                state.probe = nil
+                state.overdue = nil
+                state.observer = nil
             }
-            return (mailbox.observer, mailbox.thread)
+            return (state.probe, state.overdue, state.observer, wasRunning)
         }
+        let (probe, overdue, observer, wasRunning) = taken
+        probe?.cancel()
+        overdue?.invalidate()
         observer?.remove()
-        wake.withLock { wake.signal() }
-        thread?.join()
+        if wasRunning {
+            detectorQueue.sync {}  // a sample in progress finishes and emits nothing more
+            StopWitness.release()
+        }
         continuation.finish()
     }
 
-    // MARK: Facts from the target
-
-    private func record(answerSentAt sent: Int64, ranAt ran: Int64, thread: Int32) {
-        let prompt = mailbox.withLock { mailbox in
-            mailbox.answers.append((sent, ran, thread))
-            mailbox.probeOutstanding = false
-            return mailbox.wantsPromptWake
-        }
-        if prompt { wake.withLock { wake.signal() } }
+    /// The watchdog's timeout while the target is healthy: from an answer to the
+    /// moment the next probe's answer is overdue (the stall's start is estimated at
+    /// the midpoint between the answer and the next probe).
+    private var overdueTimeout: Int64 {
+        target.usesHeartbeat ? thresholdTicks + heartbeatTicks / 2 : thresholdTicks
     }
 
-    private func record(activityAt time: Int64, idle: Bool) {
-        let prompt = mailbox.withLock { mailbox in
-            if mailbox.firstActivity == nil { mailbox.firstActivity = (time, idle) }
-            mailbox.lastActivity = (time, idle)
-            return mailbox.wantsPromptWake
-        }
-        if prompt { wake.withLock { wake.signal() } }
-    }
+    // MARK: Timers (called with the lock held; they only arm, never release)
 
-    private func postProbe(sentAt sent: Int64) {
+    private func startProbe(_ state: inout State, now: Int64) {
         let queue: DispatchQueue
         switch target {
         case .mainRunLoop: return
         case .mainQueue: queue = .main
         case .queue(let watched): queue = watched
         }
-        queue.async { [weak self] in
-            self?.record(answerSentAt: sent, ranAt: MonotonicClock.nanoseconds(), thread: stallcapture_current_tid())
+        let probe = RepeatingTimer(interval: heartbeat, missedTicks: .skip, queue: queue, scheduler: scheduler) {
+            [weak self] in
+            self?.record(answerAt: Monotonic.now(), thread: stallcapture_current_tid())
+        }
+        state.probeGridStart = now
+        state.tracker.probeSent(at: now + heartbeatTicks)
+        probe.start()
+        state.probe = probe
+    }
+
+    /// The next probe after an answer at `time`: the next point of the timer's grid.
+    private func nextProbe(after time: Int64, _ state: State) -> Int64 {
+        let elapsed = max(0, time - state.probeGridStart)
+        return state.probeGridStart + (elapsed / heartbeatTicks + 1) * heartbeatTicks
+    }
+
+    private func makeOverdue(_ state: inout State, timeout: Int64) -> Watchdog {
+        state.overdueGeneration &+= 1
+        state.overdueTimeout = timeout
+        let generation = state.overdueGeneration
+        return Watchdog(timeout: .nanoseconds(timeout), queue: detectorQueue, scheduler: scheduler) { [weak self] in
+            self?.overdue(generation: generation)
         }
     }
 
-    // MARK: The detector thread
-
-    private struct OpenStall {
-        var id: UInt64
-        var samples: [Int32: StallBacktrace]
-        var reported: StallBacktrace
-        var suppressed: Bool
-        var sampling: Int64 = 0
+    /// Keeps the overdue deadline `overdueTimeout` from now: a kick, or a new
+    /// watchdog when the current one fired or has another timeout. Returns the
+    /// replaced watchdog, to be released after the lock.
+    private func rearmOverdue(_ state: inout State) -> Watchdog? {
+        if let current = state.overdue, state.overdueTimeout == overdueTimeout {
+            current.kick()
+            if !current.hasFired { return nil }
+        }
+        let replaced = state.overdue
+        state.overdue = makeOverdue(&state, timeout: overdueTimeout)
+        return replaced
     }
 
-    private func run() {
-        let installError = StackSampler.install()
-        let sampler = StackSampler(timeout: .milliseconds(100))
-        let symbolicator = Symbolicator()
-        symbolicator.warmUp()
-        var tracker = StallTracker(threshold: thresholdTicks, now: MonotonicClock.nanoseconds())
-        var open: OpenStall?
-        var lastAnsweringThread: Int32?
-        var nextTick = MonotonicClock.nanoseconds() + heartbeatTicks
+    /// Releases a replaced watchdog on the detector queue: its `deinit` waits for a
+    /// handler that runs there, and the target's thread must never wait for that.
+    private func releaseOnDetectorQueue(_ watchdog: Watchdog?) {
+        guard let watchdog else { return }
+        detectorQueue.async { withExtendedLifetime(watchdog) {} }
+    }
 
-        while true {
-            // Sleep until the next tick, a prompt answer, or stop.
-            wake.lock()
-            while true {
-                let (stop, hasNews) = mailbox.withLock {
-                    ($0.stopRequested, $0.wantsPromptWake && (!$0.answers.isEmpty || $0.firstActivity != nil))
-                }
-                if stop || hasNews || MonotonicClock.nanoseconds() >= nextTick { break }
-                wake.wait(untilMonotonic: nextTick)
+    // MARK: Facts from the target
+
+    private func record(answerAt time: Int64, thread: Int32) {
+        var replaced: Watchdog?
+        let ended = state.withLock { state -> StallEvent? in
+            guard state.lifecycle == .running else { return nil }
+            state.lastAnsweringThread = thread
+            state.lastObservation = max(state.lastObservation, time)
+            let ended = finish(state.tracker.progress(at: time), &state, thread: thread)
+            replaced = rearmOverdue(&state)
+            state.tracker.probeSent(at: nextProbe(after: time, state))
+            return ended
+        }
+        releaseOnDetectorQueue(replaced)
+        if let ended { continuation.yield(ended) }
+    }
+
+    private func record(activityAt time: Int64, idle: Bool) {
+        var replaced: Watchdog?
+        let ended = state.withLock { state -> StallEvent? in
+            guard state.lifecycle == .running else { return nil }
+            state.lastObservation = max(state.lastObservation, time)
+            let event = idle ? state.tracker.idle(at: time) : state.tracker.progress(at: time, busyAfterwards: true)
+            let ended = finish(event, &state, thread: nil)
+            if !idle { replaced = rearmOverdue(&state) }
+            return ended
+        }
+        releaseOnDetectorQueue(replaced)
+        if let ended { continuation.yield(ended) }
+    }
+
+    /// The `.ended` event for a tracker event, if it ends the open stall.
+    private func finish(_ event: StallTracker.Event?, _ state: inout State, thread: Int32?) -> StallEvent? {
+        guard case .ended(let id, let duration) = event, var stall = state.open, stall.id == id else { return nil }
+        switch stall.phase {
+        case .sampling:
+            // The sampler emits both events.
+            stall.endedWhileSampling = (duration, thread)
+            state.open = stall
+            return nil
+        case .awaitingConfirmation:
+            // Never confirmed: the target answered before a second look.
+            state.open = nil
+            return nil
+        case .reported:
+            break
+        }
+        state.open = nil
+        if stall.suppressed { return nil }
+        let confirmed = thread.flatMap { stall.samples[$0] } ?? stall.reported
+        return makeEvent(id: id, phase: .ended, duration: duration, backtrace: confirmed, sampling: stall.sampling)
+    }
+
+    // MARK: The overdue deadline (on the detector queue)
+
+    private func overdue(generation: UInt64) {
+        // The moment this look is about. Read before asking the witness: a stop that
+        // ends before it is then always seen, and one that starts after it does not
+        // concern this look.
+        let now = Monotonic.now()
+        // 1. Was the process stopped since the detector last looked? (May wait for
+        //    the witness to record a continue it has not had the CPU to record yet.)
+        let since = state.withLock { $0.lastContinueSeen }
+        let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
+        var replaced: Watchdog?
+        let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool, second: Bool)? in
+            guard state.lifecycle == .running, generation == state.overdueGeneration else { return nil }
+            if let continued, continued > state.lastContinueSeen {
+                // Owed answers are owed afresh from this look, the detector's first
+                // since the continue: a process that gets the CPU late after a stop
+                // (a loaded machine) is not stalled for that.
+                state.tracker.continued(at: max(continued, now), lastObservation: state.lastObservation)
+                state.lastContinueSeen = continued
             }
-            wake.unlock()
-
-            let now = MonotonicClock.nanoseconds()
-            var (stop, answers, first, last, outstanding) = mailbox.withLock { mailbox in
-                defer {
-                    mailbox.answers.removeAll()
-                    mailbox.firstActivity = nil
-                    mailbox.lastActivity = nil
-                }
-                return (
-                    mailbox.stopRequested, mailbox.answers, mailbox.firstActivity, mailbox.lastActivity,
-                    mailbox.probeOutstanding
-                )
+            state.lastObservation = max(state.lastObservation, now)
+            if var stall = state.open, stall.phase == .awaitingConfirmation, let start = state.tracker.stall?.start {
+                // The second look at an unconfirmed stall: the target still owes.
+                stall.phase = .sampling
+                state.open = stall
+                replaced = state.overdue
+                state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
+                return (stall.id, now - start, stall.suppressed, true)
             }
-            if stop { break }
-
-            // 1. What the target did since the last look ends any open stall.
-            var progress: [(time: Int64, idle: Bool, thread: Int32?)] = answers.map { ($0.ran, false, $0.thread) }
-            if let first { progress.append((first.time, first.idle, nil)) }
-            if let last, last.time != first?.time { progress.append((last.time, last.idle, nil)) }
-            for fact in progress.sorted(by: { $0.time < $1.time }) {
-                if let thread = fact.thread { lastAnsweringThread = thread }
-                let event: StallTracker.Event?
-                if case .mainRunLoop = target {
-                    event =
-                        fact.idle ? tracker.idle(at: fact.time) : tracker.progress(at: fact.time, busyAfterwards: true)
+            guard case .started(let id, let duration) = state.tracker.tick(now: now) else {
+                // Not (or no longer) overdue: keep watching if anything is owed.
+                if state.tracker.isStalled || state.tracker.dueTime != nil {
+                    replaced = state.overdue
+                    state.overdue = makeOverdue(
+                        &state, timeout: state.tracker.isStalled ? heartbeatTicks : overdueTimeout)
                 } else {
-                    event = tracker.progress(at: fact.time)
+                    replaced = state.overdue
+                    state.overdue = nil
                 }
-                if case .ended(let id, let duration) = event, let stall = open, stall.id == id {
-                    open = nil
-                    if !stall.suppressed {
-                        let confirmed = fact.thread.flatMap { stall.samples[$0] } ?? stall.reported
-                        emit(id: id, phase: .ended, duration: duration, backtrace: confirmed, sampling: stall.sampling)
-                    }
-                }
+                return nil
             }
-
-            // 2. A late wake-up means the process (or machine) did not run: take the gap out.
-            let lateness = now - nextTick
-            if lateness > max(4 * heartbeatTicks, 100_000_000) {
-                tracker.discontinuity(gap: lateness)
-            }
-
-            // 3. Probe again if the last probe was answered.
-            if case .mainRunLoop = target {
-            } else if !outstanding {
-                outstanding = true
-                mailbox.withLock { $0.probeOutstanding = true }
-                tracker.probeSent(at: now)
-                postProbe(sentAt: now)
-            }
-
-            // 4. Has the target owed an answer for too long?
-            if case .started(let id, let duration) = tracker.tick(now: now) {
-                let suppressed = !reportsWhileDebugged && isTraced()
-                var stall = OpenStall(
-                    id: id, samples: [:], reported: .unavailable("not sampled"), suppressed: suppressed)
-                if !suppressed {
-                    if let installError {
-                        stall.reported = .unavailable(installError)
-                    } else {
-                        (stall.reported, stall.samples) = sampleBlockedThread(
-                            sampler: sampler, symbolicator: symbolicator, lastAnswering: lastAnsweringThread)
-                    }
-                    let sampling = MonotonicClock.nanoseconds() - now
-                    stall.sampling = sampling
-                    emit(id: id, phase: .started, duration: duration, backtrace: stall.reported, sampling: sampling)
-                }
-                open = stall
-            }
-            mailbox.withLock { $0.wantsPromptWake = open != nil }
-
-            nextTick += heartbeatTicks
-            let after = MonotonicClock.nanoseconds()
-            if nextTick <= after { nextTick = after + heartbeatTicks }
+            let suppressed = !reportsWhileDebugged && isTraced()
+            state.open = OpenStall(id: id, suppressed: suppressed)
+            // While the stall lasts, look every heartbeat, so that a stop during it is
+            // measured within a heartbeat.
+            replaced = state.overdue
+            state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
+            return (id, duration, suppressed, false)
         }
-    }
-
-    private func emit(
-        id: UInt64, phase: StallEvent.Phase, duration: Int64, backtrace: StallBacktrace, sampling: Int64
-    ) {
-        continuation.yield(
-            StallEvent(
-                id: id, phase: phase, duration: .nanoseconds(duration), threshold: threshold,
-                target: target.description, backtrace: backtrace, samplingTime: .nanoseconds(sampling)))
-    }
-
-    // MARK: Which thread is blocked
-
-    /// Samples the thread that is most likely blocked: the main thread for the
-    /// main run loop; otherwise the candidates in order (the main thread for the
-    /// main queue, the thread that answered the last probe, then every other
-    /// thread), skipping samples that show an idle worker. Returns the chosen
-    /// backtrace and every sample taken (keyed by thread), so the `.ended` event
-    /// can use the one of the thread that finally answered.
-    private func sampleBlockedThread(
-        sampler: StackSampler, symbolicator: Symbolicator, lastAnswering: Int32?
-    ) -> (StallBacktrace, [Int32: StallBacktrace]) {
-        let mainThread = ProcessFacts.mainThreadID
-        var candidates: [Int32] = []
-        switch target {
-        case .mainRunLoop:
-            candidates = [mainThread]
-        case .mainQueue:
-            candidates = [mainThread] + (lastAnswering.map { [$0] } ?? [])
-        case .queue:
-            candidates = lastAnswering.map { [$0] } ?? []
-        }
-        if candidates.count > 1 || target.usesHeartbeat {
-            let own = stallcapture_current_tid()
-            for (id, name) in ProcessFacts.threads()
-            where id != own && !candidates.contains(id) && !Self.ignoredThreadNames.contains(name) {
-                candidates.append(id)
-            }
-        }
+        // The replaced watchdog is released here, on the detector queue, after the lock.
+        withExtendedLifetime(replaced) {}
+        guard let decision else { return }
+        let sampleStart = Monotonic.now()
+        var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")
         var samples: [Int32: StallBacktrace] = [:]
-        var firstFailure: StallBacktrace?
-        var firstIdle: StallBacktrace?
-        for thread in candidates.prefix(48) {
-            switch sampler.capture(thread: thread, isTextAddress: symbolicator.isTextAddress) {
-            case .unavailable(let reason):
-                if firstFailure == nil { firstFailure = .unavailable(reason, threadID: thread) }
-            case .frames(let raw):
-                let backtrace = StallBacktrace(
-                    frames: StackShape.prune(symbolicator.symbolicate(raw)), threadID: thread, unavailableReason: nil)
-                samples[thread] = backtrace
-                if candidates.count == 1 || !StackShape.looksIdle(backtrace.frames) {
-                    return (backtrace, samples)
-                }
-                if firstIdle == nil { firstIdle = backtrace }
-            }
+        if !decision.suppressed {
+            let lastAnswering = state.withLock { $0.lastAnsweringThread }
+            (reported, samples) = sampling.sampleBlockedThread(target: target, lastAnswering: lastAnswering)
         }
-        return (firstIdle ?? firstFailure ?? .unavailable("no thread to sample"), samples)
+        let samplingTime = Monotonic.now() - sampleStart
+        // A heartbeat target's stall is confirmed by a thread running a job (or by a
+        // second look); the main run loop's culprit is the main thread by definition.
+        let confirmed =
+            decision.second || decision.suppressed || !target.usesHeartbeat
+            || StackShape.runsJob(reported.frames)
+        // 2. Emit.
+        let events = state.withLock { state -> [StallEvent] in
+            guard state.lifecycle == .running, var stall = state.open, stall.id == decision.id else { return [] }
+            stall.samples = samples
+            stall.reported = reported
+            stall.sampling = samplingTime
+            if !confirmed {
+                // Look again in a heartbeat; an answer before that drops the stall.
+                stall.phase = .awaitingConfirmation
+                state.open = stall.endedWhileSampling == nil ? stall : nil
+                return []
+            }
+            stall.phase = .reported
+            var events: [StallEvent] = []
+            if !stall.suppressed {
+                events.append(
+                    makeEvent(
+                        id: stall.id, phase: .started, duration: decision.duration, backtrace: reported,
+                        sampling: samplingTime))
+            }
+            if let ended = stall.endedWhileSampling {
+                state.open = nil
+                if !stall.suppressed {
+                    let confirmed = ended.thread.flatMap { samples[$0] } ?? reported
+                    events.append(
+                        makeEvent(
+                            id: stall.id, phase: .ended, duration: ended.duration, backtrace: confirmed,
+                            sampling: samplingTime))
+                }
+            } else {
+                state.open = stall
+            }
+            return events
+        }
+        for event in events { continuation.yield(event) }
     }
 
-    /// Threads that are never the blocked one: detectors and SafeTimers' scheduler.
-    private static let ignoredThreadNames: Set<String> = ["StallDetector", "SafeTimers"]
-
-    private static func ticks(_ duration: Duration) -> Int64 {
-        let (seconds, attoseconds) = duration.components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+    private func makeEvent(
+        id: UInt64, phase: StallEvent.Phase, duration: Int64, backtrace: StallBacktrace, sampling: Int64
+    ) -> StallEvent {
+        StallEvent(
+            id: id, phase: phase, duration: .nanoseconds(duration), threshold: threshold,
+            target: target.description, backtrace: backtrace, samplingTime: .nanoseconds(sampling))
     }
 }
 
@@ -321,51 +389,5 @@ extension StallDetector.Target {
     var usesHeartbeat: Bool {
         if case .mainRunLoop = self { return false }
         return true
-    }
-}
-
-/// Reading a sampled stack: is the thread running a job, or waiting for one?
-enum StackShape {
-    /// Frames that mean the thread runs somebody's code for a queue or run loop.
-    static let busyMarkers = [
-        "_dispatch_client_callout", "_dispatch_call_block_and_release", "_dispatch_continuation_pop",
-        "_dispatch_lane_serial_drain", "_dispatch_main_queue_callback_4CF", "__CFRUNLOOP_IS_", "swift_job_run",
-    ]
-    /// Frames that mean the thread waits for work.
-    static let idleMarkers = [
-        "_dispatch_worker_thread", "_dispatch_sig_thread", "_dispatch_event_loop_drain", "_dispatch_mgr_thread",
-        "__CFRunLoopRun", "__CFRunLoopServiceFileDescriptors",
-    ]
-
-    /// Frames that end a complete call chain.
-    static let threadRoots = ["start_thread", "clone", "__libc_start", "_start"]
-
-    /// The most frames the scan may add where the chain broke off.
-    static let uncertainLimit = 24
-
-    /// Keeps the scan's frames only where they can help: when the certain chain
-    /// (unwinder and frame pointers) reaches a thread's root, the scan only found
-    /// stale words, and all its frames go; otherwise its frames beyond the last
-    /// certain frame stay (at most ``uncertainLimit``), and those interleaved with
-    /// certain frames go.
-    static func prune(_ frames: [StackFrame]) -> [StackFrame] {
-        let certain = frames.filter { !$0.isUncertain }
-        let complete = certain.contains { frame in
-            guard let name = frame.function else { return false }
-            return threadRoots.contains { name.hasPrefix($0) || name.contains("_" + $0) }
-        }
-        if complete { return certain }
-        guard let lastCertain = frames.lastIndex(where: { !$0.isUncertain }) else {
-            return Array(frames.prefix(uncertainLimit))
-        }
-        return Array(
-            frames[...lastCertain].filter { !$0.isUncertain } + frames[(lastCertain + 1)...].prefix(uncertainLimit))
-    }
-
-    /// True when the stack shows a thread waiting for work and running none.
-    static func looksIdle(_ frames: [StackFrame]) -> Bool {
-        let names = frames.compactMap(\.function)
-        if names.contains(where: { name in busyMarkers.contains { name.contains($0) } }) { return false }
-        return names.contains(where: { name in idleMarkers.contains { name.contains($0) } })
     }
 }

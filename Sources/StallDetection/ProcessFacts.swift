@@ -54,13 +54,25 @@ enum ProcessFacts {
         #endif
     }
 
-    private static func read(_ path: String) -> String? {
-        guard let file = fopen(path, "r") else { return nil }
-        defer { fclose(file) }
+    private static func read(_ path: String) -> String? { ProcFile.read(path) }
+}
+
+#if canImport(Glibc)
+private let systemRead = Glibc.read
+#elseif canImport(Darwin)
+private let systemRead = Darwin.read
+#endif
+
+/// Small files under `/proc`, read with plain `open`/`read` (no stdio buffering).
+enum ProcFile {
+    static func read(_ path: String) -> String? {
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
         while true {
-            let count = fread(&buffer, 1, buffer.count, file)
+            let count = buffer.withUnsafeMutableBytes { systemRead(descriptor, $0.baseAddress, $0.count) }
             if count <= 0 { break }
             bytes += buffer.prefix(count)
         }

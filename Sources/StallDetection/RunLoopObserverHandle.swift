@@ -1,4 +1,4 @@
-@_spi(SafeTimersInternal) import SafeTimers
+import SafeTimers
 
 #if canImport(CoreFoundation)
 import CoreFoundation
@@ -24,7 +24,7 @@ final class RunLoopObserverHandle: @unchecked Sendable {
             kCFAllocatorDefault, CFRunLoopActivity.allActivities.rawValue, true, 0
         ) { _, activity in
             let idle = activity == .beforeWaiting || activity == .exit
-            onActivity(MonotonicClock.nanoseconds(), idle)
+            onActivity(Monotonic.now(), idle)
         }
         if let observer {
             CFRunLoopAddObserver(CFRunLoopGetMain(), observer, kCFRunLoopCommonModes)

@@ -1,5 +1,11 @@
 import CStallCapture
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// A raw frame before symbolication.
 struct RawFrame: Equatable, Sendable {
     var address: UInt
@@ -7,35 +13,51 @@ struct RawFrame: Equatable, Sendable {
     var isUncertain: Bool
 }
 
-/// Samples another thread's stack through the C signal handler and merges the three
-/// unwinds it makes possible into one list, innermost first:
+/// One thread's stack as the sampler saw it: registers and a copy of the stack.
+struct StackCopy {
+    var pc: UInt
+    var sp: UInt
+    /// The frame pointer, when known (a signal sample); nil for a thread read from
+    /// `/proc` while it sleeps in the kernel.
+    var fp: UInt?
+    /// The stack words from `sp` upward, as far as they were copied.
+    var words: [UInt]
+    /// Return addresses glibc's unwinder found (signal samples only), outermost last.
+    var unwound: [UInt]
+    /// Whether the copy ends before the stack does.
+    var truncated: Bool
+}
+
+/// Samples another thread's stack without changing what it does:
 ///
-/// 1. glibc's unwinder (`backtrace()`, run in the handler), which follows DWARF
-///    unwind tables through libc and Dispatch frames;
-/// 2. a frame-pointer walk over the copied stack, which reaches Swift frames the
-///    unwinder lost;
-/// 3. a scan of the copied stack for words that are return addresses (they point
-///    into an image's text right after a call instruction), which finds callers of
-///    frames that have neither unwind tables nor frame pointers. Frames only the
-///    scan found are marked uncertain.
+/// - A thread that sleeps in the kernel (state S or D in `/proc/self/task/TID/stat`)
+///   is read without a signal: `/proc/self/task/TID/syscall` gives its stack pointer
+///   and program counter, and `process_vm_readv` copies its stack (a read that
+///   cannot fault). The syscall line is read again after the copy; if it changed,
+///   the thread woke up meanwhile and the sample is retaken.
+/// - Only a thread that runs user code gets `SIGPROF`: the C handler in
+///   `CStallCapture` copies its registers, glibc's unwind and its stack.
 ///
-/// Each frame is placed by the stack slot where its return address lives, so the
-/// merged list is in call order whatever found it.
-///
-/// Not thread-safe: one sampler belongs to one detector thread.
+/// Not thread-safe: one sampler belongs to one detector queue.
 final class StackSampler {
     enum Outcome {
-        case frames([RawFrame])
+        case copied(StackCopy, signalled: Bool)
         case unavailable(String)
     }
 
+    /// How much of a sleeping thread's stack is copied: the same as a signal
+    /// sample (256 KB: over 2,000 frames of a typical Swift recursion).
+    static let kernelCopyBytes = Int(STALLCAPTURE_STACK_BYTES)
+
     private let sample: UnsafeMutablePointer<stallcapture_sample>
     private let timeoutMilliseconds: Int32
+    private var buffer: [UInt]
 
     init(timeout: Duration) {
         sample = .allocate(capacity: 1)
-        let (seconds, attoseconds) = timeout.components
-        timeoutMilliseconds = Int32(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000)
+        sample.pointee.stack_size = 0
+        timeoutMilliseconds = Int32(clamping: Monotonic.nanoseconds(timeout) / 1_000_000)
+        buffer = [UInt](repeating: 0, count: Self.kernelCopyBytes / MemoryLayout<UInt>.size)
     }
 
     deinit {
@@ -48,14 +70,98 @@ final class StackSampler {
         return result == 0 ? nil : "cannot install the SIGPROF handler (errno \(result))"
     }
 
-    /// Samples thread `tid`; `isTextAddress` tells whether an address lies in an
-    /// image's executable text (for the scan).
-    func capture(thread tid: Int32, isTextAddress: (UInt) -> Bool) -> Outcome {
+    /// Samples thread `tid`.
+    func capture(thread tid: Int32) -> Outcome {
+        for _ in 0..<3 {
+            guard let state = ThreadState.letter(thread: tid) else {
+                return .unavailable("thread \(tid) is gone")
+            }
+            // A thread that exited (under `dispatchMain()` the main thread calls
+            // `pthread_exit`) stays listed as a zombie with a stale stack.
+            if state == "Z" || state == "X" { return .unavailable("thread \(tid) has exited") }
+            if state == "R" { return captureBySignal(tid) }
+            switch captureFromKernel(tid) {
+            case .some(let copy): return .copied(copy, signalled: false)
+            case .none: continue  // it woke up while being read; look again
+            }
+        }
+        return .unavailable("thread \(tid) kept changing state while it was sampled")
+    }
+
+    /// Reads a thread that sleeps in the kernel; nil when it is not (or stopped
+    /// sleeping during the read).
+    private func captureFromKernel(_ tid: Int32) -> StackCopy? {
+        let path = "/proc/self/task/\(tid)/syscall"
+        guard let before = ProcFile.read(path), let (sp, pc) = Self.parseSyscall(before) else { return nil }
+        let copiedWords = buffer.withUnsafeMutableBytes { bytes in
+            Self.copyMemory(from: sp, into: bytes)
+        }
+        guard let after = ProcFile.read(path), after == before else { return nil }
+        return StackCopy(
+            pc: pc, sp: sp, fp: nil, words: Array(buffer.prefix(copiedWords)), unwound: [],
+            truncated: copiedWords == buffer.count)
+    }
+
+    /// The stack pointer and program counter of a thread blocked in the kernel, from
+    /// a `/proc/…/syscall` line: "nr arg1 … arg6 sp pc", or "-1 sp pc" when it is
+    /// blocked outside a system call; nil for "running".
+    static func parseSyscall(_ line: String) -> (sp: UInt, pc: UInt)? {
+        let fields = line.split(whereSeparator: { $0 == " " || $0 == "\n" })
+        guard fields.count >= 3, fields[0] != "running" else { return nil }
+        func hex(_ field: Substring) -> UInt? {
+            UInt(field.hasPrefix("0x") ? field.dropFirst(2) : field, radix: 16)
+        }
+        guard let sp = hex(fields[fields.count - 2]), let pc = hex(fields[fields.count - 1]), sp != 0, pc != 0
+        else { return nil }
+        return (sp, pc)
+    }
+
+    /// Copies memory of this process through the kernel, stopping at the first
+    /// unmapped page instead of faulting. Returns the number of words copied.
+    static func copyMemory(from address: UInt, into bytes: UnsafeMutableRawBufferPointer) -> Int {
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        var total = 0
+        func read(_ length: Int) -> Bool {
+            var local = iovec(iov_base: bytes.baseAddress! + total, iov_len: length)
+            var remote = iovec(iov_base: UnsafeMutableRawPointer(bitPattern: address + UInt(total)), iov_len: length)
+            return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == length
+        }
+        // Chunks that double in size (few system calls for a deep stack); a chunk
+        // that fails is retried page by page, to find where the mapping ends.
+        var chunk = page - Int(address % UInt(page))
+        while total < bytes.count {
+            chunk = min(chunk, bytes.count - total)
+            if read(chunk) {
+                total += chunk
+                chunk *= 2
+                continue
+            }
+            var pageLength = min(page - (Int(address) + total) % page, bytes.count - total)
+            while total < bytes.count && read(pageLength) {
+                total += pageLength
+                pageLength = min(page, bytes.count - total)
+            }
+            break
+        }
+        return total / MemoryLayout<UInt>.size
+    }
+
+    private func captureBySignal(_ tid: Int32) -> Outcome {
         var errorNumber: Int32 = 0
         let result = stallcapture_capture(tid, timeoutMilliseconds, sample, &errorNumber)
         switch Int(result) {
         case Int(STALLCAPTURE_OK):
-            return .frames(merge(isTextAddress: isTextAddress))
+            let stackBytes = UnsafeRawBufferPointer(
+                start: stallcapture_sample_stack(sample), count: Int(sample.pointee.stack_size))
+            let words = Array(stackBytes.bindMemory(to: UInt.self))
+            let unwound = UnsafeBufferPointer(
+                start: stallcapture_sample_unwound(sample), count: Int(sample.pointee.unwound_count)
+            ).map { UInt($0) }
+            let copy = StackCopy(
+                pc: UInt(sample.pointee.pc), sp: UInt(sample.pointee.sp), fp: UInt(sample.pointee.fp),
+                words: words, unwound: unwound,
+                truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES))
+            return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
             return .unavailable("thread \(tid) did not answer within \(timeoutMilliseconds) ms")
         case Int(STALLCAPTURE_SIGNAL_FAILED):
@@ -65,104 +171,5 @@ final class StackSampler {
         default:
             return .unavailable("the SIGPROF handler is not installed")
         }
-    }
-
-    private func merge(isTextAddress: (UInt) -> Bool) -> [RawFrame] {
-        let pc = UInt(sample.pointee.pc)
-        let sp = UInt(sample.pointee.sp)
-        let stackSize = Int(sample.pointee.stack_size)
-        let stackBytes = UnsafeRawBufferPointer(
-            start: stallcapture_sample_stack(sample), count: Int(STALLCAPTURE_STACK_BYTES))
-        do {
-            let words = stackBytes.bindMemory(to: UInt.self)
-            let wordCount = min(stackSize, stackBytes.count) / MemoryLayout<UInt>.size
-            func word(at address: UInt) -> UInt? {
-                guard address >= sp, address % UInt(MemoryLayout<UInt>.size) == 0 else { return nil }
-                let index = Int((address - sp) / UInt(MemoryLayout<UInt>.size))
-                return index < wordCount ? words[index] : nil
-            }
-            // Certain frames by the slot that holds their return address.
-            var bySlot: [Int: RawFrame] = [:]
-            var unplaced: [RawFrame] = []
-
-            // 1. The unwinder: skip the handler's own frames, up to the interrupted pc.
-            let unwound = UnsafeBufferPointer(
-                start: stallcapture_sample_unwound(sample), count: Int(sample.pointee.unwound_count)
-            ).map { UInt($0) }
-            if let start = unwound.firstIndex(of: pc) {
-                var searchFrom = 0
-                for address in unwound[(start + 1)...] {
-                    if let slot = (searchFrom..<wordCount).first(where: { words[$0] == address }) {
-                        bySlot[slot] = RawFrame(address: address, isUncertain: false)
-                        searchFrom = slot + 1
-                    } else {
-                        unplaced.append(RawFrame(address: address, isUncertain: false))
-                    }
-                }
-            }
-
-            // 2. The frame-pointer chain.
-            var framePointer = UInt(sample.pointee.fp)
-            for _ in 0..<128 {
-                guard let savedFramePointer = word(at: framePointer),
-                    let returnAddress = word(at: framePointer + UInt(MemoryLayout<UInt>.size)),
-                    returnAddress != 0
-                else { break }
-                let slot = Int((framePointer - sp) / UInt(MemoryLayout<UInt>.size)) + 1
-                if bySlot[slot] == nil, isTextAddress(returnAddress) {
-                    bySlot[slot] = RawFrame(address: returnAddress, isUncertain: false)
-                }
-                guard savedFramePointer > framePointer else { break }
-                framePointer = savedFramePointer
-            }
-
-            // 3. The scan: every word of the copy. StackShape.prune keeps its
-            // findings only where the certain chain broke off.
-            for slot in 0..<wordCount where bySlot[slot] == nil {
-                let candidate = words[slot]
-                if isTextAddress(candidate) && Self.followsCall(candidate) {
-                    bySlot[slot] = RawFrame(address: candidate, isUncertain: true)
-                }
-            }
-
-            var frames = [RawFrame(address: pc, isUncertain: false)]
-            for slot in bySlot.keys.sorted() {
-                let frame = bySlot[slot]!
-                if frames.last?.address != frame.address { frames.append(frame) }
-            }
-            for frame in unplaced where !frames.contains(where: { $0.address == frame.address }) {
-                frames.append(frame)
-            }
-            return frames
-        }
-    }
-
-    /// Whether the instruction before `address` is a call, so that `address` is a
-    /// plausible return address. `address` must lie in mapped text.
-    static func followsCall(_ address: UInt) -> Bool {
-        #if arch(x86_64)
-        guard address > 7, let code = UnsafePointer<UInt8>(bitPattern: address - 7) else { return false }
-        // The caller checked `address`; the bytes before it are in the same text
-        // unless `address` is within 7 bytes of the text start, which a return
-        // address never is.
-        // call rel32: E8 xx xx xx xx
-        if code[2] == 0xE8 { return true }
-        // call r/m64: FF /2, with 2 to 7 bytes of operand encoding.
-        for length in 2...7 {
-            let opcodeIndex = 7 - length
-            let modrm = code[opcodeIndex + 1]
-            if code[opcodeIndex] == 0xFF && (modrm >> 3) & 0x7 == 2 { return true }
-        }
-        return false
-        #elseif arch(arm64)
-        guard address >= 4, address % 4 == 0, let code = UnsafePointer<UInt32>(bitPattern: address - 4) else {
-            return false
-        }
-        let instruction = code.pointee
-        return instruction & 0xFC00_0000 == 0x9400_0000  // BL
-            || instruction & 0xFFFF_FC1F == 0xD63F_0000  // BLR
-        #else
-        return true
-        #endif
     }
 }

@@ -1,5 +1,5 @@
 import Dispatch
-@_spi(SafeTimersInternal) import SafeTimers
+import SafeTimers
 
 /// Detects when a thread or queue stops answering, reports the start and the end of
 /// each stall with its measured duration, and shows where the blocked thread was
@@ -33,19 +33,29 @@ import Dispatch
 /// for a heartbeat its start is known within half a heartbeat (the default heartbeat
 /// is a tenth of the threshold, at most 50 ms).
 ///
-/// At `.started` the detector samples the blocked thread's stack with a `SIGPROF`
-/// sent to that thread alone (Linux): a C handler copies its registers and stack,
-/// the detector unwinds and symbolicates them afterwards. The signal interrupts a
-/// `sleep`, `usleep` or `poll` in the target (installed with `SA_RESTART`), which is
-/// why one stall gets one sample. A thread that does not answer within 100 ms
-/// (signal blocked, uninterruptible sleep) yields "stack unavailable: …" instead of
-/// a hang. The handler stays installed for the life of the process, idle between
-/// samples, and passes other `SIGPROF`s to the handler installed before it.
+/// At `.started` the detector samples the blocked thread's stack without changing
+/// what it does (Linux): a thread asleep in the kernel is read from
+/// `/proc/self/task/TID/syscall` and `process_vm_readv`, with no signal, so its
+/// `sleep`, `read` or lock wait returns exactly as it would without the detector;
+/// only a thread running user code gets a `SIGPROF`, sent to it alone, whose C
+/// handler copies its registers and stack. The detector unwinds and symbolicates
+/// afterwards, on its own queue, and remembers each symbolicated address. A thread
+/// that does not answer the signal within 100 ms yields "stack unavailable: …"
+/// instead of a hang. The handler stays installed for the life of the process, idle
+/// between samples, and passes other `SIGPROF`s to the handler installed before it.
+///
+/// ## Cost
+/// The detector has no thread of its own: it runs on SafeTimers' engine
+/// (`SystemTimerScheduler.shared`). While the target answers, each heartbeat costs
+/// one timer firing and one tiny block on the target, and each answer kicks one
+/// `Watchdog`; the detector's private queue runs only when an answer is overdue.
 ///
 /// ## False positives it suppresses
-/// - **Stopped process** (`SIGSTOP`, a debugger's breakpoint): the detector's own
-///   wake-up comes late by the stopped time; that time is taken out of every
-///   measurement, so a stop is never reported as a stall.
+/// - **Stopped process** (`SIGSTOP`, a debugger's breakpoint): a witness thread
+///   asleep in `epoll_wait` learns of each `SIGCONT` (Linux fails the call with
+///   `EINTR` after a stop, without any signal handler); an answer owed across a stop
+///   is owed afresh from the detector's first look after it, whatever the load, and
+///   a stall in progress loses the stopped time.
 /// - **Machine asleep**: durations use the monotonic clock, which does not advance
 ///   while the machine sleeps.
 /// - **Debugger attached** (`TracerPid` in `/proc/self/status`): stalls that start

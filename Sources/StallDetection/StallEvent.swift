@@ -53,6 +53,13 @@ public struct StallEvent: Sendable, CustomStringConvertible {
 }
 
 /// The stack of a blocked thread, symbolicated.
+///
+/// Complete from the blocked function to the thread's start (`start_thread`,
+/// `main`) whenever the stack could be read to its end: frames are never merged
+/// or dropped, so a recursion 200 calls deep has 200 frames. The report prints a
+/// run of identical frames on one line ("recurse(depth:) × 200"). A stack deeper
+/// than ``maximumFrameCount`` keeps its innermost frames and its outermost ones,
+/// and says how many are not shown.
 public struct StallBacktrace: Sendable, CustomStringConvertible {
     /// The frames, innermost first. Empty when ``unavailableReason`` is set.
     public let frames: [StackFrame]
@@ -60,27 +67,71 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     public let threadID: Int32?
     /// Why there is no stack ("stack unavailable: …"), or nil.
     public let unavailableReason: String?
+    /// How many frames between `frames[omittedIndex - 1]` and
+    /// `frames[omittedIndex]` are not kept (a stack deeper than
+    /// ``maximumFrameCount``); 0 when the stack is complete.
+    public let omittedFrameCount: Int
+    /// Where the omitted frames were, as an index into ``frames``; nil when none.
+    public let omittedIndex: Int?
+    /// Whether the stack copy ended before the thread's outermost frames, so that
+    /// an unknown number of outer frames is missing.
+    public let isTruncated: Bool
+
+    /// The most frames a backtrace keeps: the innermost 768 and the outermost 256.
+    public static let maximumFrameCount = 1024
+
+    init(
+        frames: [StackFrame], threadID: Int32?, unavailableReason: String?, isTruncated: Bool = false
+    ) {
+        self.threadID = threadID
+        self.unavailableReason = unavailableReason
+        self.isTruncated = isTruncated
+        if frames.count > Self.maximumFrameCount {
+            let outer = Self.maximumFrameCount / 4
+            let inner = Self.maximumFrameCount - outer
+            self.frames = Array(frames.prefix(inner) + frames.suffix(outer))
+            self.omittedFrameCount = frames.count - Self.maximumFrameCount
+            self.omittedIndex = inner
+        } else {
+            self.frames = frames
+            self.omittedFrameCount = 0
+            self.omittedIndex = nil
+        }
+    }
 
     /// A backtrace that could not be captured, with the reason.
     public static func unavailable(_ reason: String, threadID: Int32? = nil) -> StallBacktrace {
         StallBacktrace(frames: [], threadID: threadID, unavailableReason: reason)
     }
 
-    /// One frame a line; "stack unavailable: <reason>" when there is none.
+    /// One frame a line, a run of identical frames (recursion) on one line with its
+    /// count; "… N frames not shown" where frames were left out; "stack
+    /// unavailable: <reason>" when there is none.
     public var description: String {
         if let unavailableReason { return "  stack unavailable: \(unavailableReason)" }
         var lines: [String] = []
         if let threadID { lines.append("  thread \(threadID):") }
-        for (index, frame) in frames.enumerated() {
-            lines.append("  #\(index) \(frame)")
+        var index = 0
+        while index < frames.count {
+            if index == omittedIndex { lines.append("  … \(omittedFrameCount) frames not shown") }
+            var end = index + 1
+            while end < frames.count, end != omittedIndex, frames[end].sameCall(as: frames[index]) { end += 1 }
+            if end - index > 2 {
+                lines.append("  #\(index)–#\(end - 1) \(frames[index]) × \(end - index)")
+            } else {
+                for position in index..<end { lines.append("  #\(position) \(frames[position])") }
+            }
+            index = end
         }
+        if isTruncated { lines.append("  … outer frames not shown (the stack is deeper than the copy taken)") }
         return lines.joined(separator: "\n")
     }
 }
 
 /// One frame of a ``StallBacktrace``.
 public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
-    /// The instruction address (for all but the first frame, a return address).
+    /// The instruction address (for all but the first frame, a return address). A
+    /// frame inlined into another has that frame's address.
     public let address: UInt
     /// The demangled function name, when the image has symbols.
     public let function: String?
@@ -91,10 +142,28 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
     /// The image (executable or library) name.
     public let image: String?
     /// True for a frame found only by scanning the stack for return addresses: it
-    /// is probably, not certainly, part of the live call chain.
+    /// is probably, not certainly, part of the live call chain. Such frames appear
+    /// only beyond the point where the certain chain broke off.
     public let isUncertain: Bool
+    /// True for a function the compiler inlined into the next frame of the list
+    /// (which has the same address).
+    public let isInlined: Bool
 
-    /// `0x… function at file:line (image)`, with `?` for an uncertain frame.
+    init(
+        address: UInt, function: String?, file: String?, line: Int?, image: String?, isUncertain: Bool,
+        isInlined: Bool = false
+    ) {
+        self.address = address
+        self.function = function
+        self.file = file
+        self.line = line
+        self.image = image
+        self.isUncertain = isUncertain
+        self.isInlined = isInlined
+    }
+
+    /// `0x… function at file:line (image)`, `[inlined]` for an inlined frame, `?`
+    /// for an uncertain one.
     public var description: String {
         var text = "0x" + String(address, radix: 16).leftPadded(to: 12)
         text += " " + (function ?? "<unknown>")
@@ -103,8 +172,15 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
             if let line { text += ":\(line)" }
         }
         if let image { text += " (\(image))" }
+        if isInlined { text += " [inlined]" }
         if isUncertain { text += " ?" }
         return text
+    }
+
+    /// The same call site: a recursion's repeated frame.
+    func sameCall(as other: StackFrame) -> Bool {
+        address == other.address && function == other.function && line == other.line
+            && isInlined == other.isInlined && isUncertain == other.isUncertain
     }
 }
 

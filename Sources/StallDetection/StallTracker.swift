@@ -65,13 +65,28 @@ struct StallTracker: Sendable {
         return .started(id: lastID, duration: now - start)
     }
 
-    /// Nobody ran for `gap` nanoseconds (the process was stopped, or the machine
-    /// slept): that time says nothing about the target, so it is taken out.
-    mutating func discontinuity(gap: Int64) {
-        guard gap > 0 else { return }
-        lastProgress += gap
-        if let pending = pendingSince { pendingSince = pending + gap }
-        if let current = stall { stall = (current.id, current.start + gap) }
+    /// The whole process was stopped and continued at `time` (measured by
+    /// ``StopWitness``); the stop began after `lastObservation`, the last moment the
+    /// detector saw the process run before `time`.
+    ///
+    /// An answer that was owed when the process stopped is owed afresh from the
+    /// continue: the target gets a whole threshold of running time to answer. An
+    /// open stall loses the unobserved time, `time - lastObservation`, from its
+    /// duration (which is at most one heartbeat more than the stop itself).
+    mutating func continued(at time: Int64, lastObservation: Int64) {
+        if let current = stall {
+            let gap = max(0, time - max(lastObservation, current.start))
+            stall = (current.id, current.start + gap)
+        } else {
+            if let pending = pendingSince { pendingSince = max(pending, time) }
+            lastProgress = max(lastProgress, time)
+        }
+    }
+
+    /// When a stall would start if nothing answers, or nil when nothing is owed.
+    var dueTime: Int64? {
+        guard stall == nil, let pendingSince else { return nil }
+        return estimatedStart(pendingSince: pendingSince) + threshold
     }
 
     private func estimatedStart(pendingSince: Int64) -> Int64 {

@@ -15,7 +15,15 @@ func milliseconds(_ duration: Duration) -> Double {
 func report(_ event: StallEvent) {
     let text = Data(String(describing: event).utf8).base64EncodedString()
     emit("EVENT \(event.id) \(event.phase.rawValue) \(milliseconds(event.duration)) \(text)")
-    if event.phase == .started { emit("SAMPLING \(milliseconds(event.samplingTime))") }
+    if event.phase == .started {
+        emit("SAMPLING \(milliseconds(event.samplingTime))")
+        for (index, frame) in event.backtrace.frames.enumerated() {
+            let location = frame.file.map { "\($0):\(frame.line ?? 0)" } ?? "-"
+            emit(
+                "FRAME \(index) \(String(frame.address, radix: 16)) \(frame.isInlined ? 1 : 0) "
+                    + "\(frame.isUncertain ? 1 : 0) \(frame.image ?? "-") \(location)")
+        }
+    }
 }
 
 func cpuMilliseconds() -> Double {
@@ -23,6 +31,15 @@ func cpuMilliseconds() -> Double {
     getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
     return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000
         + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000
+}
+
+/// Voluntary context switches of the whole process: each time one of its threads
+/// went to sleep, so each wake-up counts once (preemptions by other processes, the
+/// involuntary switches, do not).
+func contextSwitches() -> Int {
+    var usage = rusage()
+    getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+    return usage.ru_nvcsw
 }
 
 /// Blocks the calling thread for `ms` milliseconds, in a function whose name the

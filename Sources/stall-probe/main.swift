@@ -6,6 +6,11 @@
 //   READY                     the scenario is running (for tests that signal it)
 //   SAMPLING <ms>             how long sampling and symbolicating a stall took
 //   CPU <user+system ms>      the detector process' CPU time at the end
+//   WAKEUPS <n> <seconds>     context switches of the whole process over the measurement
+//   SLEEP <result> <ms>       what a `usleep` in a stalled thread returned, and how long it took
+//   BASE <hex>                the executable's load address (matrix runs)
+//   FRAME <i> <hex address> <inlined 0|1> <uncertain 0|1> <image> <file:line or ->
+//                             each frame of a .started event
 // Not a product: tests run it from the build folder.
 
 import Dispatch
@@ -14,7 +19,11 @@ import StallDetection
 
 let arguments = CommandLine.arguments.dropFirst()
 guard let scenario = arguments.first else {
-    print("usage: stall-probe queue|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead [N]")
+    print(
+        "usage: stall-probe queue|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
+    )
+    print("       stall-probe matrix <case> queue|main|mainqueue [ms]   cases: \(matrixCases.keys.sorted())")
+    print("       stall-probe repeat <count> [ms]")
     exit(2)
 }
 let number = arguments.dropFirst().first.flatMap { Int($0) } ?? 600
@@ -53,19 +62,82 @@ case "busy":
     }
     finishAndExit(detector)()
 
+case "matrix":
+    // One case of the matrix: on a serial queue (heartbeat), or on the main thread
+    // under RunLoop.main (run-loop observer, or main-queue heartbeat).
+    let fields = Array(arguments.dropFirst())
+    guard fields.count >= 2, matrixCases[fields[0]] != nil else {
+        print("usage: stall-probe matrix <case> queue|main|mainqueue [ms]")
+        exit(2)
+    }
+    let name = fields[0]
+    let ms = fields.count > 2 ? Int(fields[2]) ?? 700 : 700
+    emit("BASE \(String(executableBase() ?? 0, radix: 16))")
+    switch fields[1] {
+    case "queue":
+        let queue = DispatchQueue(label: "probe.matrix")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        queue.asyncAfter(deadline: .now() + 0.3) { runMatrixCase(name, ms) }
+        dispatchMain()
+    default:
+        let detector = StallDetector(
+            target: fields[1] == "main" ? .mainRunLoop : .mainQueue, threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) { runMatrixCase(name, ms) }
+        RunLoop.main.run()
+    }
+
+case "repeat":
+    // `number` stalls of the same case (a sleep of 400 ms) on one queue: the first
+    // pays for symbolication, the others hit the cache (SAMPLING lines).
+    let queue = DispatchQueue(label: "probe.repeat")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    let count = number == 600 ? 5 : number
+    watch(detector, endedCount: count, then: finishAndExit(detector))
+    Thread {
+        usleep(500_000)
+        for _ in 0..<count {
+            queue.sync { runMatrixCase("sleep", 400) }
+            usleep(300_000)
+        }
+    }.start()
+    dispatchMain()
+
+case "burn":
+    // Keeps one core busy for `number` seconds (load for the stop tests).
+    let end = ContinuousClock.now + .seconds(number)
+    var spins = 0
+    while ContinuousClock.now < end { spins &+= 1 }
+    blackHole(spins)
+    exit(0)
+
 case "idle", "overhead":
     // A detector on an idle queue for `number` seconds (tests stop and continue
     // this process meanwhile; the overhead measurement reads the CPU line).
     let queue = DispatchQueue(label: "probe.idle")
-    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), heartbeat: .milliseconds(50))
+    // The default heartbeat unless a third argument sets one (milliseconds).
+    let heartbeat = arguments.dropFirst(2).first.flatMap { Int($0) }.map { Duration.milliseconds($0) }
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), heartbeat: heartbeat)
     detector.start()
     Task.detached { for await event in detector.events { report(event) } }
     emit("READY")
-    if scenario == "overhead" { usleep(2_000_000) }  // the detector's one-time warm-up is not overhead
+    emit("HEARTBEAT \(milliseconds(detector.heartbeat))")
+    // The detector's one-time warm-up (symbol tables loaded, and freed again when the
+    // dispatch worker that loaded them retires, about 5 s later) is not overhead.
+    if scenario == "overhead" { usleep(8_000_000) }
     let before = cpuMilliseconds()
-    usleep(UInt32(number) * 1_000_000)
+    let switchesBefore = contextSwitches()
+    // One sleep for the whole measurement (a stop and continue restart it): the
+    // main thread adds no wake-up of its own.
+    var request = timespec(tv_sec: number, tv_nsec: 0)
+    var remaining = timespec()
+    while nanosleep(&request, &remaining) != 0 { request = remaining }
+    let switches = contextSwitches() - switchesBefore
+    let cpu = cpuMilliseconds() - before
     detector.stop()
-    emit("CPU \(cpuMilliseconds() - before)")
+    emit("CPU \(cpu)")
+    emit("WAKEUPS \(switches) \(number)")
     exit(0)
 
 case "recall":

@@ -13,23 +13,59 @@ struct ProbeRun {
 
     var events: [Event] = []
     var realMilliseconds: [Double] = []
+    /// `SLEEP <result> <ms>` lines: what a stalled `usleep` returned and took.
+    var sleeps: [(result: Int, milliseconds: Double)] = []
+    /// `SAMPLING <ms>` lines, one per `.started`.
+    var samplingMilliseconds: [Double] = []
     var lines: [String] = []
     var exitStatus: Int32 = -1
 
+    /// The helper: `STALL_PROBE` when set (CI points it at a release build), else the
+    /// one built beside the test bundle.
     static var probeURL: URL {
-        URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
+        if let path = ProcessInfo.processInfo.environment["STALL_PROBE"], !path.isEmpty {
+            return URL(fileURLWithPath: path)
+        }
+        return URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
             .appendingPathComponent("stall-probe")
+    }
+
+    /// Whether the helper is a release build (CI's matrix step).
+    static var probeIsRelease: Bool { probeURL.path.contains("/release/") }
+
+    /// Starts a process that keeps one core busy (a shell loop), without waiting
+    /// for it; the caller ends it by pid.
+    /// With `iterations`, the loop ends after that many rounds (a short burst, like a
+    /// program starting up).
+    static func spawnBurner(iterations: Int? = nil) throws -> Process {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        if let iterations {
+            process.arguments = ["-c", "i=0; while [ $i -lt \(iterations) ]; do i=$((i+1)); done"]
+        } else {
+            process.arguments = ["-c", "while :; do :; done"]
+        }
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        return process
     }
 
     /// Runs a scenario; `whileRunning` gets the child's pid once it started. A child
     /// still running after `timeLimit` is killed, so a broken detector fails the
     /// test instead of hanging it.
     static func run(
-        _ arguments: [String], timeLimit: Double = 60, whileRunning: (Int32) -> Void = { _ in }
+        _ arguments: [String], niceness: Int? = nil, timeLimit: Double = 60, whileRunning: (Int32) -> Void = { _ in }
     ) throws -> ProbeRun {
         let process = Process()
-        process.executableURL = probeURL
-        process.arguments = arguments
+        if let niceness {
+            // `nice` execs the helper, so the pid stays the helper's.
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/nice")
+            process.arguments = ["-n", "\(niceness)", probeURL.path] + arguments
+        } else {
+            process.executableURL = probeURL
+            process.arguments = arguments
+        }
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
@@ -49,9 +85,21 @@ struct ProbeRun {
                 run.events.append(Event(id: id, phase: String(fields[2]), milliseconds: value, report: report))
             } else if fields.first == "REAL", fields.count >= 2, let value = Double(fields[1]) {
                 run.realMilliseconds.append(value)
+            } else if fields.first == "SLEEP", fields.count >= 3, let result = Int(fields[1]),
+                let value = Double(fields[2])
+            {
+                run.sleeps.append((result, value))
+            } else if fields.first == "SAMPLING", fields.count >= 2, let value = Double(fields[1]) {
+                run.samplingMilliseconds.append(value)
             }
         }
         return run
+    }
+
+    /// The value of the first line that starts with `key`.
+    func value(_ key: String) -> [Double] {
+        guard let line = lines.first(where: { $0.hasPrefix(key + " ") }) else { return [] }
+        return line.split(separator: " ").dropFirst().compactMap { Double($0) }
     }
 
     var started: [Event] { events.filter { $0.phase == "started" } }

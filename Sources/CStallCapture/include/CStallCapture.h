@@ -10,8 +10,22 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#define STALLCAPTURE_MAX_FRAMES 128
-#define STALLCAPTURE_STACK_BYTES 65536
+#if defined(__linux__)
+// System declarations that Swift's Glibc module does not export, used from Swift
+// (no C code goes with them): process_vm_readv (a read of this process' memory
+// that cannot fault), and epoll, eventfd and pthread_setname_np for the stop witness.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <pthread.h>
+#include <sys/uio.h>
+// Declared by glibc only under _GNU_SOURCE, which Swift's Glibc module lacks.
+extern ssize_t process_vm_readv(pid_t pid, const struct iovec *local_iov, unsigned long int liovcnt,
+                                const struct iovec *remote_iov, unsigned long int riovcnt, unsigned long int flags);
+extern int pthread_setname_np(pthread_t thread, const char *name);
+#endif
+
+#define STALLCAPTURE_MAX_FRAMES 1024
+#define STALLCAPTURE_STACK_BYTES 262144
 
 /// One sample of a thread's stack, filled inside the signal handler.
 typedef struct stallcapture_sample {

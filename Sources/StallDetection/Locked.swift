@@ -1,0 +1,61 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A value behind a `pthread_mutex_t`: StallDetection's one lock. It is a pthread
+/// mutex (not `Synchronization.Mutex`) so that ThreadSanitizer sees every
+/// acquisition, and it belongs to this module so that it does not depend on
+/// SafeTimers' internals.
+///
+/// `@unchecked Sendable` invariant: `value` is read and written only inside
+/// ``withLock(_:)``, between `pthread_mutex_lock` and `pthread_mutex_unlock` of
+/// `mutex`; the mutex is initialised in `init` and destroyed in `deinit`, when no
+/// other reference exists.
+final class Locked<Value>: @unchecked Sendable {
+    private var value: Value
+    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+
+    init(_ value: Value) {
+        self.value = value
+        pthread_mutex_init(mutex, nil)
+    }
+
+    deinit {
+        pthread_mutex_destroy(mutex)
+        mutex.deallocate()
+    }
+
+    /// Runs `body` with the lock held. `body` must not call user code, block, or
+    /// release an object whose `deinit` waits for another thread.
+    func withLock<Result>(_ body: (inout Value) throws -> Result) rethrows -> Result {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return try body(&value)
+    }
+}
+
+/// Monotonic nanoseconds (`CLOCK_MONOTONIC` on Linux, `CLOCK_UPTIME_RAW` on Apple
+/// platforms): the clock of every time the detector measures. It does not advance
+/// while the machine sleeps.
+enum Monotonic {
+    static func now() -> Int64 {
+        #if canImport(Darwin)
+        return Int64(truncatingIfNeeded: clock_gettime_nsec_np(CLOCK_UPTIME_RAW))
+        #else
+        var spec = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &spec)
+        return Int64(spec.tv_sec) * 1_000_000_000 + Int64(spec.tv_nsec)
+        #endif
+    }
+
+    /// A duration in nanoseconds, saturating.
+    static func nanoseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
+        let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        if overflow { return seconds < 0 ? .min : .max }
+        return whole.addingReportingOverflow(attoseconds / 1_000_000_000).overflow
+            ? (seconds < 0 ? .min : .max) : whole + attoseconds / 1_000_000_000
+    }
+}

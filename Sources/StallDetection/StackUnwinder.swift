@@ -1,0 +1,331 @@
+/// Turns a ``StackCopy`` into the call chain, innermost first, without touching the
+/// sampled thread:
+///
+/// 1. glibc's unwinder (signal samples), which follows DWARF unwind tables through
+///    libc and Dispatch frames;
+/// 2. the frame-pointer chain: from the frame-pointer register, or, for a thread
+///    read from `/proc` (no registers but `sp` and `pc`), from the lowest frame
+///    record whose chain validates for several links;
+/// 3. below that record, the return addresses whose call instruction provably
+///    targets the function the frame inside it runs (a direct call, or a call
+///    through a GOT or PLT slot, resolved): the libc frames of a sleeping thread;
+/// 4. beyond the end of the certain chain only, a scan for words that look like
+///    return addresses, marked uncertain.
+///
+/// Each frame is placed by the stack slot that holds its return address, so the
+/// list is in call order whatever found it; recursion keeps every frame.
+struct StackUnwinder {
+    let copy: StackCopy
+    let isText: (UInt) -> Bool
+    /// Reads one word of this process' memory without faulting (for GOT slots).
+    let readWord: (UInt) -> UInt?
+    /// Decodes the call before a return address (tests inject one for synthetic
+    /// stacks); by default ``CallSite/target(ofCallBefore:readWord:)``.
+    var callTarget: ((UInt) -> CallSite.Target)?
+    /// Where a function must start for a call from `candidate` to have led to
+    /// `inner`, when that can be known exactly: `(candidate, inner, inner is a
+    /// return address) -> start`. Within the main executable (whose symbol table is
+    /// complete) a caller must call exactly the function `inner` lies in; elsewhere
+    /// (libraries with only dynamic symbols, tail calls) the looser ``leads(to:from:)``
+    /// applies.
+    var exactStart: ((UInt, UInt, Bool) -> UInt?)?
+
+    init(
+        copy: StackCopy, isText: @escaping (UInt) -> Bool, readWord: @escaping (UInt) -> UInt?,
+        callTarget: ((UInt) -> CallSite.Target)? = nil, exactStart: ((UInt, UInt, Bool) -> UInt?)? = nil
+    ) {
+        self.copy = copy
+        self.isText = isText
+        self.readWord = readWord
+        self.callTarget = callTarget
+        self.exactStart = exactStart
+    }
+
+    /// Whether a call from `candidate` to `target` leads to `inner`.
+    private func call(from candidate: UInt, to target: UInt, reaches inner: UInt) -> Bool {
+        if let start = exactStart?(candidate, inner, inner != copy.pc) { return target == start }
+        return Self.leads(to: inner, from: target)
+    }
+
+    private func target(ofCallBefore address: UInt) -> CallSite.Target {
+        if let callTarget { return callTarget(address) }
+        return CallSite.target(ofCallBefore: address, readWord: readWord)
+    }
+
+    /// The most uncertain frames added beyond the certain chain (from at most 4,096
+    /// words beyond it).
+    static let uncertainLimit = 24
+    private static let wordSize = UInt(MemoryLayout<UInt>.size)
+
+    private func word(at address: UInt) -> UInt? {
+        guard address >= copy.sp, address % Self.wordSize == 0 else { return nil }
+        let index = Int((address - copy.sp) / Self.wordSize)
+        return index < copy.words.count ? copy.words[index] : nil
+    }
+
+    private func slot(of address: UInt) -> Int { Int((address - copy.sp) / Self.wordSize) }
+
+    /// Text right after a call instruction (decoded only: no memory is read).
+    private func isReturnAddress(_ value: UInt) -> Bool {
+        guard isText(value) else { return false }
+        guard let callTarget else { return CallSite.followsCall(value) }
+        if case .none = callTarget(value) { return false }
+        return true
+    }
+
+    func unwind() -> [RawFrame] {
+        var bySlot: [Int: RawFrame] = [:]
+        let words = copy.words
+
+        // 1. The unwinder: skip the handler's own frames, up to the interrupted pc.
+        if let start = copy.unwound.firstIndex(of: copy.pc) {
+            var searchFrom = 0
+            for address in copy.unwound[(start + 1)...] {
+                guard let found = (searchFrom..<words.count).first(where: { words[$0] == address }) else { break }
+                bySlot[found] = RawFrame(address: address, isUncertain: false)
+                searchFrom = found + 1
+            }
+        }
+
+        // 2 and 3, segment by segment: a frame-pointer chain, and below its first
+        // record (with no unwinder) the validated return addresses; where a chain
+        // breaks off (a function without frame pointer, such as libc's qsort
+        // calling back into Swift), the next segment starts at the next record
+        // that validates.
+        var inner = copy.pc
+        var scanFrom = 0
+        var anchor: UInt? = copy.fp.flatMap { word(at: $0) != nil ? $0 : nil }
+        if anchor == nil { anchor = scanToAnchor(from: 0, inner: &inner, into: &bySlot) }
+        while var framePointer = anchor {
+            var lastSlot = scanFrom
+            var complete = false
+            while let saved = word(at: framePointer), let returnAddress = word(at: framePointer + Self.wordSize),
+                returnAddress != 0, isText(returnAddress)
+            {
+                let returnSlot = slot(of: framePointer) + 1
+                if bySlot[returnSlot] == nil {
+                    bySlot[returnSlot] = RawFrame(address: returnAddress, isUncertain: false)
+                }
+                inner = returnAddress
+                lastSlot = returnSlot
+                if saved == 0 {
+                    complete = true
+                    break
+                }
+                guard saved > framePointer, word(at: saved) != nil else { break }
+                framePointer = saved
+            }
+            if complete || lastSlot + 1 >= words.count { break }
+            scanFrom = lastSlot + 1
+            anchor = scanToAnchor(from: scanFrom, inner: &inner, into: &bySlot)
+        }
+
+        // 4. Beyond the certain chain: uncertain candidates, where it broke off.
+        let lastCertain = bySlot.keys.max() ?? -1
+        var added = 0
+        var index = lastCertain + 1
+        let scanEnd = min(words.count, index + 4_096)
+        while index < scanEnd && added < Self.uncertainLimit {
+            if isReturnAddress(words[index]) {
+                bySlot[index] = RawFrame(address: words[index], isUncertain: true)
+                added += 1
+            }
+            index += 1
+        }
+
+        var frames = [RawFrame(address: copy.pc, isUncertain: false)]
+        for slot in bySlot.keys.sorted() { frames.append(bySlot[slot]!) }
+        return frames
+    }
+
+    /// Walks up from slot `first` to the next frame record the chain can continue
+    /// from, and returns it. A record qualifies when its chain holds for three
+    /// links (or runs to its end, or out of the copy, after two) and it belongs to
+    /// the function running at `inner`: its return address follows a call of that
+    /// function. (Below a sleeping thread's live frames lie stale records of calls
+    /// that returned long ago, whose chains are valid too.)
+    ///
+    /// On the way, with no unwinder, each word whose call provably leads to
+    /// `inner`'s function becomes a frame and the new `inner`: a direct (or GOT,
+    /// or PLT) call of a function that starts at most 256 KB before `inner`, or of
+    /// a wrapper at most 4 KB after it that tail-calls it. An indirect call through
+    /// a register cannot be checked: its frame is kept, marked uncertain, since it
+    /// sits where the certain chain has a gap.
+    private func scanToAnchor(from first: Int, inner: inout UInt, into bySlot: inout [Int: RawFrame]) -> UInt? {
+        let words = copy.words
+        guard first < words.count else { return nil }
+        let limit = min(words.count, first + 32_768)
+        let entryInner = inner
+        var added: [Int] = []
+        var firstValid: Int?
+        for index in first..<limit {
+            let record = copy.sp + UInt(index) * Self.wordSize
+            if index + 1 < words.count, isReturnAddress(words[index + 1]), validates(record, links: 3) {
+                if firstValid == nil { firstValid = index }
+                let leadsHere: Bool
+                if case .known(let target) = target(ofCallBefore: words[index + 1]) {
+                    leadsHere = call(from: words[index + 1], to: target, reaches: inner)
+                } else {
+                    leadsHere = true
+                }
+                if leadsHere { return record }
+            }
+            guard copy.unwound.isEmpty, bySlot[index] == nil else { continue }
+            let candidate = words[index]
+            guard isReturnAddress(candidate) else { continue }
+            switch target(ofCallBefore: candidate) {
+            case .known(let target):
+                if call(from: candidate, to: target, reaches: inner) {
+                    bySlot[index] = RawFrame(address: candidate, isUncertain: false)
+                    inner = candidate
+                    added.append(index)
+                } else if exactStart?(candidate, inner, inner != copy.pc) == nil,
+                    target > inner ? target - inner < 0x10_0000 : inner - target < 0x10_0000
+                {
+                    // A call within the same library that does not reach `inner`'s
+                    // function directly: a tail call may lie between (glibc's futex
+                    // waits). Kept, uncertain.
+                    bySlot[index] = RawFrame(address: candidate, isUncertain: true)
+                    inner = candidate
+                    added.append(index)
+                }
+            case .unknown:
+                bySlot[index] = RawFrame(address: candidate, isUncertain: true)
+                inner = candidate
+                added.append(index)
+            case .none:
+                break
+            }
+        }
+        // No record continues from the frames found: take the first record whose
+        // chain holds, and drop what the scan found above it.
+        guard let firstValid else { return nil }
+        for index in added where index > firstValid { bySlot[index] = nil }
+        inner = added.last(where: { $0 <= firstValid }).flatMap { bySlot[$0]?.address } ?? entryInner
+        return copy.sp + UInt(firstValid) * Self.wordSize
+    }
+
+    /// Whether a call to `target` can have led to code at `inner`: the callee starts
+    /// at most 256 KB before it, or is a wrapper at most 4 KB after it that
+    /// tail-calls it.
+    static func leads(to inner: UInt, from target: UInt) -> Bool {
+        (target <= inner && inner - target < 0x4_0000) || (target > inner && target - inner < 0x1000)
+    }
+
+    private func validates(_ record: UInt, links: Int) -> Bool {
+        guard let saved = word(at: record), let returnAddress = word(at: record + Self.wordSize),
+            isReturnAddress(returnAddress)
+        else { return false }
+        if links <= 1 { return true }
+        if saved == 0 { return links <= 2 }
+        guard saved > record, saved - record < 0x10_0000, saved % Self.wordSize == 0 else { return false }
+        if word(at: saved) == nil { return links <= 2 }  // beyond the copy
+        return validates(saved, links: links - 1)
+    }
+}
+
+/// Decoding the call instruction before a return address.
+enum CallSite {
+    enum Target {
+        /// The call's target, resolved through a PLT or GOT slot where needed.
+        case known(UInt)
+        /// An indirect call through a register or memory that cannot be resolved.
+        case unknown
+        /// No call instruction precedes the address.
+        case none
+    }
+
+    /// Whether the instruction before `address` is a call, so that `address` is a
+    /// plausible return address. `address` must lie in mapped text.
+    static func followsCall(_ address: UInt) -> Bool {
+        if case .none = decode(address) { return false }
+        return true
+    }
+
+    private enum Decoded {
+        case direct(UInt)
+        case memory(UInt)
+        case indirect
+        case none
+    }
+
+    private static func decode(_ address: UInt) -> Decoded {
+        #if arch(x86_64)
+        guard address > 7, let code = UnsafePointer<UInt8>(bitPattern: address - 7) else { return .none }
+        // The bytes before a return address are in the same text (a return address
+        // is never within 7 bytes of its image's start).
+        // call rel32: E8 xx xx xx xx
+        if code[2] == 0xE8 {
+            let displacement = Int32(
+                bitPattern: UInt32(code[3]) | UInt32(code[4]) << 8 | UInt32(code[5]) << 16
+                    | UInt32(code[6]) << 24)
+            return .direct(UInt(bitPattern: Int(bitPattern: address) &+ Int(displacement)))
+        }
+        // call *disp32(%rip): FF 15 xx xx xx xx
+        if code[1] == 0xFF && code[2] == 0x15 {
+            let displacement = Int32(
+                bitPattern: UInt32(code[3]) | UInt32(code[4]) << 8 | UInt32(code[5]) << 16
+                    | UInt32(code[6]) << 24)
+            return .memory(UInt(bitPattern: Int(bitPattern: address) &+ Int(displacement)))
+        }
+        // call r/m64: FF /2, with 2 to 7 bytes of operand encoding.
+        for length in 2...7 {
+            let opcodeIndex = 7 - length
+            let modrm = code[opcodeIndex + 1]
+            if code[opcodeIndex] == 0xFF && (modrm >> 3) & 0x7 == 2 { return .indirect }
+        }
+        return .none
+        #elseif arch(arm64)
+        guard address >= 4, address % 4 == 0, let code = UnsafePointer<UInt32>(bitPattern: address - 4) else {
+            return .none
+        }
+        let instruction = code.pointee
+        if instruction & 0xFC00_0000 == 0x9400_0000 {  // BL imm26
+            let offset = Int(Int32(bitPattern: instruction << 6) >> 6) * 4
+            return .direct(UInt(bitPattern: Int(bitPattern: address - 4) &+ offset))
+        }
+        if instruction & 0xFFFF_FC1F == 0xD63F_0000 { return .indirect }  // BLR
+        return .none
+        #else
+        return .indirect
+        #endif
+    }
+
+    /// The target of the call before `returnAddress`, following a PLT stub
+    /// (`jmp *slot(%rip)`, after an optional `endbr64` and `bnd`) to its GOT slot.
+    static func target(ofCallBefore returnAddress: UInt, readWord: (UInt) -> UInt?) -> Target {
+        switch decode(returnAddress) {
+        case .none: return .none
+        case .indirect: return .unknown
+        case .memory(let slot):
+            guard let target = readWord(slot) else { return .unknown }
+            return .known(target)
+        case .direct(let target):
+            #if arch(x86_64)
+            if let resolved = resolvePLT(target, readWord: readWord) { return .known(resolved) }
+            #endif
+            return .known(target)
+        }
+    }
+
+    #if arch(x86_64)
+    private static func resolvePLT(_ stub: UInt, readWord: (UInt) -> UInt?) -> UInt? {
+        guard let first = readWord(stub), let second = readWord(stub + 8) else { return nil }
+        var bytes: [UInt8] = []
+        for value in [first, second] {
+            for shift in stride(from: 0, to: 64, by: 8) {
+                bytes.append(UInt8(truncatingIfNeeded: value >> UInt(shift)))
+            }
+        }
+        var index = 0
+        if bytes[0] == 0xF3 && bytes[1] == 0x0F && bytes[2] == 0x1E && bytes[3] == 0xFA { index = 4 }  // endbr64
+        if bytes[index] == 0xF2 { index += 1 }  // bnd
+        guard bytes[index] == 0xFF, bytes[index + 1] == 0x25 else { return nil }
+        let displacement = Int32(
+            bitPattern: UInt32(bytes[index + 2]) | UInt32(bytes[index + 3]) << 8
+                | UInt32(bytes[index + 4]) << 16 | UInt32(bytes[index + 5]) << 24)
+        let next = Int(bitPattern: stub) + index + 6
+        return readWord(UInt(bitPattern: next &+ Int(displacement)))
+    }
+    #endif
+}

@@ -1,0 +1,188 @@
+import CStallCapture
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Measures when the whole process was continued after a stop (`SIGSTOP`, a
+/// debugger's breakpoint, a cgroup freeze), so that a stop is never taken for a
+/// stall, whatever the machine's load.
+///
+/// How: one thread per process, with every signal blocked, waits in
+/// `epoll_wait` on an epoll set that never becomes ready. A stop wakes every
+/// thread of the process; after the matching `SIGCONT`, Linux fails
+/// `epoll_wait` with `EINTR` even without a signal handler (signal(7),
+/// "Interruption of system calls and library functions by stop signals"), and
+/// the witness records the monotonic time. Nothing else in the process is
+/// affected: no signal handler is installed, and the calls of other threads are
+/// restarted as they would be without the witness.
+///
+/// A stop that lands in the microseconds while the witness records the previous
+/// one is missed. The witness runs only while a detector runs: the first
+/// ``acquire()`` starts its thread, the last ``release()`` ends and joins it.
+enum StopWitness {
+    private struct State {
+        var users = 0
+        /// Continue times, newest last (at most 16 kept).
+        var continues: [Int64] = []
+        #if os(Linux)
+        var thread: pthread_t?
+        var wakeDescriptor: Int32 = -1
+        var threadID: Int32 = 0
+        #endif
+    }
+
+    private static let state = Locked(State())
+
+    /// Starts the witness if no detector uses it yet.
+    static func acquire() {
+        #if os(Linux)
+        state.withLock { state in
+            state.users += 1
+            guard state.users == 1 else { return }
+            let epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
+            let wake = eventfd(0, Int32(EFD_CLOEXEC))
+            guard epoll >= 0, wake >= 0 else {
+                if epoll >= 0 { close(epoll) }
+                if wake >= 0 { close(wake) }
+                return
+            }
+            var event = epoll_event()
+            event.events = EPOLLIN.rawValue
+            event.data.fd = wake
+            epoll_ctl(epoll, EPOLL_CTL_ADD, wake, &event)
+            state.wakeDescriptor = wake
+            var thread = pthread_t()
+            let descriptors = UnsafeMutablePointer<Int32>.allocate(capacity: 2)
+            descriptors[0] = epoll
+            descriptors[1] = wake
+            // Every signal blocked in the new thread, so that no signal meant for the
+            // program is delivered here; the creating thread's mask is restored.
+            var all = sigset_t()
+            var previous = sigset_t()
+            sigfillset(&all)
+            pthread_sigmask(SIG_SETMASK, &all, &previous)
+            let result = pthread_create(
+                &thread, nil,
+                { context in
+                    let descriptors = context!.assumingMemoryBound(to: Int32.self)
+                    StopWitness.watch(epoll: descriptors[0])
+                    close(descriptors[0])
+                    descriptors.deallocate()
+                    return nil
+                }, descriptors)
+            pthread_sigmask(SIG_SETMASK, &previous, nil)
+            if result == 0 {
+                state.thread = thread
+            } else {
+                descriptors.deallocate()
+                close(epoll)
+                close(wake)
+                state.wakeDescriptor = -1
+            }
+        }
+        #endif
+    }
+
+    /// Ends and joins the witness once no detector uses it.
+    static func release() {
+        #if os(Linux)
+        let ending = state.withLock { state -> (pthread_t, Int32)? in
+            state.users -= 1
+            guard state.users == 0, let thread = state.thread else { return nil }
+            state.thread = nil
+            state.threadID = 0
+            defer { state.wakeDescriptor = -1 }
+            return (thread, state.wakeDescriptor)
+        }
+        if let (thread, wake) = ending {
+            var one: UInt64 = 1
+            _ = write(wake, &one, 8)
+            pthread_join(thread, nil)
+            close(wake)
+        }
+        #endif
+    }
+
+    #if os(Linux)
+    private static func watch(epoll: Int32) {
+        _ = pthread_setname_np(pthread_self(), "StallStopWitnes")
+        let tid = stallcapture_current_tid()
+        state.withLock { $0.threadID = tid }
+        var event = epoll_event()
+        while true {
+            let result = epoll_wait(epoll, &event, 1, -1)
+            if result > 0 { return }  // the wake-up descriptor: the last detector stopped
+            if result < 0 && errno == EINTR {
+                let now = Monotonic.now()
+                state.withLock { state in
+                    state.continues.append(now)
+                    if state.continues.count > 16 { state.continues.removeFirst() }
+                }
+            }
+        }
+    }
+    #endif
+
+    /// The latest continue after `time`, if the process was stopped and continued
+    /// since then.
+    ///
+    /// A continue that has happened but that the witness has not yet had the CPU to
+    /// record (a loaded machine) is waited for, up to 100 ms: while the witness
+    /// thread is runnable rather than asleep in `epoll_wait`, a record is pending.
+    static func latestContinue(after time: Int64, waitingAtMost wait: Int64 = 100_000_000) -> Int64? {
+        #if os(Linux)
+        let tid = state.withLock { $0.threadID }
+        if tid != 0 {
+            let deadline = Monotonic.now() + wait
+            while !ThreadState.isWaitingInEpoll(thread: tid), Monotonic.now() < deadline {
+                sched_yield()
+                usleep(1_000)
+            }
+        }
+        #endif
+        return state.withLock { state in state.continues.last.flatMap { $0 > time ? $0 : nil } }
+    }
+
+    /// Records a continue as if the witness had seen one (tests).
+    static func recordContinueForTesting(at time: Int64) {
+        state.withLock { $0.continues.append(time) }
+    }
+}
+
+/// Reads a thread's scheduler state from `/proc/self/task/TID/stat`.
+enum ThreadState {
+    /// The state letter (R running, S sleeping, D uninterruptible, T stopped, …), or
+    /// nil when the thread is gone.
+    static func letter(thread: Int32) -> Character? {
+        guard let text = ProcFile.read("/proc/self/task/\(thread)/stat"),
+            let close = text.lastIndex(of: ")")
+        else { return nil }
+        return text[text.index(after: close)...].first(where: { $0 != " " })
+    }
+
+    /// Whether the thread sleeps in the kernel (S or D).
+    static func isAsleep(thread: Int32) -> Bool {
+        guard let state = letter(thread: thread) else { return true }
+        return state == "S" || state == "D"
+    }
+
+    /// Whether the thread sleeps in `epoll_wait` (not, say, on a lock): the system
+    /// call number in `/proc/self/task/TID/syscall`. Where the number is unknown,
+    /// whether it sleeps at all.
+    static func isWaitingInEpoll(thread: Int32) -> Bool {
+        guard let line = ProcFile.read("/proc/self/task/\(thread)/syscall") else { return true }
+        guard let first = line.split(separator: " ").first, let number = Int(first) else {
+            return isAsleep(thread: thread)
+        }
+        #if arch(x86_64)
+        return number == 232 || number == 281 || number == 441  // epoll_wait, epoll_pwait, epoll_pwait2
+        #elseif arch(arm64)
+        return number == 22 || number == 441  // epoll_pwait, epoll_pwait2
+        #else
+        return isAsleep(thread: thread)
+        #endif
+    }
+}

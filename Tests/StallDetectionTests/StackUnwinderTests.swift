@@ -1,0 +1,189 @@
+import Testing
+
+@testable import StallDetection
+
+/// The unwinder over synthetic stacks: text is [0x1000_0000, 0x2000_0000), and a
+/// return address's call target is given by a table (what the instruction decoder
+/// reads from real code).
+@Suite("Stack unwinding (synthetic stacks)")
+struct StackUnwinderTests {
+    static let sp: UInt = 0x7000_0000
+    static func isText(_ address: UInt) -> Bool { address >= 0x1000_0000 && address < 0x2000_0000 }
+
+    /// A stack being built upward from `sp`, one word at a time.
+    struct Stack {
+        var words: [UInt] = []
+        var address: UInt { StackUnwinderTests.sp + UInt(words.count * 8) }
+        mutating func push(_ word: UInt) { words.append(word) }
+    }
+
+    func unwind(
+        _ stack: Stack, pc: UInt, fp: UInt?, calls: [UInt: CallSite.Target], unwound: [UInt] = []
+    ) -> [RawFrame] {
+        let copy = StackCopy(pc: pc, sp: Self.sp, fp: fp, words: stack.words, unwound: unwound, truncated: false)
+        let unwinder = StackUnwinder(
+            copy: copy, isText: Self.isText, readWord: { _ in nil },
+            callTarget: { calls[$0] ?? .none })
+        return unwinder.unwind()
+    }
+
+    /// Pushes a chain of frame records, innermost first, each with its return
+    /// address; the outermost record's saved frame pointer is 0. Returns the address
+    /// of the first record.
+    func pushChain(_ stack: inout Stack, returns: [UInt], localsPerFrame: Int = 2) -> UInt {
+        let first = stack.address
+        for (index, returnAddress) in returns.enumerated() {
+            let record = stack.address
+            let next = record + UInt((2 + localsPerFrame) * 8)
+            stack.push(index == returns.count - 1 ? 0 : next)
+            stack.push(returnAddress)
+            for local in 0..<localsPerFrame { stack.push(0xdead_0000 + UInt(local)) }
+        }
+        return first
+    }
+
+    @Test("a 200-deep recursion keeps all 200 frames, in order, from the frame-pointer chain")
+    func recursionIsNotCollapsed() {
+        var stack = Stack()
+        let recurse: UInt = 0x1000_1234
+        let returns = Array(repeating: recurse, count: 200) + [0x1000_5000, 0x1000_6000]
+        let fp = pushChain(&stack, returns: returns)
+        let calls = Dictionary(uniqueKeysWithValues: Set(returns).map { ($0, CallSite.Target.unknown) })
+        let frames = unwind(stack, pc: 0x1000_1200, fp: fp, calls: calls)
+        #expect(frames.map(\.address) == [0x1000_1200] + returns)
+        #expect(frames.allSatisfy { !$0.isUncertain })
+    }
+
+    @Test("a thread asleep in the kernel: libc frames proven by their calls, stale words dropped, then the chain")
+    func kernelSampleWithoutFramePointer() {
+        // pc in clock_nanosleep (starts 0x1800_0000); nanosleep (0x1800_1000) called
+        // it; usleep (0x1800_2000) called nanosleep; user code called usleep.
+        let pc: UInt = 0x1800_0040
+        let inNanosleep: UInt = 0x1800_1020
+        let stale: UInt = 0x1800_9999  // an old return address: its call targets elsewhere
+        let inUsleep: UInt = 0x1800_2030
+        let inUser: UInt = 0x1000_0100
+        var stack = Stack()
+        stack.push(0x42)
+        stack.push(inNanosleep)
+        stack.push(stale)
+        stack.push(inUsleep)
+        stack.push(7)
+        stack.push(inUser)
+        stack.push(0x43)
+        _ = pushChain(&stack, returns: [0x1000_0200, 0x1000_0300, 0x1000_0400])
+        let calls: [UInt: CallSite.Target] = [
+            inNanosleep: .known(0x1800_0000), stale: .known(0x1900_0000), inUsleep: .known(0x1800_1000),
+            inUser: .known(0x1800_2000), 0x1000_0200: .unknown, 0x1000_0300: .unknown, 0x1000_0400: .unknown,
+        ]
+        let frames = unwind(stack, pc: pc, fp: nil, calls: calls)
+        #expect(frames.map(\.address) == [pc, inNanosleep, inUsleep, inUser, 0x1000_0200, 0x1000_0300, 0x1000_0400])
+        #expect(frames.allSatisfy { !$0.isUncertain })
+    }
+
+    @Test("a chain broken by a function without frame pointer (qsort calling back) resumes at the next record")
+    func chainResumesAfterGap() {
+        var stack = Stack()
+        // Inner chain: the callback's two frames, ending in a saved frame pointer
+        // that is not a record (qsort uses the register for data).
+        let callbackRecord = stack.address
+        stack.push(0x5)  // garbage saved frame pointer: below the record, so the chain stops
+        stack.push(0x1000_0010)  // return into the comparator's caller… inside qsort's helper
+        let qsortInner: UInt = 0x1800_0100
+        stack.push(qsortInner)  // return into qsort_r, from msort
+        stack.push(0x99)
+        let userCaller: UInt = 0x1000_0500
+        stack.push(userCaller)  // return into the Swift closure that called qsort
+        _ = pushChain(&stack, returns: [0x1000_0600, 0x1000_0700, 0x1000_0800])
+        let calls: [UInt: CallSite.Target] = [
+            0x1000_0010: .unknown, qsortInner: .known(0x1000_0000), userCaller: .known(0x1800_0000),
+            0x1000_0600: .unknown, 0x1000_0700: .unknown, 0x1000_0800: .unknown,
+        ]
+        let frames = unwind(stack, pc: 0x1000_0001, fp: callbackRecord, calls: calls)
+        #expect(
+            frames.map(\.address) == [
+                0x1000_0001, 0x1000_0010, qsortInner, userCaller, 0x1000_0600, 0x1000_0700, 0x1000_0800,
+            ])
+    }
+
+    @Test("a /proc syscall line gives the stack pointer and program counter; running gives nothing")
+    func syscallLine() {
+        let line = "230 0x1 0x0 0x7ffd5f1ff8b0 0x0 0x0 0x0 0x7ffd5f1ff878 0x7f2971714545\n"
+        let parsed = StackSampler.parseSyscall(line)
+        #expect(parsed?.sp == 0x7ffd_5f1f_f878)
+        #expect(parsed?.pc == 0x7f29_7171_4545)
+        #expect(StackSampler.parseSyscall("-1 0x7ffd5f1ff878 0x7f2971714545\n")?.pc == 0x7f29_7171_4545)
+        #expect(StackSampler.parseSyscall("running\n") == nil)
+    }
+
+    func frame(_ name: String, address: UInt = 0x10, line: Int? = nil) -> StackFrame {
+        StackFrame(address: address, function: name, file: "/a.swift", line: line, image: "App", isUncertain: false)
+    }
+
+    @Test("a recursion prints on one line with its count; the root is kept")
+    func compactRecursion() {
+        let frames =
+            [frame("usleep", address: 1)] + Array(repeating: frame("recurse(depth:)", address: 2, line: 9), count: 200)
+            + [frame("main", address: 3), frame("start_thread", address: 4)]
+        let text = StallBacktrace(frames: frames, threadID: 1, unavailableReason: nil).description
+        #expect(text.contains("#1–#200 0x000000000002 recurse(depth:) at /a.swift:9 (App) × 200"))
+        #expect(text.contains("#202 0x000000000004 start_thread"))
+        #expect(!text.contains("not shown"))
+    }
+
+    @Test("a stack deeper than the limit keeps its innermost and outermost frames and says how many are missing")
+    func omittedFrames() {
+        let frames =
+            [frame("usleep", address: 1)]
+            + (0..<2000).map { frame("level\($0)", address: UInt(100 + $0)) } + [frame("start_thread", address: 5)]
+        let backtrace = StallBacktrace(frames: frames, threadID: 1, unavailableReason: nil)
+        #expect(backtrace.frames.count == StallBacktrace.maximumFrameCount)
+        #expect(backtrace.omittedFrameCount == 2002 - StallBacktrace.maximumFrameCount)
+        #expect(backtrace.frames.first?.function == "usleep")
+        #expect(backtrace.frames.last?.function == "start_thread")
+        #expect(backtrace.description.contains("… \(backtrace.omittedFrameCount) frames not shown"))
+    }
+
+    @Test("inlined frames print their flag; the compact format encodes each frame's kind")
+    func inlinedAndKinds() {
+        let inlined = StackFrame(
+            address: 0x20, function: "helper()", file: "/a.swift", line: 3, image: "App", isUncertain: false,
+            isInlined: true)
+        #expect(inlined.description.hasSuffix("(App) [inlined]"))
+        #expect(CompactBacktrace.encode([(0x10, false), (0x20, false)]) == [0x02, 0x10, 0x10, 0x10, 0x10, 0x00])
+        #expect(CompactBacktrace.encode([(0x10, false), (0x20, true)]) == [0x02, 0x10, 0x10, 0x20, 0x10, 0x00])
+    }
+}
+
+@Suite("Stops (virtual time)")
+struct StopRuleTests {
+    let ms: Int64 = 1_000_000
+
+    @Test("a probe owed when the process stopped is owed afresh from the continue")
+    func pendingProbeRestarts() {
+        var tracker = StallTracker(threshold: 250 * ms, now: 0)
+        tracker.probeSent(at: 25 * ms)
+        // Stopped at 30 ms, continued at 630 ms: the detector looks at 640 ms.
+        tracker.continued(at: 630 * ms, lastObservation: 30 * ms)
+        #expect(tracker.tick(now: 640 * ms) == nil)
+        #expect(tracker.dueTime == 880 * ms)
+        #expect(tracker.progress(at: 650 * ms) == nil, "the answer after the continue ends nothing")
+    }
+
+    @Test("a stall in progress loses the stopped time from its duration")
+    func openStallLosesGap() {
+        var tracker = StallTracker(threshold: 250 * ms, now: 0)
+        tracker.probeSent(at: 0)
+        guard case .started? = tracker.tick(now: 250 * ms) else {
+            Issue.record("expected a start")
+            return
+        }
+        // Seen at 275 ms, stopped, continued at 2275 ms, answered at 2375 ms.
+        tracker.continued(at: 2_275 * ms, lastObservation: 275 * ms)
+        guard case .ended(_, let duration)? = tracker.progress(at: 2_375 * ms) else {
+            Issue.record("expected an end")
+            return
+        }
+        #expect(duration == 375 * ms)
+    }
+}

@@ -1,0 +1,53 @@
+import Foundation
+import Testing
+
+extension StallDetectorIntegrationTests {
+    /// What the detector costs, measured in the `stall-probe` helper. The bounds
+    /// are for a release helper (CI's matrix step); a debug helper is only checked
+    /// for the shape (the cache makes repeated stalls cheaper than the first).
+    @Suite("Cost (stall-probe, real time)")
+    struct Cost {
+        @Test("a repeated stall costs at most 2 ms from sample to .started (release): the symbolication cache")
+        func repeatedStallIsCheap() throws {
+            let run = try ProbeRun.run(["repeat", "5"])
+            #expect(run.exitStatus == 0)
+            #expect(run.samplingMilliseconds.count == 5, "\(run.lines)")
+            guard run.samplingMilliseconds.count == 5 else { return }
+            let repeated = run.samplingMilliseconds.dropFirst().sorted()
+            let median = repeated[repeated.count / 2]
+            if ProbeRun.probeIsRelease {
+                #expect(median <= 2.0, "repeated: \(repeated) ms; first \(run.samplingMilliseconds[0]) ms")
+            } else {
+                #expect(median <= 10.0, "repeated: \(repeated) ms; first \(run.samplingMilliseconds[0]) ms")
+            }
+        }
+
+        /// Goal 0.1 % of a core; reached: see README ("What it costs"). The bound
+        /// here catches regressions: at most 0.5 % of a core (on this shared 2-core VM,
+        /// 0.08 % quiet and up to 0.32 % while other builds run) and 4 wake-ups
+        /// (voluntary context switches of the whole process) per heartbeat.
+        @Test(
+            "idle cost over 20 s at the default heartbeat (release)",
+            .enabled(if: ProbeRun.probeIsRelease, "measured on a release build only"))
+        func idleCost() throws {
+            // The best of two runs: the machine is shared, and other processes' load
+            // makes each wake-up of ours cost more CPU (caches, the hypervisor).
+            var best: (percent: Double, perHeartbeat: Double)?
+            for _ in 0..<2 {
+                let run = try ProbeRun.run(["overhead", "20"], timeLimit: 90)
+                #expect(run.exitStatus == 0)
+                let cpu = try #require(run.value("CPU").first, "\(run.lines)")
+                let wakeUps = try #require(run.value("WAKEUPS").first, "\(run.lines)")
+                let heartbeat = try #require(run.value("HEARTBEAT").first, "\(run.lines)")
+                let percent = cpu / 20_000 * 100
+                let perHeartbeat = wakeUps / (20_000 / heartbeat)
+                print("idle: \(percent) % of a core, \(wakeUps / 20) wake-ups/s, \(perHeartbeat) per heartbeat")
+                if best == nil || percent < best!.percent { best = (percent, perHeartbeat) }
+                if percent <= 0.5 && perHeartbeat <= 4 { break }
+            }
+            guard let best else { return }
+            #expect(best.percent <= 0.5, "\(best.percent) % of a core")
+            #expect(best.perHeartbeat <= 4, "\(best.perHeartbeat) wake-ups per heartbeat")
+        }
+    }
+}

@@ -1,0 +1,126 @@
+import Foundation
+import Testing
+
+/// The matrix of blocking cases, each on a serial queue (heartbeat) and on the main
+/// thread under `RunLoop.main` (run-loop observer), in the `stall-probe` helper. CI
+/// runs it against a release build (`STALL_PROBE=…/release/stall-probe`); `swift
+/// test` runs it against the debug build beside the tests.
+///
+/// For each case the reported stack must show the user frames innermost first, with
+/// the file and line of the call they are in (read from `// matrix:<name>` markers
+/// in `Sources/stall-probe/Matrix.swift`), reach the thread's start, and contain no
+/// uncertain frame; a stalled `usleep` must return 0 after its full time.
+extension StallDetectorIntegrationTests {
+    @Suite("Stall matrix (stall-probe, real time)")
+    struct Matrix {
+        /// A user frame the report must show: function name prefix and marker line.
+        struct Expected: CustomStringConvertible {
+            var function: String
+            var marker: String?
+            var description: String { "\(function) @\(marker ?? "-")" }
+        }
+
+        static let source: String = {
+            let url = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+                .deletingLastPathComponent().appendingPathComponent("Sources/stall-probe/Matrix.swift")
+            return (try? String(contentsOf: url, encoding: .utf8)) ?? ""
+        }()
+
+        /// The line of `// matrix:<name>` in Matrix.swift.
+        static func line(of marker: String) -> Int? {
+            for (index, line) in source.split(separator: "\n", omittingEmptySubsequences: false).enumerated()
+            where line.hasSuffix("// matrix:\(marker)") {
+                return index + 1
+            }
+            return nil
+        }
+
+        static let run = Expected(function: "runMatrixCase(", marker: "run")
+
+        /// The user frames of each case, innermost first (frames between them, such as
+        /// closures and thunks, may appear in between).
+        static let cases: [(name: String, frames: [Expected], sleeps: Bool)] = [
+            ("mutex", [.init(function: "matrixMutexWait(", marker: "mutex"), run], false),
+            ("pipe", [.init(function: "matrixPipeRead(", marker: "pipe"), run], false),
+            ("semaphore", [.init(function: "matrixSemaphoreWait(", marker: "semaphore"), run], false),
+            (
+                "recursion",
+                [
+                    .init(function: "matrixSleep(", marker: "sleep"),
+                    .init(function: "matrixRecurse(depth:", marker: "recursion-bottom"),
+                    .init(function: "matrixRecurse(depth:", marker: "recursion"), run,
+                ], true
+            ),
+            (
+                "busy",
+                [
+                    .init(function: "matrixBusy5(", marker: "busy5"), .init(function: "matrixBusy4(", marker: "busy4"),
+                    .init(function: "matrixBusy3(", marker: "busy3"), .init(function: "matrixBusy2(", marker: "busy2"),
+                    .init(function: "matrixBusy1(", marker: "busy1"), run,
+                ], false
+            ),
+            ("sleep", [.init(function: "matrixSleep(", marker: "sleep"), run], true),
+            (
+                "ccallback",
+                [
+                    .init(function: "matrixSleep(", marker: "sleep"),
+                    .init(function: "matrixComparator(", marker: "ccallback"),
+                    .init(function: "qsort", marker: nil),
+                    // The qsort call: in the closure (debug), or in what the closure is
+                    // inlined into (release: `Array.withUnsafeMutableBufferPointer`,
+                    // itself inlined into `matrixSortWithCallback`); any name.
+                    .init(function: "", marker: "ccallback-sort"),
+                    .init(function: "matrixSortWithCallback(", marker: nil),
+                    run,
+                ], true
+            ),
+        ]
+
+        static let arguments: [(String, String)] = cases.flatMap { [($0.name, "queue"), ($0.name, "main")] }
+
+        @Test(
+            "each case on a queue and on the main run loop: user frames in order, with file:line, to the thread's start",
+            arguments: arguments)
+        func matrixCase(name: String, target: String) throws {
+            let expectation = try #require(Self.cases.first { $0.name == name })
+            // One retry: the machine is shared, and a run whose stall was not detected
+            // on time says nothing about the stack.
+            var run = try ProbeRun.run(["matrix", name, target, "700"])
+            if run.started.count != 1 { run = try ProbeRun.run(["matrix", name, target, "700"]) }
+            #expect(run.exitStatus == 0)
+            #expect(run.started.count == 1, "\(run.lines)")
+            guard let report = run.started.first?.report else { return }
+            let frames = report.split(separator: "\n").map(String.init).filter { $0.hasPrefix("  #") }
+            var position = 0
+            for expected in expectation.frames {
+                guard let found = frames[position...].firstIndex(where: { Self.frame($0, matches: expected) }) else {
+                    Issue.record("\(expected) not found in order (from frame \(position)):\n\(report)")
+                    return
+                }
+                position = found + 1
+            }
+            #expect(!frames.contains { $0.hasSuffix(" ?") }, "no uncertain frame:\n\(report)")
+            let root = target == "main" ? "__libc_start_call_main" : "start_thread"
+            #expect(frames.contains { $0.contains(" \(root) ") }, "the thread's start is shown:\n\(report)")
+            if name == "recursion" {
+                // 200 calls: the bottom one, then 199 identical frames on one line.
+                #expect(report.contains("matrixRecurse(depth:_:)") && report.contains(" × 199"), "\(report)")
+            }
+            if expectation.sleeps {
+                // The sample did not interrupt the sleep: usleep returned 0 after its time.
+                #expect(run.sleeps.first?.result == 0, "\(run.lines)")
+                #expect((run.sleeps.first?.milliseconds ?? 0) >= 699, "\(run.lines)")
+            }
+        }
+
+        static func frame(_ text: String, matches expected: Expected) -> Bool {
+            guard text.contains(" " + expected.function) else { return false }
+            guard let marker = expected.marker else { return true }
+            guard let number = line(of: marker) else { return false }
+            // An optimized build may attribute a call to the line of the statement after
+            // it (llvm-symbolizer agrees: it is what the debug information says).
+            let lines = ProbeRun.probeIsRelease ? [number, number + 1] : [number]
+            return lines.contains { text.contains("Matrix.swift:\($0) ") }
+        }
+    }
+}
