@@ -41,7 +41,7 @@ let package = Package(
         .target(
             name: "StallDetectionReporting",
             dependencies: [
-                "StallDetection",
+                "SafeTimers", "StallDetection",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ]
@@ -51,7 +51,7 @@ let package = Package(
             dependencies: ["SafeTimers", "StallDetection"]
         ),
         // A child process for StallDetection's integration tests (not a product).
-        .executableTarget(name: "stall-probe", dependencies: ["StallDetection"]),
+        .executableTarget(name: "stall-probe", dependencies: ["SafeTimers", "StallDetection"]),
         .testTarget(name: "SafeTimersTests", dependencies: ["SafeTimers", "SafeTimersTesting"]),
         .testTarget(
             name: "SafeTimersTestingTests",

@@ -1,3 +1,5 @@
+import SafeTimers
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -50,12 +52,9 @@ enum Monotonic {
         #endif
     }
 
-    /// A duration in nanoseconds, saturating.
+    /// A duration in nanoseconds, saturating, whatever its magnitude: the one
+    /// conversion the whole package uses (`DeadlineArithmetic` in SafeTimers).
     static func nanoseconds(_ duration: Duration) -> Int64 {
-        let (seconds, attoseconds) = duration.components
-        let (whole, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
-        if overflow { return seconds < 0 ? .min : .max }
-        return whole.addingReportingOverflow(attoseconds / 1_000_000_000).overflow
-            ? (seconds < 0 ? .min : .max) : whole + attoseconds / 1_000_000_000
+        DeadlineArithmetic.nanoseconds(duration)
     }
 }

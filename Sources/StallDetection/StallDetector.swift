@@ -95,7 +95,8 @@ public final class StallDetector: Sendable {
     /// - Parameters:
     ///   - target: What to watch.
     ///   - threshold: How long the target must be blocked to count as stalled.
-    ///     Values below 10 ms are raised to 10 ms.
+    ///     Values below 10 ms are raised to 10 ms; values above
+    ///     ``longestThreshold`` (any magnitude) are reduced to it.
     ///   - heartbeat: How often a heartbeat target is probed (and how often the
     ///     detector looks at the clock). Default: a tenth of the threshold, between
     ///     5 ms and 50 ms.
@@ -112,6 +113,10 @@ public final class StallDetector: Sendable {
             isTraced: ProcessFacts.isTraced)
     }
 
+    /// The longest threshold in effect (about 100 years); longer ones, up to any
+    /// magnitude, are reduced to it.
+    public static let longestThreshold = Duration.seconds(100 * 365 * 86_400)
+
     /// The designated initializer; tests inject `isTraced`.
     init(
         target: Target,
@@ -123,7 +128,10 @@ public final class StallDetector: Sendable {
         let (stream, continuation) = AsyncStream.makeStream(
             of: StallEvent.self, bufferingPolicy: .bufferingNewest(100))
         events = stream
-        let threshold = max(threshold, .milliseconds(10))
+        // A threshold too long to matter counts as a century, which keeps every
+        // sum of instants and thresholds far from overflowing: such a detector
+        // never reports, whatever the magnitude it was given.
+        let threshold = min(max(threshold, .milliseconds(10)), Self.longestThreshold)
         let heartbeat =
             heartbeat.map { min(max($0, .milliseconds(1)), threshold) }
             ?? min(max(threshold / 10, .milliseconds(5)), .milliseconds(50))

@@ -1,3 +1,5 @@
+import SafeTimers
+
 /// One report about one stall: it `started` (the threshold was crossed while the
 /// target was still blocked) or it `ended` (the target answered again).
 ///
@@ -185,8 +187,7 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
 }
 
 func format(_ duration: Duration) -> String {
-    let (seconds, attoseconds) = duration.components
-    let milliseconds = seconds * 1000 + attoseconds / 1_000_000_000_000_000
+    let milliseconds = DeadlineArithmetic.nanoseconds(duration) / 1_000_000
     let whole = milliseconds / 1000
     let fraction = String(milliseconds % 1000).leftPadded(to: 3)
     return "\(whole).\(fraction) s"

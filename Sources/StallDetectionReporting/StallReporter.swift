@@ -1,5 +1,6 @@
 import Logging
 import Metrics
+import SafeTimers
 import StallDetection
 
 /// Sends ``StallDetection/StallEvent``s to swift-log and swift-metrics.
@@ -43,9 +44,7 @@ public struct StallReporter: Sendable {
 
     /// Logs and records one event.
     public func record(_ event: StallEvent) {
-        let milliseconds =
-            Double(event.duration.components.seconds) * 1000
-            + Double(event.duration.components.attoseconds) / 1e15
+        let milliseconds = DeadlineArithmetic.milliseconds(event.duration)
         let metadata: Logger.Metadata = [
             "stall.id": "\(event.id)",
             "stall.phase": "\(event.phase.rawValue)",

@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import SafeTimers
 import StallDetection
 
 /// Prints one line and flushes it at once, so the parent sees lines as they happen.
@@ -9,7 +10,7 @@ func emit(_ line: String) {
 }
 
 func milliseconds(_ duration: Duration) -> Double {
-    Double(duration.components.seconds) * 1000 + Double(duration.components.attoseconds) / 1e15
+    DeadlineArithmetic.milliseconds(duration)
 }
 
 func report(_ event: StallEvent) {
