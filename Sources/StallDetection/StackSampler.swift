@@ -124,7 +124,14 @@ final class StackSampler {
         func read(_ length: Int) -> Bool {
             var local = iovec(iov_base: bytes.baseAddress! + total, iov_len: length)
             var remote = iovec(iov_base: UnsafeMutableRawPointer(bitPattern: address + UInt(total)), iov_len: length)
+            #if os(Linux)
             return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == length
+            #else
+            // No cross-process read here: a sleeping thread's stack is not copied
+            // (its report falls back to what the signal sample gives).
+            _ = (local, remote)
+            return false
+            #endif
         }
         // Chunks that double in size (few system calls for a deep stack); a chunk
         // that fails is retried page by page, to find where the mapping ends.

@@ -27,9 +27,20 @@ func report(_ event: StallEvent) {
     }
 }
 
-func cpuMilliseconds() -> Double {
+/// This process's resource usage (`RUSAGE_SELF`; glibc spells the constant's
+/// type differently from Darwin).
+func selfUsage() -> rusage {
     var usage = rusage()
+    #if canImport(Glibc)
     getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+    #else
+    getrusage(RUSAGE_SELF, &usage)
+    #endif
+    return usage
+}
+
+func cpuMilliseconds() -> Double {
+    let usage = selfUsage()
     return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1000
         + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1000
 }
@@ -38,9 +49,7 @@ func cpuMilliseconds() -> Double {
 /// went to sleep, so each wake-up counts once (preemptions by other processes, the
 /// involuntary switches, do not).
 func contextSwitches() -> Int {
-    var usage = rusage()
-    getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
-    return usage.ru_nvcsw
+    selfUsage().ru_nvcsw
 }
 
 /// Blocks the calling thread for `ms` milliseconds, in a function whose name the
