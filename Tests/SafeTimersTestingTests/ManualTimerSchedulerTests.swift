@@ -2,7 +2,7 @@ import SafeTimersTesting
 import Synchronization
 import Testing
 
-@testable @_spi(SchedulerImplementation) @_spi(SafeTimersInternal) import SafeTimers
+@testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// An entry that re-arms itself every `interval` ticks, like a repeating timer.
 final class SelfRearmingEntry: TimerEntry {

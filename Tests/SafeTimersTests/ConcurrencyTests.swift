@@ -3,7 +3,7 @@ import Foundation
 import Synchronization
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 /// Real-time tests of thread safety, meant to run under ThreadSanitizer too
 /// (`swift test --sanitize=thread`, as CI does). They assert outcomes, never speed.

@@ -1,6 +1,6 @@
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 @Suite("Deadline arithmetic")
 struct DeadlineArithmeticTests {

@@ -3,7 +3,7 @@ import SafeTimersTesting
 import Synchronization
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 /// An object whose captures can be watched: `deinit` flips a shared flag.
 final class Tracked: Sendable {

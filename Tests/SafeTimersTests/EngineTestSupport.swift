@@ -1,7 +1,7 @@
 import Synchronization
 import Testing
 
-@testable @_spi(SchedulerImplementation) @_spi(SafeTimersInternal) import SafeTimers
+@testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// A minimal entry for driving the engine directly: records each firing and
 /// holds a payload that weak probes can watch.

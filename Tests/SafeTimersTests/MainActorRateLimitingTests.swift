@@ -1,7 +1,7 @@
 import SafeTimersTesting
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 @Suite("Main-actor overloads of Debouncer.call and Throttler.call; leading debounce")
 struct MainActorRateLimitingTests {

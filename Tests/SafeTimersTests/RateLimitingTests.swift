@@ -2,7 +2,7 @@ import SafeTimersTesting
 import Synchronization
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 /// Marble-style scenarios: calls at given virtual times (ms), runs recorded as
 /// "value@time".

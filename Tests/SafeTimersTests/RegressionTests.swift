@@ -4,7 +4,7 @@ import SafeTimersTesting
 import Synchronization
 import Testing
 
-@testable @_spi(SchedulerImplementation) @_spi(SafeTimersInternal) import SafeTimers
+@testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// One test per defect found by hostile use of the first version (each failed
 /// on that version). Real-time tests use generous bounds and assert outcomes,

@@ -1,6 +1,6 @@
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 /// Property tests over random input sequences of the pure state machine: whatever
 /// the order, its bookkeeping stays consistent.

@@ -3,7 +3,7 @@ import SafeTimersTesting
 import Synchronization
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 /// Lets a handler reach the timer it belongs to.
 final class TimerBox: Sendable {

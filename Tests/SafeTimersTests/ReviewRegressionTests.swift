@@ -4,7 +4,7 @@ import SafeTimersTesting
 import Synchronization
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 /// One test per break found by an adversarial review of the invocation gate.
 @Suite("Regressions (review of the invocation gate)")

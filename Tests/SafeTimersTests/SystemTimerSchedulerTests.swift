@@ -3,7 +3,7 @@ import Foundation
 import Synchronization
 import Testing
 
-@testable @_spi(SchedulerImplementation) @_spi(SafeTimersInternal) import SafeTimers
+@testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// Real-time integration tests of the engine: bounds are generous, nothing asserts
 /// on how fast the machine is, and waits end as soon as their condition holds.

@@ -1,7 +1,7 @@
 import Synchronization
 import Testing
 
-@testable @_spi(SchedulerImplementation) @_spi(SafeTimersInternal) import SafeTimers
+@testable @_spi(SchedulerImplementation) import SafeTimers
 
 @Suite("TimerWheel")
 struct TimerWheelTests {

@@ -3,7 +3,7 @@ import SafeTimersTesting
 import Synchronization
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 @Suite("Watchdog (virtual time)")
 struct WatchdogTests {

@@ -21,18 +21,17 @@ import Musl
 /// predictable branch.
 ///
 /// Every SafeTimers primitive keeps its state in one of these.
-@_spi(SafeTimersInternal)
-public struct StateLock<Value: ~Copyable>: ~Copyable, Sendable {
+package struct StateLock<Value: ~Copyable>: ~Copyable, Sendable {
     private let mutex: Mutex<Value>
 
     /// Creates a lock protecting `initialValue`.
-    public init(_ initialValue: consuming sending Value) {
+    package init(_ initialValue: consuming sending Value) {
         mutex = Mutex(initialValue)
     }
 
     /// Runs `body` with exclusive access to the value, as `Mutex.withLock`.
     @inline(__always)
-    public borrowing func withLock<Result: ~Copyable, Failure: Error>(
+    package borrowing func withLock<Result: ~Copyable, Failure: Error>(
         _ body: (inout sending Value) throws(Failure) -> sending Result
     ) throws(Failure) -> sending Result {
         guard let annotations = ThreadSanitizerAnnotations.functions else { return try mutex.withLock(body) }

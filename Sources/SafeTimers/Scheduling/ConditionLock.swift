@@ -15,13 +15,12 @@ import Musl
 /// `@unchecked Sendable` invariant: the two pthread objects live in memory allocated
 /// once in `init` and freed once in `deinit`, never moved; every access goes through
 /// the pthread calls, which are thread-safe by contract.
-@_spi(SafeTimersInternal)
-public final class ConditionLock: @unchecked Sendable {
+package final class ConditionLock: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
 
     /// Creates an unlocked lock.
-    public init() {
+    package init() {
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
         condition = .allocate(capacity: 1)
@@ -51,15 +50,15 @@ public final class ConditionLock: @unchecked Sendable {
 
     /// Locks the mutex.
     @inline(__always)
-    public func lock() { pthread_mutex_lock(mutex) }
+    package func lock() { pthread_mutex_lock(mutex) }
 
     /// Unlocks the mutex.
     @inline(__always)
-    public func unlock() { pthread_mutex_unlock(mutex) }
+    package func unlock() { pthread_mutex_unlock(mutex) }
 
     /// Runs `body` with the mutex held.
     @inline(__always)
-    public func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
+    package func withLock<R, E: Error>(_ body: () throws(E) -> R) throws(E) -> R {
         lock()
         defer { unlock() }
         return try body()
@@ -67,18 +66,18 @@ public final class ConditionLock: @unchecked Sendable {
 
     /// Wakes one waiter. Cheap (no system call) when nobody waits.
     @inline(__always)
-    public func signal() { pthread_cond_signal(condition) }
+    package func signal() { pthread_cond_signal(condition) }
 
     /// Wakes every waiter.
-    public func broadcast() { pthread_cond_broadcast(condition) }
+    package func broadcast() { pthread_cond_broadcast(condition) }
 
     /// Waits until signalled; the mutex must be held. May wake spuriously.
-    public func wait() { pthread_cond_wait(condition, mutex) }
+    package func wait() { pthread_cond_wait(condition, mutex) }
 
     /// Waits until signalled or until the monotonic clock reaches `deadline`
     /// (nanoseconds, as ``MonotonicClock/nanoseconds()``); the mutex must be held.
     /// May wake spuriously.
-    public func wait(untilMonotonic deadline: Int64) {
+    package func wait(untilMonotonic deadline: Int64) {
         // Seconds are clamped to what `time_t` holds: on 32-bit platforms (watchOS
         // arm64_32, 32-bit Linux) a deadline beyond about 68 years would otherwise
         // trap in the conversion. A wait that ends early is harmless: callers loop.

@@ -13,11 +13,10 @@ import Musl
 /// is changed. A deadline is therefore "so much *running* time from now": a
 /// watchdog armed for 2 s just before the machine sleeps fires 2 s of awake time
 /// later, not at once on wake-up. Reading it costs about 25 ns here (vDSO).
-@_spi(SafeTimersInternal)
-public enum MonotonicClock {
+package enum MonotonicClock {
     /// Nanoseconds since an arbitrary, fixed point in the past.
     @inline(__always)
-    public static func nanoseconds() -> Int64 {
+    package static func nanoseconds() -> Int64 {
         #if canImport(Darwin)
         return Int64(truncatingIfNeeded: clock_gettime_nsec_np(CLOCK_UPTIME_RAW))
         #else

@@ -12,8 +12,7 @@ import Musl
 ///
 /// `@unchecked Sendable` invariant: the wrapped `pthread_t` is only passed to
 /// `pthread_join` or `pthread_detach`, once, by whoever started the thread.
-@_spi(SafeTimersInternal)
-public struct NamedThread: @unchecked Sendable {
+package struct NamedThread: @unchecked Sendable {
     #if canImport(Darwin)
     private let thread: pthread_t?
     #else
@@ -21,7 +20,7 @@ public struct NamedThread: @unchecked Sendable {
     #endif
 
     /// Starts a thread named `name` (up to 15 characters show on Linux) running `body`.
-    public static func start(name: String, _ body: @escaping @Sendable () -> Void) -> NamedThread {
+    package static func start(name: String, _ body: @escaping @Sendable () -> Void) -> NamedThread {
         final class Start: Sendable {
             let name: String
             let body: @Sendable () -> Void
@@ -54,7 +53,7 @@ public struct NamedThread: @unchecked Sendable {
     }
 
     /// Waits until the thread has exited.
-    public func join() {
+    package func join() {
         #if canImport(Darwin)
         if let thread { pthread_join(thread, nil) }
         #else
@@ -63,7 +62,7 @@ public struct NamedThread: @unchecked Sendable {
     }
 
     /// Lets the thread's resources go when it exits, without anyone joining it.
-    public func detach() {
+    package func detach() {
         #if canImport(Darwin)
         if let thread { pthread_detach(thread) }
         #else

@@ -11,8 +11,7 @@ import Musl
 /// glibc declares `gettid` and `pthread_setname_np` only under `_GNU_SOURCE`,
 /// which Swift's `Glibc` module does not define, so on Linux they are looked up
 /// once with `dlsym`; where the lookup fails the functions quietly do nothing.
-@_spi(SafeTimersInternal)
-public enum ThreadIdentity {
+package enum ThreadIdentity {
     #if os(Linux)
     private typealias GetTID = @convention(c) () -> Int32
     private typealias SetName = @convention(c) (pthread_t, UnsafePointer<CChar>) -> Int32
@@ -27,7 +26,7 @@ public enum ThreadIdentity {
     #endif
 
     /// The kernel's id of the current thread (Linux), or 0 where there is none.
-    public static func currentKernelThreadID() -> Int32 {
+    package static func currentKernelThreadID() -> Int32 {
         #if os(Linux)
         return getTID?() ?? 0
         #else
@@ -37,7 +36,7 @@ public enum ThreadIdentity {
 
     /// An id of the current thread, comparable with `==` among live threads.
     @inline(__always)
-    public static func current() -> UInt {
+    package static func current() -> UInt {
         #if canImport(Darwin)
         return UInt(bitPattern: pthread_self())
         #else
@@ -46,7 +45,7 @@ public enum ThreadIdentity {
     }
 
     /// Whether the current thread is the process's main thread.
-    public static var isMainThread: Bool {
+    package static var isMainThread: Bool {
         #if canImport(Darwin)
         return pthread_main_np() != 0
         #elseif os(Linux)
@@ -57,7 +56,7 @@ public enum ThreadIdentity {
     }
 
     /// Names the current thread (shown by debuggers, `top -H` and crash reports).
-    public static func nameCurrentThread(_ name: String) {
+    package static func nameCurrentThread(_ name: String) {
         #if canImport(Darwin)
         pthread_setname_np(name)
         #elseif os(Linux)

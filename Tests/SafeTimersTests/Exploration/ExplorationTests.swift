@@ -1,6 +1,6 @@
 import Testing
 
-@testable @_spi(SafeTimersInternal) import SafeTimers
+@testable import SafeTimers
 
 /// The interleaving explorer over every primitive: every sequence of steps up
 /// to the depth below, then seeded random paths deeper than that. Each step is

@@ -1,4 +1,4 @@
-@testable @_spi(SchedulerImplementation) @_spi(SafeTimersInternal) import SafeTimers
+@testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// A `Debouncer` (delay 10 ms) in a ``PrimitiveWorld``: calls are `call` (each
 /// with a new number), `flush` and `cancel`. Only the latest call, or one that
