@@ -4,6 +4,9 @@ import Dispatch
 import Foundation
 import SafeTimers
 import SafeTimersTesting
+import Logging
+import StallDetection
+import StallDetectionReporting
 import Synchronization
 import Testing
 
@@ -29,10 +32,12 @@ func showOfflineBanner() {}
 func show(_ value: Data) {}
 let query = ""
 let sql = ""
-enum Logger { static func warning(_ message: String) {} }
-let logger = Logger.self
 struct Log { func warning(_ message: String) {} }
 let log = Log()
+let logger = Log()
+struct MetricsStub { func record(_ duration: Duration) {} }
+let metrics = MetricsStub()
+let detector = StallDetector(target: .mainQueue)
 struct Database { func query(_ sql: String) throws -> [String] { [] } }
 let database = Database()
 struct Decoder { func decode(_ data: Data) async throws -> Data { data } }
