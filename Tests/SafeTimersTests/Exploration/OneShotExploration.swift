@@ -30,20 +30,15 @@ struct DelayedWorkSystem: ExplorableSystem {
             let deadline = world.now + 10_000_000
             _ = work.completeReturningTicket(work.transition { $0.reschedule(to: deadline) })
             world.collect()
-        case .fire: world.fire()
-        case .elapse: world.elapse()
-        case .begin(let index):
-            let (tag, worker) = world.takeDelivery(index)
-            if let body = work.begin(tag: tag, thread: worker) {
-                body()
-                world.began(tag, on: worker)
-            }
-        case .end(let worker):
-            work.end()
-            world.ended(on: worker)
-        case .unblock(let thread):
-            if let ticket = world.blocked[thread] { _ = work.passWaiter(ticket) }
-            world.unblock(thread)
+        default:
+            let work = self.work
+            world.performNonCall(
+                step,
+                begin: { tag, worker in
+                    guard let body = work.begin(tag: tag, thread: worker) else { return false }
+                    body()
+                    return true
+                }, end: { work.end() }, passWaiter: { _ = work.passWaiter($0) })
         }
     }
 
@@ -118,24 +113,16 @@ struct WatchdogSystem: ExplorableSystem {
                 earliestAllowed = now + DeadlineArithmetic.nanoseconds(core.timeout)
             }
             noteDeliveries()
-        case .fire:
-            world.fire()
+        default:
+            let core = self.core
+            world.performNonCall(
+                step,
+                begin: { tag, worker in
+                    guard let body = core.begin(tag: tag, thread: worker) else { return false }
+                    body()
+                    return true
+                }, end: { core.end() }, passWaiter: { _ = core.passWaiter($0) })
             noteDeliveries()
-        case .elapse:
-            world.elapse()
-            noteDeliveries()
-        case .begin(let index):
-            let (tag, worker) = world.takeDelivery(index)
-            if let body = core.begin(tag: tag, thread: worker) {
-                body()
-                world.began(tag, on: worker)
-            }
-        case .end(let worker):
-            core.end()
-            world.ended(on: worker)
-        case .unblock(let thread):
-            if let ticket = world.blocked[thread] { _ = core.passWaiter(ticket) }
-            world.unblock(thread)
         }
     }
 

@@ -99,6 +99,28 @@ final class PrimitiveWorld {
         return steps
     }
 
+    /// Performs any step but a call. `begin` runs the first half of delivery
+    /// `tag` on `worker` (and the handler) and says whether it began; `end` runs
+    /// the second half; `passWaiter` unregisters the waiter of a returning cancel.
+    func performNonCall(
+        _ step: PrimitiveStep, begin: (UInt64, UInt) -> Bool, end: () -> Void, passWaiter: (WaitTicket) -> Void
+    ) {
+        switch step {
+        case .call: preconditionFailure("calls are the system's own")
+        case .fire: fire()
+        case .elapse: elapse()
+        case .begin(let index):
+            let (tag, worker) = takeDelivery(index)
+            if begin(tag, worker) { began(tag, on: worker) }
+        case .end(let worker):
+            end()
+            ended(on: worker)
+        case .unblock(let thread):
+            if let ticket = blocked[thread] { passWaiter(ticket) }
+            unblock(thread)
+        }
+    }
+
     /// Takes what the executor recorded.
     func collect() {
         deliveries += recorder.takeAll().map(\.tag)

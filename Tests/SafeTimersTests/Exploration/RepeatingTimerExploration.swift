@@ -45,17 +45,10 @@ struct RepeatingTimerSystem<Configuration: RepeatingTimerExplorationConfiguratio
                 world.cancelled(
                     on: thread, ticket: core.completeReturningTicket(core.transition { $0.cancel(thread: thread) }))
             }
-        case .fire: world.fire()
-        case .elapse: world.elapse()
-        case .begin(let index):
-            let (tag, worker) = world.takeDelivery(index)
-            if begin(tag, worker) { world.began(tag, on: worker) }
-        case .end(let worker):
-            core.end()
-            world.ended(on: worker)
-        case .unblock(let thread):
-            if let ticket = world.blocked[thread] { _ = core.passWaiter(ticket) }
-            world.unblock(thread)
+        default:
+            let core = self.core
+            world.performNonCall(
+                step, begin: { begin($0, $1) }, end: { core.end() }, passWaiter: { _ = core.passWaiter($0) })
         }
     }
 
