@@ -54,7 +54,14 @@ public final class ManualTimerScheduler: TimerScheduler {
     /// An entry armed during the advance for an instant the clock has already
     /// reached (a zero or negative delay) runs at the next instant the advance
     /// moves to, or in the next advance, so work that keeps scheduling itself
-    /// with a zero delay cannot make an advance loop forever.
+    /// with a zero delay cannot make an advance loop forever. Likewise, if
+    /// handlers keep triggering each other at one instant (say a zero-interval
+    /// `Throttler` whose action calls it again), the advance stops at that
+    /// instant after 100,000 deliveries and leaves the rest for the next one.
+    ///
+    /// A task woken by the advance (a sleep on ``clock``) runs concurrently with
+    /// the rest of the advance: to test a loop that sleeps again, advance one
+    /// sleep at a time (`waitForSleepers`, then `advance` to its deadline).
     ///
     /// A zero or negative `duration` runs only what is due already and leaves the
     /// clock where it is; a duration too long to represent moves the clock to the
@@ -68,7 +75,7 @@ public final class ManualTimerScheduler: TimerScheduler {
 
     /// Moves the clock forward to `instant` (a time since the scheduler was
     /// created, like ``now``) and runs every handler that falls due. An instant
-    /// in the past leaves the clock where it is.
+    /// in the past leaves the clock where it is and runs what is due now.
     public func advance(to instant: Duration) {
         engine.advance(to: instant)
     }
@@ -80,14 +87,20 @@ public final class ManualTimerScheduler: TimerScheduler {
     /// Returns the number of rounds run. Entries that never fire (armed with a
     /// delay too long to represent) are left pending. A timer that re-arms itself
     /// forever (a `RepeatingTimer`, or work that schedules itself again) keeps it
-    /// busy until `limit`: each round runs it at most once per instant (see
-    /// ``advance(by:)``), so this always returns.
+    /// busy until `limit`: each round runs it at most once per instant, and at
+    /// most 100,000 handler deliveries (see ``advance(by:)``), so this always
+    /// returns.
     @discardableResult
     public func runUntilIdle(limit: Int = 10_000) -> Int {
-        engine.advance(by: .zero)
         var rounds = 0
-        while rounds < limit, let next = engine.nextDeadline, next != Int64.max {
-            engine.advance(toTicks: next)
+        while rounds < limit {
+            if engine.queuedDeliveryCount > 0 {
+                engine.advance(by: .zero)
+            } else if let next = engine.nextDeadline, next != Int64.max {
+                engine.advance(toTicks: next)
+            } else {
+                break
+            }
             rounds += 1
         }
         return rounds
@@ -98,7 +111,8 @@ public final class ManualTimerScheduler: TimerScheduler {
 
     /// Moves the clock forward to `instant` (an instant of this scheduler's
     /// `clock`) and runs every handler that falls due, as
-    /// ``advance(by:)`` does. An instant in the past leaves the clock where it is.
+    /// ``advance(by:)`` does. An instant in the past leaves the clock where it is
+    /// and runs what is due now.
     public func advance(to instant: TimerClock.Instant) {
         engine.advance(to: instant.sinceCreation)
     }

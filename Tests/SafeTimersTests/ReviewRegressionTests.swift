@@ -4,7 +4,7 @@ import SafeTimersTesting
 import Synchronization
 import Testing
 
-@testable import SafeTimers
+@testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// One test per break found by an adversarial review of the invocation gate.
 @Suite("Regressions (review of the invocation gate)")
@@ -114,5 +114,70 @@ struct ReviewRegressionTests {
         #expect((now - Duration(attoseconds: Int128.min)).sinceCreation == .nanoseconds(Int64.max))
         #expect((now - Duration(attoseconds: Int128.max)).sinceCreation == .nanoseconds(-Int64.max))
         #expect((now - .seconds(2)).sinceCreation == .seconds(-2))
+    }
+}
+
+/// One test per break found by an adversarial review of the clock and deadline APIs.
+@Suite("Regressions (review of clocks and deadlines)")
+struct ClockReviewRegressionTests {
+    @Test("a zero-interval throttler whose action calls it again cannot hang advance or runUntilIdle")
+    func selfRetriggeringThrottlerTerminates() {
+        let manual = ManualTimerScheduler()
+        let throttler = Throttler(interval: .zero, scheduler: manual)
+        let runs = Counter()
+        @Sendable func tick() {
+            runs.increment()
+            throttler.call { tick() }
+        }
+        throttler.call { tick() }
+        manual.advance(by: .zero)
+        #expect(runs.count == TimerEngine.deliveryLimitPerInstant, "stopped at the limit, the rest queued")
+        #expect(manual.runUntilIdle(limit: 1) == 1)
+        throttler.cancel()
+    }
+
+    @Test("at the end of time, zero-delay work and zero sleeps still run")
+    func endOfTime() async throws {
+        let manual = ManualTimerScheduler()
+        manual.advance(by: .seconds(Int64.max))
+        let ran = Counter()
+        let work = DelayedWork.schedule(after: .zero, scheduler: manual) { ran.increment() }
+        manual.advance(by: .seconds(1))
+        #expect(work.state == .completed)
+        let task = Task { try await manual.clock.sleep(for: .zero) }
+        await manual.waitForSleepers(1)
+        manual.advance(by: .zero)
+        try await task.value
+    }
+
+    @Test("advance(to:) an instant in the past runs everything already due")
+    func advanceToPastRunsAllDue() {
+        let manual = ManualTimerScheduler()
+        manual.advance(by: .seconds(10))
+        let ran = StateLock<[String]>([])
+        let a = DelayedWork.schedule(at: manual.instant - .seconds(5), scheduler: manual) {
+            ran.withLock { $0.append("A") }
+        }
+        let b = DelayedWork.schedule(at: manual.instant - .seconds(1), scheduler: manual) {
+            ran.withLock { $0.append("B") }
+        }
+        manual.advance(to: .seconds(7))
+        #expect(ran.withLock { $0 } == ["A", "B"])
+        #expect(manual.now == .seconds(10))
+        _ = (a, b)
+    }
+
+    @Test("leading debounce: the first call of a burst made while an action runs runs right after it")
+    func leadingCallWhileRunning() {
+        let manual = ManualTimerScheduler()
+        let debouncer = Debouncer(delay: .seconds(1), leading: true, scheduler: manual)
+        let ran = StateLock<[String]>([])
+        debouncer.call { ran.withLock { $0.append("A@\(manual.now)") } }
+        debouncer.call {
+            ran.withLock { $0.append("B@\(manual.now)") }
+            debouncer.call { ran.withLock { $0.append("X@\(manual.now)") } }  // a new burst's first call
+        }
+        manual.advance(by: .seconds(5))
+        #expect(ran.withLock { $0 } == ["A@0.0 seconds", "B@1.0 seconds", "X@1.0 seconds"])
     }
 }

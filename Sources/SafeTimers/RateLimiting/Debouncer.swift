@@ -15,9 +15,9 @@ import Synchronization
 ///   once) and moves the deadline to *now + delay*. A run that was due but has not
 ///   begun yet is called off too: the quiet period starts again.
 /// - When the deadline passes, the latest action runs once on `queue`.
-/// - With `leading: true`, the first call of a burst runs at once too; the
-///   latest call runs at the end of the quiet period only if calls came after the
-///   first (a lone call runs once).
+/// - With `leading: true`, the first call of a burst runs at once too (right
+///   after the running action, if one runs); the latest call runs at the end of
+///   the quiet period only if calls came after the first (a lone call runs once).
 /// - Actions never overlap: if the deadline passes while an earlier action still
 ///   runs, the new one begins right after it returns.
 /// - ``flush()`` runs the pending action now instead of at its deadline.
@@ -79,7 +79,9 @@ public final class Debouncer: Sendable {
 
     /// Runs the pending action now (on `queue`), if there is one, instead of at
     /// its deadline. If an earlier action is still running, the pending one
-    /// begins right after it returns.
+    /// begins right after it returns. Nothing calls a flushed action off but
+    /// ``cancel()``. A flush ends the burst: with `leading: true`, the next call
+    /// runs at once.
     public func flush() { core.flush() }
 
     /// Drops the pending action, if any. Once it returns, no action of this

@@ -15,7 +15,7 @@ struct RateLimitedAction: Sendable {
 ///
 /// | input | effects |
 /// |---|---|
-/// | call, leading and no burst open, nothing in flight | the action is queued to run now (fixed); the burst opens |
+/// | call, leading and no burst open | the action is queued to run now, or right after the running one (fixed); the burst opens |
 /// | call otherwise | the action replaces the pending one (released); a queued trailing run that has not begun is revoked; arm now + delay |
 /// | deadline passed (quiet period over) | the burst closes; deliver the pending action (trailing), or run it right after the running one ends |
 /// | flush | disarm, close the burst; the pending action runs now (fixed), or right after the running one |
@@ -51,9 +51,13 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
 
     mutating func call(_ action: RateLimitedAction, deadline: Int64) -> MachineEffects {
         var effects = MachineEffects(timer: .arm(deadline))
-        if leading && !inBurst && gate.isIdle {
+        if leading && !inBurst {
             inBurst = true
-            deliver(action, fixed: true, &effects)
+            if gate.isIdle {
+                deliver(action, fixed: true, &effects)
+            } else {
+                flushed.append(action)  // right after the running action
+            }
             return effects
         }
         inBurst = true

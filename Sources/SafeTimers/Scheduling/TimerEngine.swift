@@ -64,6 +64,11 @@ public final class TimerEngine: @unchecked Sendable {
     /// which the advancing thread runs, instead of on their queue.
     let isVirtual: Bool
 
+    /// The most handler deliveries one advance runs at one instant before it stops
+    /// there (see ``advance(toTicks:)``): far more than any catch-up needs, few
+    /// enough that handlers that keep re-triggering each other cannot hang a test.
+    static let deliveryLimitPerInstant = 100_000
+
     /// The most entries the scheduler thread takes out of the wheel per lock hold,
     /// so arming threads never wait behind a long batch.
     private static let batchLimit = 256
@@ -290,18 +295,36 @@ public final class TimerEngine: @unchecked Sendable {
     /// that instant: it runs at the next instant the advance moves to, or in the
     /// next advance. So an entry that keeps re-arming itself with a zero delay
     /// runs once per instant, never in an endless loop. Queued deliveries (a
-    /// `firesImmediately` tick, owed invocations) always run, in order, before the
-    /// clock moves on.
-    public func advance(toTicks target: Int64) {
+    /// `firesImmediately` tick, owed invocations) run, in order, before the clock
+    /// moves on; if handlers keep queueing more at one instant (100,000 of them:
+    /// far beyond any catch-up), the advance stops at that instant and the rest
+    /// waits for the next advance. A target beyond the end of time stops one tick
+    /// before "never"; a target in the past runs what is due now.
+    public func advance(toTicks requested: Int64) {
         precondition(isVirtual, "advance(to:) needs a manual engine")
         let state = self.state
         var deferred: [TimerWheel.Fired] = []
         lock.lock()
         var barrier = state.pointee.lastSequence
+        // The end of time is one tick before "never", so that work armed with no
+        // delay there still runs; a target in the past runs what is due now.
+        let target = max(min(requested, DeadlineArithmetic.never - 1), state.pointee.virtualNow)
         lock.unlock()
+        var deliveriesAtInstant = 0
         while true {
             lock.lock()
+            if deliveriesAtInstant >= Self.deliveryLimitPerInstant
+                && state.pointee.deliveryHead < state.pointee.deliveries.count
+            {
+                // Handlers keep triggering each other at this instant (a zero-interval
+                // throttler whose action calls it again): stop here, the clock where
+                // it is, the rest queued for the next advance.
+                reinsert(deferred)
+                lock.unlock()
+                return
+            }
             if state.pointee.deliveryHead < state.pointee.deliveries.count {
+                deliveriesAtInstant += 1
                 // A delivery is queued for now; an entry due now that was armed
                 // before it (a smaller sequence) goes first.
                 let sequence = state.pointee.deliveries[state.pointee.deliveryHead].sequence
@@ -333,6 +356,7 @@ public final class TimerEngine: @unchecked Sendable {
             if fired.deadline > state.pointee.virtualNow {
                 state.pointee.virtualNow = fired.deadline
                 barrier = state.pointee.lastSequence
+                deliveriesAtInstant = 0
                 if !deferred.isEmpty {
                     // The clock moved on: what was deferred runs now, before this.
                     reinsert(deferred + [fired])
