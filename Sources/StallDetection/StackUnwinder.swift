@@ -157,6 +157,9 @@ struct StackUnwinder {
         let limit = min(words.count, first + 32_768)
         let entryInner = inner
         var added: [Int] = []
+        // Words after an indirect call found by the scan: kept (uncertain) only if
+        // no record proves the chain continues past them.
+        var indirect: [Int] = []
         var firstValid: Int?
         for index in first..<limit {
             let record = copy.sp + UInt(index) * Self.wordSize
@@ -168,7 +171,12 @@ struct StackUnwinder {
                 } else {
                     leadsHere = true
                 }
-                if leadsHere { return record }
+                if leadsHere {
+                    // The record's call provably reaches the last certain frame, so an
+                    // indirect-call word between them is a stale leftover, not a frame.
+                    for slot in indirect { bySlot[slot] = nil }
+                    return record
+                }
             }
             guard copy.unwound.isEmpty, bySlot[index] == nil else { continue }
             let candidate = words[index]
@@ -190,9 +198,12 @@ struct StackUnwinder {
                     added.append(index)
                 }
             case .unknown:
+                // An indirect call cannot be checked: kept, uncertain, but it does
+                // not replace `inner`, or one stale word would derail every later
+                // check (a recursion's records would no longer reach it).
                 bySlot[index] = RawFrame(address: candidate, isUncertain: true)
-                inner = candidate
                 added.append(index)
+                indirect.append(index)
             case .none:
                 break
             }

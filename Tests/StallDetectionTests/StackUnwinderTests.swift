@@ -81,6 +81,40 @@ struct StackUnwinderTests {
         #expect(frames.allSatisfy { !$0.isUncertain })
     }
 
+    @Test("a stale word after an indirect call, between a sleeping function and its callers' chain, derails nothing")
+    func staleIndirectWordBetweenCertainFrames() {
+        // pc in clock_nanosleep; nanosleep, usleep, then userSleep (starts
+        // 0x1000_0080) called usleep. Above userSleep's locals lies a stale return
+        // address after an indirect call; then the frame records: recurse (starts
+        // 0x1000_0180) called userSleep, recurse called recurse twice, and a thunk
+        // called recurse through a register (an unknown target).
+        let pc: UInt = 0x1800_0040
+        let inNanosleep: UInt = 0x1800_1020
+        let inUsleep: UInt = 0x1800_2030
+        let inUserSleep: UInt = 0x1000_0100
+        let staleIndirect: UInt = 0x1700_0040
+        let recurseCallsSleep: UInt = 0x1000_0200
+        let recurseCallsRecurse: UInt = 0x1000_0210
+        let thunkCallsRecurse: UInt = 0x1000_0500
+        var stack = Stack()
+        stack.push(0x42)
+        stack.push(inNanosleep)
+        stack.push(inUsleep)
+        stack.push(inUserSleep)
+        stack.push(staleIndirect)
+        stack.push(0x43)
+        let returns = [recurseCallsSleep, recurseCallsRecurse, recurseCallsRecurse, thunkCallsRecurse, 0x1000_0600]
+        _ = pushChain(&stack, returns: returns)
+        let calls: [UInt: CallSite.Target] = [
+            inNanosleep: .known(0x1800_0000), inUsleep: .known(0x1800_1000), inUserSleep: .known(0x1800_2000),
+            staleIndirect: .unknown, recurseCallsSleep: .known(0x1000_0080), recurseCallsRecurse: .known(0x1000_0180),
+            thunkCallsRecurse: .unknown, 0x1000_0600: .unknown,
+        ]
+        let frames = unwind(stack, pc: pc, fp: nil, calls: calls)
+        #expect(frames.map(\.address) == [pc, inNanosleep, inUsleep, inUserSleep] + returns)
+        #expect(frames.allSatisfy { !$0.isUncertain })
+    }
+
     @Test("a chain broken by a function without frame pointer (qsort calling back) resumes at the next record")
     func chainResumesAfterGap() {
         var stack = Stack()

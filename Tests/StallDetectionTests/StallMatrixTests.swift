@@ -82,17 +82,7 @@ extension StallDetectorIntegrationTests {
             "each case on a queue and on the main run loop: user frames in order, with file:line, to the thread's start",
             arguments: arguments)
         func matrixCase(name: String, target: String) throws {
-            guard name == "recursion" else { return try check(name: name, target: target) }
-            // Known defect, found when the engine changed under this module: on some
-            // builds the validated unwinder of a thread read from /proc loses the
-            // 200 recursion frames between the sleeping bottom and the caller (gdb
-            // shows them). Deterministic for a given binary; open in issue 11.
-            withKnownIssue(
-                "a sleeping thread's 200-deep recursion loses its recursion frames on some builds",
-                isIntermittent: true
-            ) {
-                try check(name: name, target: target)
-            }
+            try check(name: name, target: target)
         }
 
         func check(name: String, target: String) throws {
