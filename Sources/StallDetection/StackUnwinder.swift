@@ -157,24 +157,27 @@ struct StackUnwinder {
         let limit = min(words.count, first + 32_768)
         let entryInner = inner
         var added: [Int] = []
-        // Words after an indirect call found by the scan: kept (uncertain) only if
-        // no record proves the chain continues past them.
-        var indirect: [Int] = []
+        // The innermost frame proven by its call, and how many frames the scan had
+        // added then: uncertain words found after it (an indirect call's return
+        // address, a tail call's) may be real (a C library calling back) or stale
+        // leftovers in a frame's locals.
+        var certainInner = inner
+        var certainCount = 0
         var firstValid: Int?
         for index in first..<limit {
             let record = copy.sp + UInt(index) * Self.wordSize
             if index + 1 < words.count, isReturnAddress(words[index + 1]), validates(record, links: 3) {
                 if firstValid == nil { firstValid = index }
-                let leadsHere: Bool
                 if case .known(let target) = target(ofCallBefore: words[index + 1]) {
-                    leadsHere = call(from: words[index + 1], to: target, reaches: inner)
+                    if call(from: words[index + 1], to: target, reaches: inner) { return record }
+                    if inner != certainInner && call(from: words[index + 1], to: target, reaches: certainInner) {
+                        // The record's call reaches the last proven frame: the
+                        // uncertain words since were stale, not frames.
+                        for slot in added[certainCount...] { bySlot[slot] = nil }
+                        inner = certainInner
+                        return record
+                    }
                 } else {
-                    leadsHere = true
-                }
-                if leadsHere {
-                    // The record's call provably reaches the last certain frame, so an
-                    // indirect-call word between them is a stale leftover, not a frame.
-                    for slot in indirect { bySlot[slot] = nil }
                     return record
                 }
             }
@@ -187,6 +190,8 @@ struct StackUnwinder {
                     bySlot[index] = RawFrame(address: candidate, isUncertain: false)
                     inner = candidate
                     added.append(index)
+                    certainInner = candidate
+                    certainCount = added.count
                 } else if exactStart?(candidate, inner, inner != copy.pc) == nil,
                     target > inner ? target - inner < 0x10_0000 : inner - target < 0x10_0000
                 {
@@ -198,12 +203,9 @@ struct StackUnwinder {
                     added.append(index)
                 }
             case .unknown:
-                // An indirect call cannot be checked: kept, uncertain, but it does
-                // not replace `inner`, or one stale word would derail every later
-                // check (a recursion's records would no longer reach it).
                 bySlot[index] = RawFrame(address: candidate, isUncertain: true)
+                inner = candidate
                 added.append(index)
-                indirect.append(index)
             case .none:
                 break
             }
