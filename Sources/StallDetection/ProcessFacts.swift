@@ -10,14 +10,26 @@ enum ProcessFacts {
     /// The kernel id of the main thread (the process id).
     static var mainThreadID: Int32 { Int32(getpid()) }
 
-    /// Whether a debugger (or any tracer) is attached: `TracerPid` in
-    /// `/proc/self/status` is not 0.
+    /// Whether a debugger (or any tracer) is attached: on Linux `TracerPid` in
+    /// `/proc/self/status` is not 0; on Darwin `sysctl` `KERN_PROC_PID` sets
+    /// `P_TRACED` in the process flags (Apple's technical Q&A QA1361).
     static func isTraced() -> Bool {
+        #if canImport(Darwin)
+        var info = kinfo_proc()
+        var size = MemoryLayout<kinfo_proc>.stride
+        var name: [Int32] = [CTL_KERN, KERN_PROC, KERN_PROC_PID, getpid()]
+        let result = name.withUnsafeMutableBufferPointer { name in
+            sysctl(name.baseAddress, u_int(name.count), &info, &size, nil, 0)
+        }
+        guard result == 0 else { return false }
+        return info.kp_proc.p_flag & P_TRACED != 0
+        #else
         guard let status = read("/proc/self/status") else { return false }
         for line in status.split(separator: "\n") where line.hasPrefix("TracerPid:") {
             return line.dropFirst("TracerPid:".count).trimmingCharacters(in: " \t") != "0"
         }
         return false
+        #endif
     }
 
     /// The threads of this process with their names (`comm`).

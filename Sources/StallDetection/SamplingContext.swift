@@ -30,9 +30,9 @@ final class SamplingContext: @unchecked Sendable {
         let (sampler, symbolicator) = prepared()
         switch sampler.capture(thread: thread) {
         case .unavailable(let reason):
-            return .unavailable(reason, threadID: thread)
+            return .unavailable(reason, threadID: UInt64(UInt32(bitPattern: thread)))
         case .copied(let copy, let signalled):
-            if signalled, let installError { return .unavailable(installError, threadID: thread) }
+            if signalled, let installError { return .unavailable(installError, threadID: UInt64(UInt32(bitPattern: thread))) }
             let unwinder = StackUnwinder(
                 copy: copy, isText: symbolicator.isTextAddress,
                 readWord: { address in
@@ -51,7 +51,7 @@ final class SamplingContext: @unchecked Sendable {
                 })
             let frames = StackShape.prune(symbolicator.symbolicate(unwinder.unwind()))
             return StallBacktrace(
-                frames: frames, threadID: thread, unavailableReason: nil,
+                frames: frames, threadID: UInt64(UInt32(bitPattern: thread)), unavailableReason: nil,
                 isTruncated: copy.truncated && !StackShape.reachesRoot(frames))
         }
     }

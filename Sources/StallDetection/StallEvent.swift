@@ -65,8 +65,10 @@ public struct StallEvent: Sendable, CustomStringConvertible {
 public struct StallBacktrace: Sendable, CustomStringConvertible {
     /// The frames, innermost first. Empty when ``unavailableReason`` is set.
     public let frames: [StackFrame]
-    /// The kernel id of the sampled thread, when there was one.
-    public let threadID: Int32?
+    /// The id of the sampled thread, when there was one: the kernel thread id
+    /// (`gettid()`) on Linux, `pthread_threadid_np` on Darwin. 64 bits wide so
+    /// that one type holds both.
+    public let threadID: UInt64?
     /// Why there is no stack ("stack unavailable: …"), or nil.
     public let unavailableReason: String?
     /// How many frames between `frames[omittedIndex - 1]` and
@@ -83,7 +85,7 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     public static let maximumFrameCount = 1024
 
     init(
-        frames: [StackFrame], threadID: Int32?, unavailableReason: String?, isTruncated: Bool = false
+        frames: [StackFrame], threadID: UInt64?, unavailableReason: String?, isTruncated: Bool = false
     ) {
         self.threadID = threadID
         self.unavailableReason = unavailableReason
@@ -102,7 +104,7 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     }
 
     /// A backtrace that could not be captured, with the reason.
-    public static func unavailable(_ reason: String, threadID: Int32? = nil) -> StallBacktrace {
+    public static func unavailable(_ reason: String, threadID: UInt64? = nil) -> StallBacktrace {
         StallBacktrace(frames: [], threadID: threadID, unavailableReason: reason)
     }
 
