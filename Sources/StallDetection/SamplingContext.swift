@@ -25,14 +25,25 @@ final class SamplingContext: @unchecked Sendable {
         return made
     }
 
+    /// The id a report shows for kernel thread `thread`: the Linux tid. (Apple
+    /// platforms have no sampler yet, so their reports carry no thread id rather
+    /// than a wrong one.)
+    private static func reportedID(_ thread: Int32) -> UInt64? {
+        #if os(Linux)
+        return UInt64(UInt32(bitPattern: thread))
+        #else
+        return nil
+        #endif
+    }
+
     /// Samples one thread and names its frames.
     func backtrace(of thread: Int32) -> StallBacktrace {
         let (sampler, symbolicator) = prepared()
         switch sampler.capture(thread: thread) {
         case .unavailable(let reason):
-            return .unavailable(reason, threadID: UInt64(UInt32(bitPattern: thread)))
+            return .unavailable(reason, threadID: Self.reportedID(thread))
         case .copied(let copy, let signalled):
-            if signalled, let installError { return .unavailable(installError, threadID: UInt64(UInt32(bitPattern: thread))) }
+            if signalled, let installError { return .unavailable(installError, threadID: Self.reportedID(thread)) }
             let unwinder = StackUnwinder(
                 copy: copy, isText: symbolicator.isTextAddress,
                 readWord: { address in
@@ -51,7 +62,7 @@ final class SamplingContext: @unchecked Sendable {
                 })
             let frames = StackShape.prune(symbolicator.symbolicate(unwinder.unwind()))
             return StallBacktrace(
-                frames: frames, threadID: UInt64(UInt32(bitPattern: thread)), unavailableReason: nil,
+                frames: frames, threadID: Self.reportedID(thread), unavailableReason: nil,
                 isTruncated: copy.truncated && !StackShape.reachesRoot(frames))
         }
     }

@@ -72,6 +72,11 @@ final class StackSampler {
 
     /// Samples thread `tid`.
     func capture(thread tid: Int32) -> Outcome {
+        #if !os(Linux)
+        // Apple platforms: no sampler yet (the design it will follow is in the
+        // article "Detecting hangs and stalls"); nothing here reads `/proc`.
+        return .unavailable("stack sampling is not supported on this platform")
+        #else
         for _ in 0..<3 {
             guard let state = ThreadState.letter(thread: tid) else {
                 return .unavailable("thread \(tid) is gone")
@@ -86,6 +91,7 @@ final class StackSampler {
             }
         }
         return .unavailable("thread \(tid) kept changing state while it was sampled")
+        #endif
     }
 
     /// Reads a thread that sleeps in the kernel; nil when it is not (or stopped

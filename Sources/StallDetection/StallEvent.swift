@@ -66,8 +66,8 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     /// The frames, innermost first. Empty when ``unavailableReason`` is set.
     public let frames: [StackFrame]
     /// The id of the sampled thread, when there was one: the kernel thread id
-    /// (`gettid()`) on Linux, `pthread_threadid_np` on Darwin. 64 bits wide so
-    /// that one type holds both.
+    /// (`gettid()`) on Linux. 64 bits wide so that one type also holds Darwin's
+    /// `pthread_threadid_np` once Apple platforms sample stacks; nil there today.
     public let threadID: UInt64?
     /// Why there is no stack ("stack unavailable: …"), or nil.
     public let unavailableReason: String?
@@ -152,10 +152,15 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
     /// True for a function the compiler inlined into the next frame of the list
     /// (which has the same address).
     public let isInlined: Bool
+    /// ``address`` relative to the load address of ``image``, when the image is
+    /// known: what offline symbolication needs (`llvm-symbolizer --obj=<image>
+    /// 0x<offset>`, or `atos` with a dSYM on Apple platforms, where the report
+    /// carries raw addresses with image names and offsets).
+    public let imageOffset: UInt?
 
     init(
         address: UInt, function: String?, file: String?, line: Int?, image: String?, isUncertain: Bool,
-        isInlined: Bool = false
+        isInlined: Bool = false, imageOffset: UInt? = nil
     ) {
         self.address = address
         self.function = function
@@ -164,10 +169,12 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
         self.image = image
         self.isUncertain = isUncertain
         self.isInlined = isInlined
+        self.imageOffset = imageOffset
     }
 
     /// `0x… function at file:line (image)`, `[inlined]` for an inlined frame, `?`
-    /// for an uncertain one.
+    /// for an uncertain one; a frame without a name shows its image offset,
+    /// `0x… <unknown> (image + 0x1f2c)`.
     public var description: String {
         var text = "0x" + String(address, radix: 16).leftPadded(to: 12)
         text += " " + (function ?? "<unknown>")
@@ -175,7 +182,13 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
             text += " at \(file)"
             if let line { text += ":\(line)" }
         }
-        if let image { text += " (\(image))" }
+        if let image {
+            if function == nil, let imageOffset {
+                text += " (\(image) + 0x\(String(imageOffset, radix: 16)))"
+            } else {
+                text += " (\(image))"
+            }
+        }
         if isInlined { text += " [inlined]" }
         if isUncertain { text += " ?" }
         return text

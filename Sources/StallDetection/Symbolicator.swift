@@ -1,4 +1,9 @@
+#if os(Linux)
+// The toolchain's `Runtime` module: built for Linux and macOS only, and on macOS
+// available from macOS 26 (above this package's floor). Apple platforms use the
+// `dladdr` symbolicator in ImageSymbolicator.swift instead.
 import Runtime
+#endif
 
 #if canImport(Glibc)
 import Glibc
@@ -33,6 +38,7 @@ import Foundation
 /// dropped when the image map is refreshed.
 ///
 /// Not thread-safe: one symbolicator belongs to one detector queue.
+#if os(Linux)
 final class Symbolicator {
     private var images: ImageMap
     private var encodedImages: String
@@ -55,8 +61,27 @@ final class Symbolicator {
     /// The main executable's text, whose symbol table is complete.
     private var executableText: [(start: UInt, end: UInt)] = []
 
+    /// One use of `Runtime` at a time in the process (another detector's stall
+    /// waits for it), and the process's image map, shared by every symbolicator
+    /// (each detector has one) and taken before the first symbolication. A map
+    /// taken *after* one (a second detector's) also lists the debug-information
+    /// files `Runtime` has mapped meanwhile (`/usr/lib/debug/.build-id/…`, with the
+    /// same build id as their library), and with it `Runtime` named nothing at
+    /// all: 0 of 6 libc frames (`ImageOffsetTests`). Replaced only when a library
+    /// is loaded later.
+    private static let runtimeAccess = Locked<ImageMap?>(nil)
+
+    private static func processImages(refreshing: Bool) -> ImageMap {
+        runtimeAccess.withLock { shared in
+            if !refreshing, let shared { return shared }
+            let captured = ImageMap.capture()
+            shared = captured
+            return captured
+        }
+    }
+
     init() {
-        images = ImageMap.capture()
+        images = Self.processImages(refreshing: false)
         encodedImages = Self.encode(images)
         textRanges = Self.textRanges(images)
         fileTextRanges = Self.textRanges(images, of: "/")
@@ -91,8 +116,10 @@ final class Symbolicator {
     /// Symbolicates the current stack once, so that the first real stall does not
     /// pay for loading symbol tables and debug information.
     func warmUp() {
-        if let here = try? Backtrace.capture(limit: 16) {
-            _ = here.symbolicated(with: images)
+        Self.runtimeAccess.withLock { _ in
+            if let here = try? Backtrace.capture(limit: 16) {
+                _ = here.symbolicated(with: images)
+            }
         }
     }
 
@@ -135,7 +162,7 @@ final class Symbolicator {
         var frames: [StackFrame] = []
         frames.reserveCapacity(raw.count)
         for (frame, key) in zip(raw, keys) {
-            for named in cache[key] ?? [StackFrame(address: frame.address, isUncertain: frame.isUncertain)] {
+            for named in cache[key] ?? [unnamedFrame(frame.address)] {
                 frames.append(named.with(isUncertain: frame.isUncertain))
             }
         }
@@ -153,7 +180,10 @@ final class Symbolicator {
     private func resolve(_ keys: [Key], retrying: Bool = true) {
         func lookup(_ key: Key) -> UInt { key.isReturnAddress ? key.address &- 1 : key.address }
         var named = Set<Key>()
-        if let backtrace = decodeBacktrace(keys.map(lookup)), let symbolicated = backtrace.symbolicated(with: images) {
+        let symbolicated = Self.runtimeAccess.withLock { _ in
+            decodeBacktrace(keys.map(lookup)).flatMap { $0.symbolicated(with: images) }
+        }
+        if let symbolicated {
             var group: [StackFrame] = []
             for frame in symbolicated.frames {
                 let original = UInt(frame.captured.originalProgramCounter) ?? 0
@@ -173,7 +203,8 @@ final class Symbolicator {
                 // position, so that a frame the batch leaves out shifts nothing).
                 if let key = keys.first(where: { lookup($0) == original && !named.contains($0) }) {
                     named.insert(key)
-                    cache[key] = group.map { $0.with(address: key.address) }
+                    let offset = imageOffset(of: key.address)
+                    cache[key] = group.map { $0.with(address: key.address, imageOffset: offset) }
                     if let symbol, symbol.offset >= 0 { starts[key] = original &- UInt(symbol.offset) }
                 }
                 group = []
@@ -189,8 +220,27 @@ final class Symbolicator {
         }
     }
 
+    /// A frame `Runtime` could not name: its image and offset when an image holds
+    /// it (not cached, so that a later stall tries again).
+    private func unnamedFrame(_ address: UInt) -> StackFrame {
+        guard let index = images.indexOfImage(at: Backtrace.Address(UInt64(address))) else {
+            return StackFrame(address: address, isUncertain: false)
+        }
+        return StackFrame(
+            address: address, function: nil, file: nil, line: nil, image: images[index].name, isUncertain: false,
+            imageOffset: imageOffset(of: address))
+    }
+
+    /// `address` relative to the load address of the image it lies in.
+    private func imageOffset(of address: UInt) -> UInt? {
+        guard let index = images.indexOfImage(at: Backtrace.Address(UInt64(address))),
+            let base = UInt(images[index].baseAddress)
+        else { return nil }
+        return address &- base
+    }
+
     private func refreshImages() {
-        images = ImageMap.capture()
+        images = Self.processImages(refreshing: true)
         encodedImages = Self.encode(images)
         textRanges = Self.textRanges(images)
         fileTextRanges = Self.textRanges(images, of: "/")
@@ -239,6 +289,8 @@ final class Symbolicator {
     }
 }
 
+#endif
+
 /// The Compact Backtrace Format (version 0, 64-bit): a header byte, then per frame
 /// an instruction byte `0001axxx` (pc) or `0010axxx` (return address) followed by
 /// `xxx + 1` big-endian bytes of the difference from the previous address
@@ -280,15 +332,15 @@ extension StackFrame {
         self.init(address: address, function: nil, file: nil, line: nil, image: nil, isUncertain: isUncertain)
     }
 
-    func with(address: UInt) -> StackFrame {
+    func with(address: UInt, imageOffset: UInt?) -> StackFrame {
         StackFrame(
             address: address, function: function, file: file, line: line, image: image, isUncertain: isUncertain,
-            isInlined: isInlined)
+            isInlined: isInlined, imageOffset: imageOffset)
     }
 
     func with(isUncertain: Bool) -> StackFrame {
         StackFrame(
             address: address, function: function, file: file, line: line, image: image, isUncertain: isUncertain,
-            isInlined: isInlined)
+            isInlined: isInlined, imageOffset: imageOffset)
     }
 }
