@@ -177,7 +177,12 @@ struct StackUnwinder {
                         inner = certainInner
                         return record
                     }
-                } else {
+                } else if !provableRecordAhead(of: index, inner: inner, certainInner: certainInner) {
+                    // A call through a register (a C library calling back):
+                    // accepted, unless a record whose call provably reaches
+                    // `inner` lies between it and the record it links to — then it
+                    // is a stale record left below a live frame, and the scan goes
+                    // on to that one.
                     return record
                 }
             }
@@ -216,6 +221,32 @@ struct StackUnwinder {
         for index in added where index > firstValid { bySlot[index] = nil }
         inner = added.last(where: { $0 <= firstValid }).flatMap { bySlot[$0]?.address } ?? entryInner
         return copy.sp + UInt(firstValid) * Self.wordSize
+    }
+
+    /// Whether a validated record whose call provably reaches `inner` (or
+    /// `certainInner`) lies above the record at slot `index`, up to and including
+    /// the record that one links to. If the record at `index` were live, its own
+    /// call would lead to `inner`, and the record it links to would be its
+    /// caller's, leading to it: a provable caller of `inner` there or between
+    /// shows it is a stale record left below a live frame.
+    private func provableRecordAhead(of index: Int, inner: UInt, certainInner: UInt) -> Bool {
+        let words = copy.words
+        let saved = words[index]
+        guard saved > copy.sp + UInt(index) * Self.wordSize else { return false }
+        let last = min(words.count - 2, slot(of: saved))
+        guard index + 1 <= last else { return false }
+        for ahead in (index + 1)...last {
+            let record = copy.sp + UInt(ahead) * Self.wordSize
+            guard isReturnAddress(words[ahead + 1]), validates(record, links: 3),
+                case .known(let target) = target(ofCallBefore: words[ahead + 1])
+            else { continue }
+            if call(from: words[ahead + 1], to: target, reaches: inner)
+                || call(from: words[ahead + 1], to: target, reaches: certainInner)
+            {
+                return true
+            }
+        }
+        return false
     }
 
     /// Whether a call to `target` can have led to code at `inner`: the callee starts

@@ -115,6 +115,42 @@ struct StackUnwinderTests {
         #expect(frames.allSatisfy { !$0.isUncertain })
     }
 
+    @Test("a stale frame record after an indirect call, linking into the live chain, is not taken for a frame")
+    func staleIndirectRecordBelowLiveFrame() {
+        // As above, but the leftover is a whole frame record (a saved frame pointer
+        // into the live chain, then a return address after `call *%rax`), left in
+        // userSleep's locals by a runtime call that returned long ago: it validates
+        // like a live record. Seen in a debug build: swift_getTypeByMangledName
+        // between matrixSleep and matrixRecurse.
+        let pc: UInt = 0x1800_0040
+        let inNanosleep: UInt = 0x1800_1020
+        let inUsleep: UInt = 0x1800_2030
+        let inUserSleep: UInt = 0x1000_0100
+        let staleIndirect: UInt = 0x1700_0040
+        let recurseCallsSleep: UInt = 0x1000_0200
+        let recurseCallsRecurse: UInt = 0x1000_0210
+        let thunkCallsRecurse: UInt = 0x1000_0500
+        var stack = Stack()
+        stack.push(0x42)
+        stack.push(inNanosleep)
+        stack.push(inUsleep)
+        stack.push(inUserSleep)
+        let liveRecord = stack.address + 3 * 8
+        stack.push(liveRecord)  // the stale record: saved frame pointer…
+        stack.push(staleIndirect)  // …and its return address
+        stack.push(0x43)
+        let returns = [recurseCallsSleep, recurseCallsRecurse, recurseCallsRecurse, thunkCallsRecurse, 0x1000_0600]
+        #expect(pushChain(&stack, returns: returns) == liveRecord)
+        let calls: [UInt: CallSite.Target] = [
+            inNanosleep: .known(0x1800_0000), inUsleep: .known(0x1800_1000), inUserSleep: .known(0x1800_2000),
+            staleIndirect: .unknown, recurseCallsSleep: .known(0x1000_0080), recurseCallsRecurse: .known(0x1000_0180),
+            thunkCallsRecurse: .unknown, 0x1000_0600: .unknown,
+        ]
+        let frames = unwind(stack, pc: pc, fp: nil, calls: calls)
+        #expect(frames.map(\.address) == [pc, inNanosleep, inUsleep, inUserSleep] + returns)
+        #expect(frames.allSatisfy { !$0.isUncertain })
+    }
+
     @Test("a chain broken by a function without frame pointer (qsort calling back) resumes at the next record")
     func chainResumesAfterGap() {
         var stack = Stack()
