@@ -10,7 +10,7 @@ let matrixCases: [String: @Sendable (Int) -> Void] = [
     "mutex": { ms in matrixMutexWait(ms) },
     "pipe": { ms in matrixPipeRead(ms) },
     "semaphore": { ms in matrixSemaphoreWait(ms) },
-    "recursion": { ms in matrixRecurse(depth: 200, ms) },
+    "recursion": { ms in matrixRecurse(depth: 600, ms) },
     "busy": { ms in matrixBusy1(ms) },
     "sleep": { ms in matrixSleep(ms) },
     "ccallback": { ms in matrixSortWithCallback(ms) },

@@ -107,8 +107,8 @@ extension StallDetectorIntegrationTests {
             let root = target == "main" ? "__libc_start_call_main" : "start_thread"
             #expect(frames.contains { $0.contains(" \(root) ") }, "the thread's start is shown:\n\(report)")
             if name == "recursion" {
-                // 200 calls: the bottom one, then 199 identical frames on one line.
-                #expect(report.contains("matrixRecurse(depth:_:)") && report.contains(" × 199"), "\(report)")
+                // 600 calls: the bottom one, then 599 identical frames on one line.
+                #expect(report.contains("matrixRecurse(depth:_:)") && report.contains(" × 599"), "\(report)")
             }
             if expectation.sleeps {
                 // The sample did not interrupt the sleep: usleep returned 0 after its time.
