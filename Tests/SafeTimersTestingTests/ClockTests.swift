@@ -101,6 +101,35 @@ struct ClockTests {
         try await task.value
     }
 
+    @Test(
+        "a deadline already past returns at once; one equal to now waits for the next advance (as TestClock)",
+        .timeLimit(.minutes(1)))
+    func pastAndPresentDeadlines() async throws {
+        let manual = ManualTimerScheduler()
+        manual.advance(by: .seconds(10))
+        // Past: no advance needed, nothing armed (the test would hang otherwise).
+        try await manual.clock.sleep(for: .seconds(-1))
+        try await manual.clock.sleep(until: manual.clock.now.advanced(by: .seconds(-5)))
+        try await Task.sleep(for: .nanoseconds(-1), clock: manual.clock)
+        #expect(manual.pendingCount == 0 && manual.sleeperCount == 0)
+        // Past, in a cancelled task: the cancellation is reported.
+        let cancelled = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            try await manual.clock.sleep(for: .seconds(-1))
+        }
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
+        // Now: suspends until an advance, even by zero.
+        let present = Task { try await manual.clock.sleep(for: .zero) }
+        await manual.waitForSleepers(1)
+        #expect(manual.sleeperCount == 1)
+        manual.advance(by: .zero)
+        try await present.value
+        #expect(manual.sleeperCount == 0 && manual.pendingCount == 0)
+        // The system clock too: a past deadline returns without arming anything.
+        let system = SystemTimerScheduler()
+        try await system.clock.sleep(until: system.clock.now.advanced(by: .seconds(-3600)))
+    }
+
     @Test("a cancelled sleep throws CancellationError and frees its entry at once")
     func cancelledSleep() async {
         let manual = ManualTimerScheduler()

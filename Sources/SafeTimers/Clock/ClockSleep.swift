@@ -28,7 +28,16 @@ final class ClockSleep: TimerEntry {
     }
 
     /// Sleeps until `deadline` (engine ticks) on `engine`.
+    ///
+    /// A deadline already past returns at once, without suspending (after a
+    /// cancellation check), as `ContinuousClock` and swift-clocks' `TestClock` do;
+    /// a deadline equal to the engine's now suspends until the engine next fires
+    /// (under a manual scheduler, the next `advance`, even by `.zero`).
     static func sleep(on engine: TimerEngine, until deadline: Int64, leeway: Int64) async throws {
+        if deadline < engine.nowTicks {
+            try Task.checkCancellation()
+            return
+        }
         let sleep = ClockSleep(engine: engine, leeway: leeway)
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in

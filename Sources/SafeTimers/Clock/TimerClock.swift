@@ -76,9 +76,11 @@ public struct TimerClock: Clock, Sendable {
     /// Suspends the current task until `deadline` (plus at most `tolerance`).
     ///
     /// Throws `CancellationError` if the task is cancelled first, or already is;
-    /// the engine entry is freed at once. A deadline in the past returns at the
-    /// scheduler's next firing; the far end of time never returns (until
-    /// cancelled).
+    /// the engine entry is freed at once. A deadline already past returns at once,
+    /// without suspending, as with `ContinuousClock` and swift-clocks'
+    /// `TestClock`; a deadline equal to ``now`` returns at the scheduler's next
+    /// firing (under `ManualTimerScheduler`, the next `advance`, even by `.zero`).
+    /// The far end of time never returns (until cancelled).
     public func sleep(until deadline: Instant, tolerance: Duration? = nil) async throws {
         try await ClockSleep.sleep(
             on: engine, until: deadline.ticks,
