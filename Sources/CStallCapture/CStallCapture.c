@@ -121,6 +121,16 @@ int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, in
     if (stallcapture_install() != 0) return STALLCAPTURE_NOT_INSTALLED;
     pthread_mutex_lock(&capture_lock);
     while (sem_trywait(&request_done) == 0) {}  // nothing stale may count as an answer
+    // Signal only while the handler is still ours: code that set SIGPROF back
+    // to SIG_DFL after the detector started would be killed by the signal
+    // ("Profiling timer expired"); a handler installed over ours would get a
+    // signal it did not ask for.
+    struct sigaction current;
+    if (sigaction(SIGPROF, NULL, &current) != 0 || !(current.sa_flags & SA_SIGINFO)
+        || current.sa_sigaction != handler) {
+        pthread_mutex_unlock(&capture_lock);
+        return STALLCAPTURE_HANDLER_REPLACED;
+    }
     request_out = out;
     atomic_store(&request_tid, tid);
     if (syscall(SYS_tgkill, getpid(), tid, SIGPROF) != 0) {

@@ -120,7 +120,9 @@ final class SamplingContext: @unchecked Sendable {
             }.map(\.id)
             if let found = sample(Array(others.prefix(48)), alone: false) { return (found, samples) }
         }
-        return (firstOther ?? firstIdle ?? firstFailure ?? .unavailable("no thread to sample"), samples)
+        // An idle thread is never the blocked one: a thread that could not be
+        // sampled (and says why) is the more honest answer.
+        return (firstOther ?? firstFailure ?? firstIdle ?? .unavailable("no thread to sample"), samples)
     }
 
     /// Threads that are never the blocked one: detectors, the stop witness and

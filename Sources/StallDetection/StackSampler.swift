@@ -128,14 +128,13 @@ final class StackSampler {
         let page = Int(sysconf(Int32(_SC_PAGESIZE)))
         var total = 0
         func read(_ length: Int) -> Bool {
+            #if os(Linux)
             var local = iovec(iov_base: bytes.baseAddress! + total, iov_len: length)
             var remote = iovec(iov_base: UnsafeMutableRawPointer(bitPattern: address + UInt(total)), iov_len: length)
-            #if os(Linux)
             return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == length
             #else
             // No cross-process read here: a sleeping thread's stack is not copied
             // (its report falls back to what the signal sample gives).
-            _ = (local, remote)
             return false
             #endif
         }
@@ -149,7 +148,7 @@ final class StackSampler {
                 chunk *= 2
                 continue
             }
-            var pageLength = min(page - (Int(address) + total) % page, bytes.count - total)
+            var pageLength = min(page - Int((address &+ UInt(total)) % UInt(page)), bytes.count - total)
             while total < bytes.count && read(pageLength) {
                 total += pageLength
                 pageLength = min(page, bytes.count - total)
@@ -181,6 +180,9 @@ final class StackSampler {
             return .unavailable("cannot signal thread \(tid) (errno \(errorNumber))")
         case Int(STALLCAPTURE_UNSUPPORTED):
             return .unavailable("stack sampling is not supported on this platform")
+        case Int(STALLCAPTURE_HANDLER_REPLACED):
+            return .unavailable(
+                "thread \(tid) runs user code and other code replaced the SIGPROF handler, so it is not signalled")
         default:
             return .unavailable("the SIGPROF handler is not installed")
         }

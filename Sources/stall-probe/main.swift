@@ -104,6 +104,18 @@ case "repeat":
     }.start()
     dispatchMain()
 
+case "sigprof-default":
+    // Other code resets SIGPROF to the default action after the detector started;
+    // a stall in running code must not kill the process with the sample's signal.
+    let queue = DispatchQueue(label: "probe.sigprof")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    queue.asyncAfter(deadline: .now() + 0.3) {
+        signal(SIGPROF, SIG_DFL)
+        matrixBusy1(number)
+    }
+    dispatchMain()
+
 case "burn":
     // Keeps one core busy for `number` seconds (load for the stop tests).
     let end = ContinuousClock.now + .seconds(number)

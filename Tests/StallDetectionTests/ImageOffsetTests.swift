@@ -13,7 +13,7 @@ struct ImageOffsetTests {
     /// file offset 0 of the same file below it. (`Runtime` also maps library files
     /// while it symbolicates, so the first such mapping in the list may be another.)
     static func loadAddress(of address: UInt) throws -> (UInt, String) {
-        let maps = try String(contentsOfFile: "/proc/self/maps", encoding: .utf8)
+        let maps = try #require(ProcFile.read("/proc/self/maps"))
         var lines: [(start: UInt, end: UInt, offset: String, path: String)] = []
         for line in maps.split(separator: "\n") {
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)

@@ -57,6 +57,14 @@ struct StallDetectorIntegrationTests {
         expectOneStall(try ProbeRun.run(["mainqueue-dispatchmain", "600"]), function: "uniquelyNamedMainThreadBlocker")
     }
 
+    @Test("SIGPROF reset to the default action after start: a stall in running code is reported, nothing is killed")
+    func sigprofResetToDefault() throws {
+        let run = try ProbeRun.run(["sigprof-default", "700"])
+        #expect(run.exitStatus == 0, "the sample's signal would end the process: \(run.lines)")
+        #expect(run.started.count == 1 && run.ended.count == 1, "\(run.lines)")
+        #expect(run.started.first?.report.contains("replaced the SIGPROF handler") == true, "\(run.lines)")
+    }
+
     @Test("a busy but responsive queue (many 2 ms blocks for 3 s) produces no event")
     func busyButResponsive() throws {
         let run = try ProbeRun.run(["busy", "3"])

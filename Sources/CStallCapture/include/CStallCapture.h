@@ -64,6 +64,9 @@ enum {
     STALLCAPTURE_NOT_INSTALLED = 3,
     /// Not supported on this platform.
     STALLCAPTURE_UNSUPPORTED = 4,
+    /// Other code replaced the SIGPROF handler (or reset it to the default, which
+    /// would kill the process): no signal is sent.
+    STALLCAPTURE_HANDLER_REPLACED = 5,
 };
 
 /// Installs the SIGPROF handler once per process (idempotent, thread-safe).
