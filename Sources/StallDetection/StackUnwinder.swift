@@ -29,22 +29,76 @@ struct StackUnwinder {
     /// (libraries with only dynamic symbols, tail calls) the looser ``leads(to:from:)``
     /// applies.
     var exactStart: ((UInt, UInt, Bool) -> UInt?)?
+    /// Where the code at a function's start jumps (tests inject one); by default
+    /// ``CallSite/tailJumps(from:readWord:)``.
+    var tailJumps: ((UInt) -> CallSite.TailJumps)?
+    /// Tail jumps already decoded, per function start (one unwind decodes each
+    /// wrapper once).
+    private let tailJumpCache = TailJumpCache()
 
     init(
         copy: StackCopy, isText: @escaping (UInt) -> Bool, readWord: @escaping (UInt) -> UInt?,
-        callTarget: ((UInt) -> CallSite.Target)? = nil, exactStart: ((UInt, UInt, Bool) -> UInt?)? = nil
+        callTarget: ((UInt) -> CallSite.Target)? = nil, exactStart: ((UInt, UInt, Bool) -> UInt?)? = nil,
+        tailJumps: ((UInt) -> CallSite.TailJumps)? = nil
     ) {
         self.copy = copy
         self.isText = isText
         self.readWord = readWord
         self.callTarget = callTarget
         self.exactStart = exactStart
+        self.tailJumps = tailJumps
     }
 
-    /// Whether a call from `candidate` to `target` leads to `inner`.
+    /// A cache owned by one unwinder (which runs on one thread).
+    final class TailJumpCache {
+        var jumps: [UInt: CallSite.TailJumps] = [:]
+    }
+
+    private func jumps(from function: UInt) -> CallSite.TailJumps {
+        if let known = tailJumpCache.jumps[function] { return known }
+        let found = tailJumps?(function) ?? CallSite.tailJumps(from: function, readWord: readWord)
+        tailJumpCache.jumps[function] = found
+        return found
+    }
+
+    /// How a call to `target` can have led to `inner`'s function through the tail
+    /// jumps of a wrapper or thunk (`func f() { usleep(…) }` compiles to `jmp
+    /// usleep`, `NSLock.lock()` to `jmp pthread_mutex_lock`), two levels deep:
+    /// `.proven` when a direct or PLT/GOT jump leads there, `.possible` when the
+    /// wrapper jumps through a register (a method dispatch thunk), `.no` otherwise.
+    private func tailReach(from target: UInt, to inner: UInt, exact: UInt?, depth: Int = 2) -> TailReach {
+        guard depth > 0 else { return .no }
+        let found = jumps(from: target)
+        var result = found.indirect ? TailReach.possible : .no
+        for next in found.targets where next != target {
+            if let exact {
+                if next == exact { return .proven }
+            } else if Self.leads(to: inner, from: next) {
+                return .proven
+            }
+            if tailReach(from: next, to: inner, exact: exact, depth: depth - 1) == .proven { return .proven }
+        }
+        if result == .no, depth == 2 {
+            for next in found.targets where next != target && jumps(from: next).indirect { result = .possible }
+        }
+        return result
+    }
+
+    enum TailReach { case proven, possible, no }
+
+    /// Whether a call from `candidate` to `target` leads to `inner`: directly, or
+    /// through a wrapper's proven tail jump.
     private func call(from candidate: UInt, to target: UInt, reaches inner: UInt) -> Bool {
-        if let start = exactStart?(candidate, inner, inner != copy.pc) { return target == start }
-        return Self.leads(to: inner, from: target)
+        let exact = exactStart?(candidate, inner, inner != copy.pc)
+        if let exact, target == exact { return true }
+        if exact == nil && Self.leads(to: inner, from: target) { return true }
+        return tailReach(from: target, to: inner, exact: exact) == .proven
+    }
+
+    /// Whether a call from `candidate` to `target` may lead to `inner` through a
+    /// wrapper's jump that cannot be resolved (through a register).
+    private func call(from candidate: UInt, to target: UInt, mayReach inner: UInt) -> Bool {
+        tailReach(from: target, to: inner, exact: exactStart?(candidate, inner, inner != copy.pc)) == .possible
     }
 
     private func target(ofCallBefore address: UInt) -> CallSite.Target {
@@ -169,10 +223,22 @@ struct StackUnwinder {
             if index + 1 < words.count, isReturnAddress(words[index + 1]), validates(record, links: 3) {
                 if firstValid == nil { firstValid = index }
                 if case .known(let target) = target(ofCallBefore: words[index + 1]) {
-                    if call(from: words[index + 1], to: target, reaches: inner) { return record }
-                    if inner != certainInner && call(from: words[index + 1], to: target, reaches: certainInner) {
-                        // The record's call reaches the last proven frame: the
-                        // uncertain words since were stale, not frames.
+                    // The record's call reaches the function of one of the frames
+                    // found since the last proven one (innermost last), or that
+                    // one: the frame it reaches is proven too (it followed an
+                    // indirect call, as a class method's `call *0x108(%rax)`, or a
+                    // wrapper's tail call), and the uncertain words after it were
+                    // stale leftovers in a frame's locals.
+                    for position in stride(from: added.count - 1, through: certainCount, by: -1) {
+                        guard let frame = bySlot[added[position]] else { continue }
+                        if call(from: words[index + 1], to: target, reaches: frame.address) {
+                            for slot in added[(position + 1)...] { bySlot[slot] = nil }
+                            bySlot[added[position]] = RawFrame(address: frame.address, isUncertain: false)
+                            inner = frame.address
+                            return record
+                        }
+                    }
+                    if call(from: words[index + 1], to: target, reaches: certainInner) {
                         for slot in added[certainCount...] { bySlot[slot] = nil }
                         inner = certainInner
                         return record
@@ -197,6 +263,12 @@ struct StackUnwinder {
                     added.append(index)
                     certainInner = candidate
                     certainCount = added.count
+                } else if call(from: candidate, to: target, mayReach: inner) {
+                    // A wrapper that jumps on through a register (a method dispatch
+                    // thunk): kept, uncertain.
+                    bySlot[index] = RawFrame(address: candidate, isUncertain: true)
+                    inner = candidate
+                    added.append(index)
                 } else if exactStart?(candidate, inner, inner != copy.pc) == nil,
                     target > inner ? target - inner < 0x10_0000 : inner - target < 0x10_0000
                 {
@@ -350,6 +422,59 @@ enum CallSite {
             #endif
             return .known(target)
         }
+    }
+
+    /// The jumps at the start of a function: where a wrapper or thunk goes on
+    /// with a tail call.
+    struct TailJumps: Equatable {
+        /// Destinations of direct jumps and of jumps through a PLT stub or a GOT
+        /// slot, resolved.
+        var targets: [UInt] = []
+        /// Whether a jump through a register or a register-relative slot (a
+        /// method dispatch thunk's `jmp *0x68(%rax)`) is there.
+        var indirect = false
+    }
+
+    /// The jumps in the first 256 bytes of the code at `function` (x86-64): every
+    /// `jmp rel32` (`E9`), `jmp *disp32(%rip)` (`FF 25`) and other `jmp r/m64`
+    /// (`FF /4`) at any offset. Bytes are read through `readWord`, so code that
+    /// is not mapped yields nothing; a byte pattern inside another instruction may
+    /// add a stray destination, which counts only if it leads to the frame being
+    /// proven.
+    static func tailJumps(from function: UInt, readWord: (UInt) -> UInt?) -> TailJumps {
+        #if arch(x86_64)
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(256)
+        for index in 0..<32 {
+            guard let word = readWord(function &+ UInt(index * 8)) else { break }
+            for shift in stride(from: 0, to: 64, by: 8) { bytes.append(UInt8(truncatingIfNeeded: word >> UInt(shift))) }
+        }
+        func displacement(at index: Int) -> Int {
+            Int(
+                Int32(
+                    bitPattern: UInt32(bytes[index]) | UInt32(bytes[index + 1]) << 8 | UInt32(bytes[index + 2]) << 16
+                        | UInt32(bytes[index + 3]) << 24))
+        }
+        var found = TailJumps()
+        for index in bytes.indices {
+            if bytes[index] == 0xE9, index + 5 <= bytes.count {
+                let destination = UInt(
+                    bitPattern: Int(bitPattern: function) &+ index &+ 5 &+ displacement(at: index + 1))
+                found.targets.append(resolvePLT(destination, readWord: readWord) ?? destination)
+            } else if bytes[index] == 0xFF, index + 1 < bytes.count, (bytes[index + 1] >> 3) & 0x7 == 4 {
+                if bytes[index + 1] == 0x25 {
+                    guard index + 6 <= bytes.count else { continue }
+                    let slot = UInt(bitPattern: Int(bitPattern: function) &+ index &+ 6 &+ displacement(at: index + 2))
+                    if let destination = readWord(slot) { found.targets.append(destination) }
+                } else {
+                    found.indirect = true
+                }
+            }
+        }
+        return found
+        #else
+        return TailJumps()
+        #endif
     }
 
     #if arch(x86_64)

@@ -18,12 +18,15 @@ struct StackUnwinderTests {
     }
 
     func unwind(
-        _ stack: Stack, pc: UInt, fp: UInt?, calls: [UInt: CallSite.Target], unwound: [UInt] = []
+        _ stack: Stack, pc: UInt, fp: UInt?, calls: [UInt: CallSite.Target], unwound: [UInt] = [],
+        jumps: [UInt: CallSite.TailJumps] = [:], exactStarts: [UInt: UInt] = [:]
     ) -> [RawFrame] {
         let copy = StackCopy(pc: pc, sp: Self.sp, fp: fp, words: stack.words, unwound: unwound, truncated: false)
         let unwinder = StackUnwinder(
             copy: copy, isText: Self.isText, readWord: { _ in nil },
-            callTarget: { calls[$0] ?? .none })
+            callTarget: { calls[$0] ?? .none },
+            exactStart: exactStarts.isEmpty ? nil : { _, inner, _ in exactStarts[inner] },
+            tailJumps: { jumps[$0] ?? CallSite.TailJumps() })
         return unwinder.unwind()
     }
 
@@ -148,6 +151,61 @@ struct StackUnwinderTests {
         ]
         let frames = unwind(stack, pc: pc, fp: nil, calls: calls)
         #expect(frames.map(\.address) == [pc, inNanosleep, inUsleep, inUserSleep] + returns)
+        #expect(frames.allSatisfy { !$0.isUncertain })
+    }
+
+    @Test("a wrapper that tail-calls into libc (`func f() { usleep(n) }`) leaves its caller's frame proven")
+    func tailCallWrapper() {
+        // pc in clock_nanosleep; nanosleep, usleep; then the caller of the wrapper
+        // (the wrapper jumped to usleep, so it has no frame); then the chain.
+        let pc: UInt = 0x1800_0040
+        let inNanosleep: UInt = 0x1800_1020
+        let inUsleep: UInt = 0x1800_2030
+        let callerCallsWrapper: UInt = 0x1000_0210  // call wrapper (0x1000_0080)
+        let outer: UInt = 0x1000_0500
+        var stack = Stack()
+        stack.push(inNanosleep)
+        stack.push(inUsleep)
+        stack.push(callerCallsWrapper)
+        stack.push(0x43)
+        let returns = [outer, 0x1000_0600]
+        _ = pushChain(&stack, returns: returns)
+        let calls: [UInt: CallSite.Target] = [
+            inNanosleep: .known(0x1800_0000), inUsleep: .known(0x1800_1000), callerCallsWrapper: .known(0x1000_0080),
+            outer: .known(0x1000_0200), 0x1000_0600: .unknown,
+        ]
+        let jumps: [UInt: CallSite.TailJumps] = [0x1000_0080: CallSite.TailJumps(targets: [0x1800_2000])]
+        let frames = unwind(stack, pc: pc, fp: nil, calls: calls, jumps: jumps)
+        #expect(frames.map(\.address) == [pc, inNanosleep, inUsleep, callerCallsWrapper] + returns)
+        #expect(frames.allSatisfy { !$0.isUncertain })
+        // Without the wrapper's jump the caller cannot be proven, and is not shown as proven.
+        let unproven = unwind(stack, pc: pc, fp: nil, calls: calls)
+        #expect(!unproven.contains { $0.address == callerCallsWrapper && !$0.isUncertain })
+    }
+
+    @Test("a frame after a call through a register (a class method) is proven by the record that calls its function")
+    func indirectCallProvenByRecord() {
+        // pthread_mutex_lock's caller called `lock()` through a vtable (unknown
+        // target); a stale word of another library lies above it; then the record
+        // whose call targets the function the first word lies in.
+        let pc: UInt = 0x1800_0040
+        let inLock: UInt = 0x1800_1020
+        let userCallsLock: UInt = 0x1000_0110  // in userWait, which starts at 0x1000_0080
+        let stale: UInt = 0x1700_0040
+        let callerCallsUserWait: UInt = 0x1000_0210
+        var stack = Stack()
+        stack.push(inLock)
+        stack.push(userCallsLock)
+        stack.push(stale)
+        stack.push(0x43)
+        let returns = [callerCallsUserWait, 0x1000_0600]
+        _ = pushChain(&stack, returns: returns)
+        let calls: [UInt: CallSite.Target] = [
+            inLock: .known(0x1800_1000), userCallsLock: .unknown, stale: .unknown,
+            callerCallsUserWait: .known(0x1000_0080), 0x1000_0600: .unknown,
+        ]
+        let frames = unwind(stack, pc: pc, fp: nil, calls: calls, exactStarts: [userCallsLock: 0x1000_0080])
+        #expect(frames.map(\.address) == [pc, inLock, userCallsLock] + returns)
         #expect(frames.allSatisfy { !$0.isUncertain })
     }
 
