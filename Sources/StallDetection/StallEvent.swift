@@ -109,7 +109,7 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     }
 
     /// One frame a line, a run of identical frames (recursion) on one line with its
-    /// count; "… N frames not shown" where frames were left out; "stack
+    /// count, a repeated group of up to 4 frames once with its count; "… N frames not shown" where frames were left out; "stack
     /// unavailable: <reason>" when there is none.
     public var description: String {
         if let unavailableReason { return "  stack unavailable: \(unavailableReason)" }
@@ -118,17 +118,47 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
         var index = 0
         while index < frames.count {
             if index == omittedIndex { lines.append("  … \(omittedFrameCount) frames not shown") }
-            var end = index + 1
-            while end < frames.count, end != omittedIndex, frames[end].sameCall(as: frames[index]) { end += 1 }
-            if end - index > 2 {
-                lines.append("  #\(index)–#\(end - 1) \(frames[index]) × \(end - index)")
+            let (unit, count) = repetition(at: index)
+            if unit == 1 && count > 2 {
+                lines.append("  #\(index)–#\(index + count - 1) \(frames[index]) × \(count)")
+                index += count
+            } else if unit > 1 {
+                // A recursion through several functions (a closure and the function
+                // it calls): the repeated group once, with its count.
+                let end = index + unit * count
+                lines.append("  #\(index)–#\(end - 1) × \(count), each time these \(unit) frames:")
+                for position in index..<(index + unit) { lines.append("      \(frames[position])") }
+                index = end
             } else {
-                for position in index..<end { lines.append("  #\(position) \(frames[position])") }
+                lines.append("  #\(index) \(frames[index])")
+                index += 1
             }
-            index = end
         }
         if isTruncated { lines.append("  … outer frames not shown (the stack is deeper than the copy taken)") }
         return lines.joined(separator: "\n")
+    }
+
+    /// The shortest group of 1 to 4 frames that repeats from `start` (1 with a
+    /// count of 1 when none does): a group of more than one frame must repeat at
+    /// least 3 times. Never runs across the omitted frames.
+    private func repetition(at start: Int) -> (unit: Int, count: Int) {
+        let limit = omittedIndex.map { $0 > start ? $0 : frames.count } ?? frames.count
+        func repeats(_ unit: Int) -> Int {
+            var count = 1
+            while start + (count + 1) * unit <= limit,
+                (0..<unit).allSatisfy({ frames[start + count * unit + $0].sameCall(as: frames[start + $0]) })
+            {
+                count += 1
+            }
+            return count
+        }
+        let single = repeats(1)
+        if single > 2 { return (1, single) }
+        for unit in 2...4 where start + 3 * unit <= limit {
+            let count = repeats(unit)
+            if count >= 3 { return (unit, count) }
+        }
+        return (1, 1)
     }
 }
 

@@ -259,6 +259,24 @@ struct StackUnwinderTests {
         #expect(!text.contains("not shown"))
     }
 
+    @Test("a recursion through several frames (a closure and its function) prints the group once with its count")
+    func compactGroupRecursion() {
+        let group = [
+            frame("closure #1 in walk(_:)", address: 20, line: 5), frame("walk(_:)", address: 21, line: 7),
+        ]
+        let frames =
+            [frame("usleep", address: 1), frame("leaf()", address: 2)]
+            + Array(Array(repeating: group, count: 300).joined()) + [frame("main", address: 3)]
+        let text = StallBacktrace(frames: frames, threadID: 1, unavailableReason: nil).description
+        #expect(text.contains("#2–#601 × 300, each time these 2 frames:"), "\(text)")
+        #expect(text.split(separator: "\n").count < 10, "\(text)")
+        #expect(text.contains("#602 0x000000000003 main"))
+        // Two repetitions of a group are printed as they are.
+        let twice = [frame("usleep", address: 1)] + group + group + [frame("main", address: 3)]
+        let plain = StallBacktrace(frames: twice, threadID: 1, unavailableReason: nil).description
+        #expect(!plain.contains("×") && plain.contains("#4 0x000000000015 walk(_:)"), "\(plain)")
+    }
+
     @Test("a stack deeper than the limit keeps its innermost and outermost frames and says how many are missing")
     func omittedFrames() {
         let frames =
