@@ -106,6 +106,10 @@ struct StackUnwinder {
         return CallSite.target(ofCallBefore: address, readWord: readWord)
     }
 
+    /// How many words of frame records beyond the copy may be read from memory
+    /// (two a frame: 8,192 frames).
+    static let readsBeyondCopy = 16_384
+
     /// The most uncertain frames added beyond the certain chain (from at most 4,096
     /// words beyond it).
     static let uncertainLimit = 24
@@ -150,10 +154,21 @@ struct StackUnwinder {
         var scanFrom = 0
         var anchor: UInt? = copy.fp.flatMap { word(at: $0) != nil ? $0 : nil }
         if anchor == nil { anchor = scanToAnchor(from: 0, inner: &inner, into: &bySlot) }
+        // Beyond the copy (a stack deeper than it), the chain is followed by
+        // reading its records from memory, two words each, up to a budget: the
+        // outer frames and the thread's root stay in the report.
+        var readsBeyond = Self.readsBeyondCopy
+        func chainWord(at address: UInt) -> UInt? {
+            if let value = word(at: address) { return value }
+            guard address >= copy.sp + UInt(words.count) * Self.wordSize, readsBeyond > 0 else { return nil }
+            readsBeyond -= 1
+            return readWord(address)
+        }
         while var framePointer = anchor {
             var lastSlot = scanFrom
             var complete = false
-            while let saved = word(at: framePointer), let returnAddress = word(at: framePointer + Self.wordSize),
+            while let saved = chainWord(at: framePointer),
+                let returnAddress = chainWord(at: framePointer + Self.wordSize),
                 returnAddress != 0, isText(returnAddress)
             {
                 let returnSlot = slot(of: framePointer) + 1
@@ -166,7 +181,7 @@ struct StackUnwinder {
                     complete = true
                     break
                 }
-                guard saved > framePointer, word(at: saved) != nil else { break }
+                guard saved > framePointer, saved - framePointer < 0x10_0000, chainWord(at: saved) != nil else { break }
                 framePointer = saved
             }
             if complete || lastSlot + 1 >= words.count { break }

@@ -19,11 +19,20 @@ struct StackUnwinderTests {
 
     func unwind(
         _ stack: Stack, pc: UInt, fp: UInt?, calls: [UInt: CallSite.Target], unwound: [UInt] = [],
-        jumps: [UInt: CallSite.TailJumps] = [:], exactStarts: [UInt: UInt] = [:]
+        jumps: [UInt: CallSite.TailJumps] = [:], exactStarts: [UInt: UInt] = [:], copied: Int? = nil
     ) -> [RawFrame] {
-        let copy = StackCopy(pc: pc, sp: Self.sp, fp: fp, words: stack.words, unwound: unwound, truncated: false)
+        // With `copied`, only the first `copied` words are in the copy; the rest
+        // can be read from "memory".
+        let words = copied.map { Array(stack.words.prefix($0)) } ?? stack.words
+        let memory = stack.words
+        let copy = StackCopy(pc: pc, sp: Self.sp, fp: fp, words: words, unwound: unwound, truncated: copied != nil)
         let unwinder = StackUnwinder(
-            copy: copy, isText: Self.isText, readWord: { _ in nil },
+            copy: copy, isText: Self.isText,
+            readWord: { address in
+                guard copied != nil, address >= Self.sp, (address - Self.sp) % 8 == 0 else { return nil }
+                let index = Int((address - Self.sp) / 8)
+                return index < memory.count ? memory[index] : nil
+            },
             callTarget: { calls[$0] ?? .none },
             exactStart: exactStarts.isEmpty ? nil : { _, inner, _ in exactStarts[inner] },
             tailJumps: { jumps[$0] ?? CallSite.TailJumps() })
@@ -246,6 +255,19 @@ struct StackUnwinderTests {
 
     func frame(_ name: String, address: UInt = 0x10, line: Int? = nil) -> StackFrame {
         StackFrame(address: address, function: name, file: "/a.swift", line: line, image: "App", isUncertain: false)
+    }
+
+    @Test("a chain deeper than the copy is followed through memory to the thread's root")
+    func chainBeyondTheCopy() {
+        var stack = Stack()
+        let recurse: UInt = 0x1000_1234
+        let returns = Array(repeating: recurse, count: 3000) + [0x1000_5000, 0x1000_6000]
+        let fp = pushChain(&stack, returns: returns, localsPerFrame: 60)  // fat frames: 62 words each
+        let calls = Dictionary(uniqueKeysWithValues: Set(returns).map { ($0, CallSite.Target.unknown) })
+        // The copy holds about 500 of the 3,002 frames.
+        let frames = unwind(stack, pc: 0x1000_1200, fp: fp, calls: calls, copied: 32_768)
+        #expect(frames.map(\.address) == [0x1000_1200] + returns)
+        #expect(frames.allSatisfy { !$0.isUncertain })
     }
 
     @Test("a recursion prints on one line with its count; the root is kept")
