@@ -58,7 +58,8 @@ public final class TimerEngine: @unchecked Sendable {
 
     private let lock = ConditionLock()
     private let state: UnsafeMutablePointer<State>
-    private let origin: Int64
+    /// The monotonic clock's reading at tick 0 (0 for a manual engine).
+    let origin: Int64
     /// `true` for a manual engine: entries fire synchronously inside `advance(by:)`
     /// and primitives queue their handlers on the engine (``enqueueDelivery(_:)``),
     /// which the advancing thread runs, instead of on their queue.
