@@ -71,7 +71,12 @@ struct TimerWheel: ~Copyable {
     /// How many entries are armed.
     private(set) var count = 0
 
-    init() {
+    /// Added to a node's number in ``TimerEntry/timerSlot``: the engine's shard
+    /// number in the upper 32 bits, so a cancel finds the shard that holds the entry.
+    private let slotTag: Int
+
+    init(slotTag: Int = 0) {
+        self.slotTag = slotTag
         heads = .allocate(capacity: Self.parkedList + 1)
         heads.initialize(repeating: -1, count: Self.parkedList + 1)
         occupied = .allocate(capacity: Self.levelCount)
@@ -98,7 +103,7 @@ struct TimerWheel: ~Copyable {
         node.pointee.deadline = deadline
         node.pointee.sequence = sequence
         node.pointee.entry = entry
-        entry.timerSlot = Int(index)
+        entry.timerSlot = slotTag | Int(index)
         place(index, node)
         count += 1
     }
@@ -361,7 +366,7 @@ struct TimerWheel: ~Copyable {
                 problem = "node \(index) is in use without an entry"
                 return
             }
-            if entry.timerSlot != Int(index) {
+            if entry.timerSlot != slotTag | Int(index) {
                 problem = "entry in node \(index) believes it is in node \(entry.timerSlot)"
             }
             switch value.location {
