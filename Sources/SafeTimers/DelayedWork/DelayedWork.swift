@@ -58,19 +58,20 @@ public final class DelayedWork: Sendable {
     /// - Parameters:
     ///   - delay: How long to wait. Zero or negative: as soon as possible.
     ///     Too long to represent: never (until cancelled).
-    ///   - queue: Where the closure runs. Under a `ManualTimerScheduler` it runs
-    ///     inside `advance(by:)` instead.
+    ///   - queue: Where the closure runs; `nil` (the default) is the default-QoS
+    ///     global queue. Under a `ManualTimerScheduler` it runs inside
+    ///     `advance(by:)` instead.
     ///   - scheduler: The scheduler that keeps the deadline.
     ///   - work: The closure. It is released right after it runs or is cancelled.
     /// - Returns: A handle to cancel the work or query its state.
     /// - Complexity: O(1) in the number of pending timers (a timing-wheel bucket).
     public static func schedule(
         after delay: Duration,
-        on queue: DispatchQueue = .global(),
+        on queue: DispatchQueue? = nil,
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        schedule(after: delay, executor: .queue(queue), scheduler: scheduler, work)
+        schedule(after: delay, executor: .on(queue), scheduler: scheduler, work)
     }
 
     /// Schedules `work` to run once on the main actor after `delay`.
@@ -107,11 +108,11 @@ public final class DelayedWork: Sendable {
     /// ``schedule(after:on:scheduler:_:)``.
     public static func schedule(
         at deadline: TimerClock.Instant,
-        on queue: DispatchQueue = .global(),
+        on queue: DispatchQueue? = nil,
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        schedule(atTicks: { _ in deadline.ticks }, executor: .queue(queue), engine: scheduler.engine, work)
+        schedule(atTicks: { _ in deadline.ticks }, executor: .on(queue), engine: scheduler.engine, work)
     }
 
     /// Schedules `work` to run once on the main actor at `deadline`; see

@@ -49,7 +49,7 @@ public func withWatchdog<Result, Failure: Error>(
         defer { slot._withUnsafeGuaranteedRef { $0.leave(generation) } }
         return try body()
     }
-    let watchdog = Watchdog(timeout: timeout, queue: queue ?? .global(), scheduler: scheduler, onTimeout: onTimeout)
+    let watchdog = Watchdog(timeout: timeout, queue: queue, scheduler: scheduler, onTimeout: onTimeout)
     defer { watchdog.invalidate() }
     return try body()
 }
@@ -73,7 +73,7 @@ public func withWatchdog<Result, Failure: Error>(
     isolation: isolated (any Actor)? = #isolation,
     _ body: () async throws(Failure) -> Result
 ) async throws(Failure) -> Result {
-    let watchdog = Watchdog(timeout: timeout, queue: queue ?? .global(), scheduler: scheduler, onTimeout: onTimeout)
+    let watchdog = Watchdog(timeout: timeout, queue: queue, scheduler: scheduler, onTimeout: onTimeout)
     defer { watchdog.invalidate() }
     return try await body()
 }
