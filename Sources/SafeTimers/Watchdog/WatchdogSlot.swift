@@ -294,13 +294,14 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     // MARK: The thread's slot
 
     /// The calling thread's slot, created at its first use, when `scheduler` is
-    /// ``SystemTimerScheduler/shared``; nil for any other scheduler (which then
+    /// ``SystemTimerScheduler/shared`` (or nil, which means it); nil for any other scheduler (which then
     /// takes the ordinary path). The shared scheduler lives as long as the
     /// process, so comparing identities is enough, and costs no reference count.
     @usableFromInline
-    static func current(for scheduler: any TimerScheduler) -> Unmanaged<WatchdogSlot>? {
+    static func current(for scheduler: (any TimerScheduler)?) -> Unmanaged<WatchdogSlot>? {
         let slot: Unmanaged<WatchdogSlot>
         if let raw = pthread_getspecific(key) { slot = Unmanaged.fromOpaque(raw) } else { slot = makeCurrent() }
+        guard let scheduler else { return slot }  // nil: the shared scheduler
         let serves = slot._withUnsafeGuaranteedRef { $0.scheduler == ObjectIdentifier(scheduler) }
         return serves ? slot : nil
     }

@@ -19,7 +19,10 @@ import Dispatch
 ///     possible; too long to represent: never.
 ///   - queue: Where `onTimeout` runs; `nil` (the default) is the default-QoS
 ///     global queue.
-///   - scheduler: The scheduler that keeps the deadline.
+///   - scheduler: The scheduler that keeps the deadline; `nil` (the default) is
+///     ``SystemTimerScheduler/shared``. (Optional so that the default costs no
+///     reference count: every thread would otherwise write the shared
+///     scheduler's count twice per section, one cache line for all threads.)
 ///   - onTimeout: Called once if `body` is still running after `timeout`;
 ///     released before `withWatchdog` returns.
 ///   - body: The guarded section.
@@ -36,7 +39,7 @@ import Dispatch
 public func withWatchdog<Result, Failure: Error>(
     timeout: Duration,
     queue: DispatchQueue? = nil,
-    scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+    scheduler: (any TimerScheduler)? = nil,
     onTimeout: @escaping @Sendable () -> Void,
     _ body: () throws(Failure) -> Result
 ) throws(Failure) -> Result {
@@ -49,7 +52,8 @@ public func withWatchdog<Result, Failure: Error>(
         defer { slot._withUnsafeGuaranteedRef { $0.leave(generation) } }
         return try body()
     }
-    let watchdog = Watchdog(timeout: timeout, queue: queue, scheduler: scheduler, onTimeout: onTimeout)
+    let watchdog = Watchdog(
+        timeout: timeout, queue: queue, scheduler: scheduler ?? SystemTimerScheduler.shared, onTimeout: onTimeout)
     defer { watchdog.invalidate() }
     return try body()
 }
