@@ -77,9 +77,12 @@ struct ShardedEngineTests {
         }
         await onOwnThread { entry.arm(engine, at: engine.nowTicks + 3_600_000_000_000) }
         let shard = entry.timerSlot >> TimerEngine.shardShift
-        await onOwnThread { entry.arm(engine, at: engine.nowTicks + 20_000_000) }
-        #expect(entry.timerSlot >> TimerEngine.shardShift == shard)
-        #expect(scheduler.pendingCount == 1)
+        let slotAfterMove = await onOwnThread { () -> Int in
+            entry.arm(engine, at: engine.nowTicks + 200_000_000)
+            return entry.timerSlot
+        }
+        // Still in its shard, unless a very slow machine already fired it.
+        #expect(slotAfterMove >> TimerEngine.shardShift == shard || log.count == 1)
         #expect(fired.wait(timeout: .now() + 10) == .success)
         usleep(50_000)
         #expect(log.names == ["moved"])
