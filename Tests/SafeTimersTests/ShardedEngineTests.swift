@@ -178,4 +178,36 @@ struct ShardedEngineTests {
         for entry in entries { _ = entry.cancel(engine) }  // drops the payloads
         #expect(anyProbe == nil)
     }
+
+    @Test("a DelayedWork on a released private scheduler keeps its engine and still runs; the engine goes after")
+    func delayedWorkKeepsPrivateEngine() async {
+        weak var weakEngine: TimerEngine?
+        let ran = DispatchSemaphore(value: 0)
+        var work: DelayedWork?
+        do {
+            let scheduler = SystemTimerScheduler()
+            weakEngine = scheduler.engine
+            work = DelayedWork.schedule(after: .milliseconds(20), scheduler: scheduler) { ran.signal() }
+        }
+        #expect(weakEngine != nil, "the pending work keeps the engine")
+        #expect(ran.wait(timeout: .now() + 10) == .success)
+        let deadline = Date().addingTimeInterval(10)
+        while work?.state != .completed && Date() < deadline { try? await Task.sleep(for: .milliseconds(5)) }
+        #expect(work?.state == .completed)
+        work = nil
+        // The retired engine's thread ends once nothing is armed; then nothing refers to it.
+        while weakEngine != nil && Date() < deadline { try? await Task.sleep(for: .milliseconds(10)) }
+        #expect(weakEngine == nil)
+    }
+
+    @Test("the default scheduler is the shared one: DelayedWork armed without one runs on the shared engine")
+    func delayedWorkDefaultsToShared() {
+        let ran = DispatchSemaphore(value: 0)
+        let work = DelayedWork.schedule(after: .milliseconds(5)) { ran.signal() }
+        #expect(work.engine === SystemTimerScheduler.shared.engine)
+        #expect(ran.wait(timeout: .now() + 10) == .success)
+        let cancelled = DelayedWork.schedule(after: .seconds(3600)) {}
+        #expect(cancelled.cancel())
+        #expect(!cancelled.holdsWork)
+    }
 }

@@ -125,7 +125,9 @@ public final class TimerEngine: @unchecked Sendable {
 
     private let lock = ConditionLock()
     private let state: UnsafeMutablePointer<State>
-    private let shards: [Shard]
+    /// The shards, in memory allocated once: an `Array` here would have every
+    /// arming thread write the array's reference count, one cache line for all.
+    private let shards: UnsafeMutableBufferPointer<Shard>
     /// The calling thread's shard (see ``ThreadShard``).
     @inline(__always)
     private var threadShard: Shard { shards[ThreadShard.current() & (shards.count &- 1)] }
@@ -174,10 +176,11 @@ public final class TimerEngine: @unchecked Sendable {
         origin = virtual ? 0 : MonotonicClock.nanoseconds()
         state = .allocate(capacity: 1)
         state.initialize(to: State())
-        if virtual {
-            shards = [Shard(number: 0, lock: lock)]
-        } else {
-            shards = (0..<Self.realTimeShardCount).map { Shard(number: $0, lock: ConditionLock()) }
+        let count = virtual ? 1 : Self.realTimeShardCount
+        shards = .allocate(capacity: count)
+        for number in 0..<count {
+            (shards.baseAddress! + number).initialize(
+                to: Shard(number: number, lock: virtual ? lock : ConditionLock()))
         }
     }
 
@@ -186,6 +189,8 @@ public final class TimerEngine: @unchecked Sendable {
         // thread has ended; a manual one once nothing refers to it.
         var entries: [any TimerEntry] = []
         for shard in shards { entries += shard.state.pointee.wheel.removeAll() }
+        _ = shards.deinitialize()
+        shards.deallocate()
         state.deinitialize(count: 1)
         state.deallocate()
         _ = entries
