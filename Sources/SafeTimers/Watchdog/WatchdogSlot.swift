@@ -78,6 +78,10 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     private static let phaseBits: UInt64 = 3
     private static let phaseMask: UInt64 = 0b111
 
+    /// Keeps the fields below off the cache line of whatever the allocator put
+    /// before this slot (another thread's slot, say): `word` is written twice per
+    /// section, and sharing its line with another thread would make both wait.
+    private let leadingPad: (Int64, Int64, Int64, Int64, Int64, Int64, Int64, Int64) = (0, 0, 0, 0, 0, 0, 0, 0)
     /// The engine this thread's slot serves (real-time engines only).
     let engine: TimerEngine
     private let word = Atomic<UInt64>(0)
@@ -100,11 +104,13 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     nonisolated(unsafe) private var lastTimeoutTicks: Int64 = 0
 
     /// ``MonotonicClock/coarseResolution``, and the shortest timeout measured
-    /// with the coarse clock (0: never), kept here to spare a lazy-global check.
+    /// with the coarse clock (`Int64.max`: never), kept here to spare a lazy-global check.
     private let coarseResolution: Int64
     private let coarseMinimumTimeout: Int64
     /// The scheduler whose engine this is: ``SystemTimerScheduler/shared``.
     private let scheduler: ObjectIdentifier
+    /// Keeps the fields above off the cache line of whatever comes after.
+    private let trailingPad: (Int64, Int64, Int64, Int64, Int64, Int64, Int64, Int64) = (0, 0, 0, 0, 0, 0, 0, 0)
 
     init() {
         let shared = SystemTimerScheduler.shared
