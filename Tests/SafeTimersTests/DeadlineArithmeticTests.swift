@@ -14,6 +14,31 @@ struct DeadlineArithmeticTests {
         #expect(DeadlineArithmetic.nanoseconds(.seconds(9_223_372_037)) == Int64.max)
     }
 
+    @Test("the 64-bit fast path agrees with the 128-bit conversion around every boundary it has")
+    func fastPathAgrees() {
+        func reference(_ duration: Duration) -> Int64 {
+            let (seconds, attoseconds) = duration.components
+            return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
+        }
+        var samples: [Duration] = [
+            .zero, .nanoseconds(1), .nanoseconds(-1), .seconds(10), .seconds(18), .seconds(19),
+            Duration(secondsComponent: 0, attosecondsComponent: 1),
+            Duration(secondsComponent: 0, attosecondsComponent: 999_999_999),
+            Duration(secondsComponent: -1, attosecondsComponent: 999_999_999_999_999_999),
+            Duration(secondsComponent: 18, attosecondsComponent: 446_744_073_709_551_615),  // 2^64 - 1 as
+            Duration(secondsComponent: 18, attosecondsComponent: 446_744_073_709_551_616),  // 2^64 as
+        ]
+        var generator = SplitMix64(seed: 3)
+        for _ in 0..<10_000 {
+            let seconds = Int64(bitPattern: generator.next()) % 40
+            let attoseconds = Int64(generator.next() % 1_000_000_000_000_000_000)
+            samples.append(Duration(secondsComponent: seconds, attosecondsComponent: attoseconds))
+        }
+        for duration in samples {
+            #expect(DeadlineArithmetic.nanoseconds(duration) == reference(duration), "\(duration)")
+        }
+    }
+
     @Test("negative and zero delays mean now; overflowing ones mean never")
     func deadlines() {
         #expect(DeadlineArithmetic.deadline(now: 100, after: .zero) == 100)

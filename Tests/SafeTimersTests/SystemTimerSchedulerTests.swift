@@ -150,6 +150,25 @@ struct SystemTimerSchedulerTests {
         #expect(scheduler.pendingCount == 0)
     }
 
+    @Test("a 50 ms repeating timer wakes the scheduler thread about once per tick, not three times")
+    func oneWakeUpPerTick() async throws {
+        let scheduler = SystemTimerScheduler()
+        let engine = scheduler.engine
+        let ticks = Counter()
+        let timer = RepeatingTimer(interval: .milliseconds(50), scheduler: scheduler) { ticks.increment() }
+        timer.start()
+        try await Task.sleep(for: .milliseconds(200))  // the thread has started and settled
+        let wakeUpsBefore = engine.wakeUpCount
+        let ticksBefore = ticks.count
+        try await Task.sleep(for: .milliseconds(1_000))
+        let wakeUps = engine.wakeUpCount - wakeUpsBefore
+        let fired = ticks.count - ticksBefore
+        timer.cancel()
+        #expect(fired >= 5)
+        // Exactly one per tick when undisturbed; the slack absorbs a spurious wake-up or two.
+        #expect(wakeUps <= fired + fired / 2 + 2, "\(wakeUps) wake-ups for \(fired) ticks")
+    }
+
     @Test("100k entries armed and cancelled leave nothing pending and free their payloads")
     func armAndCancelMany() {
         let scheduler = SystemTimerScheduler()

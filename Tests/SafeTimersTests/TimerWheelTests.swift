@@ -77,6 +77,13 @@ struct TimerWheelTests {
                 let deadline = Self.randomDeadline(after: now, &generator)
                 wheel.update(node: Int32(entries[name]!.timerSlot), deadline: deadline, sequence: sequence)
                 model[name] = (deadline, sequence)
+            case 7:
+                // The scheduler thread's look before it sleeps: it cascades ahead of
+                // the clock, which must never make it sleep past a deadline.
+                let target = wheel.wakeUpTarget()
+                if let earliest = model.values.map(\.deadline).min() {
+                    #expect(target <= earliest)
+                }
             default:
                 // Advance by a random amount, from nothing to about 4 minutes.
                 now += Int64(generator.next() % UInt64(1 << (generator.next() % 38)))
@@ -112,17 +119,70 @@ struct TimerWheelTests {
         #expect(wheel.wakeUpTarget() == DeadlineArithmetic.never)
         wheel.insert(RecordingEntry("parked"), deadline: DeadlineArithmetic.never, sequence: 1)
         #expect(wheel.wakeUpTarget() == DeadlineArithmetic.never)
-        // Far away: the thread wakes at the start of the entry's bucket, not before.
+        // Far away: the thread wakes at the entry's deadline (the earliest its
+        // bucket holds), not at the bucket's start before it.
         let hour: Int64 = 3_600_000_000_000
-        wheel.insert(RecordingEntry("hour"), deadline: hour, sequence: 2)
-        let bucketStart = wheel.wakeUpTarget()
-        #expect(bucketStart <= hour && bucketStart > hour - 300_000_000_000)
+        let hourEntry = RecordingEntry("hour")
+        wheel.insert(hourEntry, deadline: hour, sequence: 2)
+        #expect(wheel.wakeUpTarget() == hour)
+        // An earlier entry in the same bucket lowers the target; once it leaves,
+        // the bound may stay early (one spare wake-up), never late.
+        let earlier = RecordingEntry("earlier")
+        wheel.insert(earlier, deadline: hour - 1_000, sequence: 3)
+        #expect(wheel.wakeUpTarget() == hour - 1_000)
+        _ = wheel.remove(node: Int32(earlier.timerSlot))
+        #expect(wheel.wakeUpTarget() <= hour)
+        _ = wheel.remove(node: Int32(hourEntry.timerSlot))
+        #expect(wheel.wakeUpTarget() == DeadlineArithmetic.never)
         // Due now (in the near heap): its deadline, plus leeway up to the next deadline.
         wheel.insert(LeewayEntry(leeway: 5_000), deadline: 100, sequence: 3)
         #expect(wheel.wakeUpTarget() == 5_100)
         wheel.insert(RecordingEntry("soon"), deadline: 2_000, sequence: 4)
         #expect(wheel.wakeUpTarget() == 2_000)
         #expect(wheel.invariantViolation() == nil)
+    }
+
+    /// Drives a wheel the way the scheduler thread does, with one repeating entry
+    /// of `period` ns that re-arms from its previous deadline, and counts the
+    /// thread's wake-ups per firing.
+    private func wakeUpsPerFiring(period: Int64, start: Int64, firings: Int) -> Double {
+        var wheel = TimerWheel()
+        let entry = RecordingEntry("repeating")
+        var now = start
+        var deadline = start + period
+        var sequence: UInt64 = 1
+        wheel.insert(entry, deadline: deadline, sequence: sequence)
+        var fired = 0
+        var wakeUps = 0
+        while fired < firings {
+            while let due = wheel.popDue(now: now) {
+                #expect(due.deadline <= now)
+                #expect(now == due.deadline, "fired late: \(now - due.deadline) ns")
+                fired += 1
+                deadline += period
+                sequence += 1
+                wheel.insert(due.entry, deadline: deadline, sequence: sequence)
+            }
+            let target = wheel.wakeUpTarget()
+            #expect(target > now)
+            now = target
+            wakeUps += 1
+        }
+        _ = wheel.removeAll()
+        return Double(wakeUps) / Double(fired)
+    }
+
+    @Test(
+        "a repeating timer of any period wakes the scheduler thread once per firing",
+        arguments: [
+            20_000_000, 50_000_000, 100_000_000, 250_000_000, 1_000_000_000, 10_000_000_000,
+            3_600_000_000_000,
+        ] as [Int64])
+    func wakeUpsPerPeriod(period: Int64) {
+        for start: Int64 in [0, 12_345_678_901, 987_654_321] {
+            let perFiring = wakeUpsPerFiring(period: period, start: start, firings: 200)
+            #expect(perFiring <= 1.01, "\(perFiring) wake-ups per firing of a \(period / 1_000_000) ms timer")
+        }
     }
 }
 

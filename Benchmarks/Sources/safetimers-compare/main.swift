@@ -1,5 +1,7 @@
 // The side-by-side comparison: `swift run -c release safetimers-compare`.
 // `--quick` runs fewer iterations and smaller scales (for CI smoke runs).
+// `--scaling` runs only the single-thread costs and the 1/2/4/8-thread throughput
+// rows; `--lateness` only the lateness rows.
 
 import Dispatch
 import Foundation
@@ -32,6 +34,33 @@ if latenessOnly {
         results.append(("asyncAfter", count, Lateness.asyncAfter(count: count)))
     }
     printLatenessTable(results)
+    exit(0)
+}
+
+if CommandLine.arguments.contains("--scaling") {
+    // Only the single-thread costs and the throughput rows (issue: the engine
+    // scales with cores): a short run for comparing engine changes.
+    add(
+        "guarded section, 0k pending", "DispatchSourceTimer per section",
+        GuardedSection.watchdog(pending: 0, iterations: iterations),
+        GuardedSection.dispatchSourceIdiom(pending: 0, iterations: iterations), "ns/op")
+    add(
+        "arm+cancel, 0k pending", "asyncAfter+DispatchWorkItem",
+        ArmCancel.delayedWork(pending: 0, iterations: iterations),
+        ArmCancel.asyncAfter(pending: 0, iterations: iterations), "ns/op")
+    for threads in [1, 2, 4, 8] {
+        let each = max(1, iterations / threads)
+        add(
+            "withWatchdog, \(threads) threads, ns/op overall", "DispatchSourceTimer per section",
+            Parallel.watchdogOverall(threads: threads, iterations: each),
+            Parallel.dispatchSourceIdiomOverall(threads: threads, iterations: each), "ns/op")
+        add(
+            "DelayedWork arm+cancel, \(threads) threads, ns/op overall", "asyncAfter+DispatchWorkItem",
+            Parallel.delayedWorkOverall(threads: threads, iterations: each),
+            Parallel.asyncAfterOverall(threads: threads, iterations: each), "ns/op")
+    }
+    print("")
+    printTable(rows)
     exit(0)
 }
 

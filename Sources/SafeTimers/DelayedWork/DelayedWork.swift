@@ -44,33 +44,52 @@ public final class DelayedWork: Sendable {
     let storage: StateLock<LockedMachine<DelayedWorkStateMachine>>
     private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
-    /// The scheduler's engine: kept, so releasing the scheduler never drops this work.
-    let engine: TimerEngine
+    /// The scheduler's engine, not reference-counted here: `engineOwner` keeps a
+    /// private scheduler's engine alive; the shared scheduler's lives as long as
+    /// the process. (Counting references to the shared engine would make every
+    /// thread that schedules work write one cache line, shared by all, twice per
+    /// item.)
+    unowned(unsafe) let engine: TimerEngine
+    /// The engine, kept so that releasing a private scheduler never drops this
+    /// work; nil for the shared scheduler's engine.
+    private let engineOwner: TimerEngine?
 
-    private init(executor: HandlerExecutor, engine: TimerEngine, work: @escaping @Sendable () -> Void) {
+    private init(
+        executor: HandlerExecutor, engine: TimerEngine, retainingEngine: Bool, work: @escaping @Sendable () -> Void
+    ) {
         self.executor = executor
         self.engine = engine
+        self.engineOwner = retainingEngine ? engine : nil
         self.storage = StateLock(LockedMachine(machine: DelayedWorkStateMachine(work: work)))
     }
+
+    /// ``SystemTimerScheduler/shared``'s engine, which is never released.
+    static let sharedEngine = SystemTimerScheduler.shared.engine
 
     /// Schedules `work` to run once on `queue` after `delay`.
     ///
     /// - Parameters:
     ///   - delay: How long to wait. Zero or negative: as soon as possible.
     ///     Too long to represent: never (until cancelled).
-    ///   - queue: Where the closure runs. Under a `ManualTimerScheduler` it runs
-    ///     inside `advance(by:)` instead.
-    ///   - scheduler: The scheduler that keeps the deadline.
+    ///   - queue: Where the closure runs; `nil` (the default) is the default-QoS
+    ///     global queue. Under a `ManualTimerScheduler` it runs inside
+    ///     `advance(by:)` instead.
+    ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default)
+    ///     is ``SystemTimerScheduler/shared``. (Optional so that the default writes
+    ///     no reference count on the one object all threads share.)
     ///   - work: The closure. It is released right after it runs or is cancelled.
     /// - Returns: A handle to cancel the work or query its state.
     /// - Complexity: O(1) in the number of pending timers (a timing-wheel bucket).
     public static func schedule(
         after delay: Duration,
-        on queue: DispatchQueue = .global(),
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        on queue: DispatchQueue? = nil,
+        scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        schedule(after: delay, executor: .queue(queue), scheduler: scheduler, work)
+        guard let scheduler else {
+            return schedule(after: delay, executor: .on(queue), sharedEngine: sharedEngine, work)
+        }
+        return schedule(after: delay, executor: .on(queue), scheduler: scheduler, work)
     }
 
     /// Schedules `work` to run once on the main actor after `delay`.
@@ -107,11 +126,11 @@ public final class DelayedWork: Sendable {
     /// ``schedule(after:on:scheduler:_:)``.
     public static func schedule(
         at deadline: TimerClock.Instant,
-        on queue: DispatchQueue = .global(),
+        on queue: DispatchQueue? = nil,
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        schedule(atTicks: { _ in deadline.ticks }, executor: .queue(queue), engine: scheduler.engine, work)
+        schedule(atTicks: { _ in deadline.ticks }, executor: .on(queue), engine: scheduler.engine, work)
     }
 
     /// Schedules `work` to run once on the main actor at `deadline`; see
@@ -143,8 +162,22 @@ public final class DelayedWork: Sendable {
         engine: TimerEngine,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        let item = DelayedWork(executor: executor, engine: engine, work: work)
+        let item = DelayedWork(
+            executor: executor, engine: engine, retainingEngine: engine !== sharedEngine, work: work)
         let ticks = deadline(engine)
+        item.storage.withLock { $0.armed = engine.arm(item, at: ticks) }
+        return item
+    }
+
+    /// The default path: the shared engine, no reference counted.
+    private static func schedule(
+        after delay: Duration,
+        executor: HandlerExecutor,
+        sharedEngine engine: TimerEngine,
+        _ work: @escaping @Sendable () -> Void
+    ) -> DelayedWork {
+        let item = DelayedWork(executor: executor, engine: engine, retainingEngine: false, work: work)
+        let ticks = DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay)
         item.storage.withLock { $0.armed = engine.arm(item, at: ticks) }
         return item
     }

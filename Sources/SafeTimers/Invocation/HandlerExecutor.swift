@@ -12,6 +12,10 @@ protocol InvocationTarget: AnyObject, Sendable {
 /// (in tests) a recorder that lets the test decide when each delivery begins.
 enum HandlerExecutor: Sendable {
     case queue(DispatchQueue)
+    /// The default-QoS global queue, looked up when a handler is delivered: on
+    /// Linux each `DispatchQueue.global()` allocates a wrapper object, which a
+    /// primitive would otherwise allocate when it is made and keep while it lives.
+    case globalQueue
     case mainActor
     /// Tests only: deliveries are recorded, and the test runs them when it likes.
     case recorder(DeliveryRecorder)
@@ -34,6 +38,12 @@ enum HandlerExecutor: Sendable {
             } else {
                 queue.async { target.invoke(tag: tag) }
             }
+        case .globalQueue:
+            if engine.isVirtual {
+                engine.enqueueDelivery { target.invoke(tag: tag) }
+            } else {
+                DispatchQueue.global().async { target.invoke(tag: tag) }
+            }
         case .mainActor:
             if engine.isVirtual {
                 engine.enqueueDelivery {
@@ -49,6 +59,13 @@ enum HandlerExecutor: Sendable {
         case .recorder(let recorder):
             recorder.record(target, tag: tag)
         }
+    }
+
+    /// `queue`, or the global queue when it is nil.
+    @inline(__always)
+    static func on(_ queue: DispatchQueue?) -> HandlerExecutor {
+        if let queue { return .queue(queue) }
+        return .globalQueue
     }
 
     /// Wraps a main-actor handler so that it can be stored as a plain one: the

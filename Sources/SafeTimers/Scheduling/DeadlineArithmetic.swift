@@ -22,7 +22,15 @@ package enum DeadlineArithmetic {
     /// `duration` in whole nanoseconds, clamped to `Int64.min ... Int64.max`.
     ///
     /// Sub-nanosecond parts are truncated toward zero. Any magnitude is accepted.
+    @inline(__always)
     package static func nanoseconds(_ duration: Duration) -> Int64 {
+        // The common case, 0 to 2^64 attoseconds (about 18 s), is one 64-bit
+        // division; `components` would divide 128 bits (about 190 instructions).
+        if duration._high == 0 { return Int64(truncatingIfNeeded: duration._low / 1_000_000_000) }
+        return nanosecondsSlowPath(duration)
+    }
+
+    private static func nanosecondsSlowPath(_ duration: Duration) -> Int64 {
         if duration >= largest { return Int64.max }
         if duration <= smallest { return Int64.min }
         // |duration| < 2^63 ns ≈ 292 years: the components fit, and so does the sum.

@@ -25,4 +25,34 @@ package enum MonotonicClock {
         return Int64(spec.tv_sec) &* 1_000_000_000 &+ Int64(spec.tv_nsec)
         #endif
     }
+
+    /// The resolution of ``coarseNanoseconds()`` in nanoseconds (0 where there is
+    /// no coarse clock and ``coarseNanoseconds()`` reads the precise one).
+    ///
+    /// Measured with `clock_getres(CLOCK_MONOTONIC_COARSE)`: 4,000,000 ns on this
+    /// Linux VM (`CONFIG_HZ=250`), 1–10 ms on Linux in general.
+    package static let coarseResolution: Int64 = {
+        #if os(Linux)
+        var spec = timespec()
+        guard clock_getres(CLOCK_MONOTONIC_COARSE, &spec) == 0 else { return -1 }
+        return Int64(spec.tv_sec) &* 1_000_000_000 &+ Int64(spec.tv_nsec)
+        #else
+        return 0
+        #endif
+    }()
+
+    /// The same clock as ``nanoseconds()``, read cheaply and coarsely: on Linux
+    /// `CLOCK_MONOTONIC_COARSE` (the time of the last scheduler tick: about 7 ns a
+    /// read against 25–40 ns, and never ahead of ``nanoseconds()``, at most
+    /// ``coarseResolution`` behind it). Elsewhere the precise clock.
+    @inline(__always)
+    package static func coarseNanoseconds() -> Int64 {
+        #if os(Linux)
+        var spec = timespec()
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &spec)
+        return Int64(spec.tv_sec) &* 1_000_000_000 &+ Int64(spec.tv_nsec)
+        #else
+        return nanoseconds()
+        #endif
+    }
 }

@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(Darwin)
 import Darwin
 #elseif canImport(Glibc)
@@ -6,10 +8,9 @@ import Glibc
 import Musl
 #endif
 
-/// The machinery behind every scheduler: a timing wheel of armed entries, a
-/// lock, and either a real clock with one tickless thread
-/// (``SystemTimerScheduler``) or a virtual clock advanced by hand
-/// (`ManualTimerScheduler` in `SafeTimersTesting`).
+/// The machinery behind every scheduler: timing wheels of armed entries, locks,
+/// and either a real clock with one tickless thread (``SystemTimerScheduler``) or
+/// a virtual clock advanced by hand (`ManualTimerScheduler` in `SafeTimersTesting`).
 ///
 /// Both kinds share the wheel, the ordering rules (deadline, then arming order)
 /// and the arm/disarm paths, so what a test proves under virtual time is the code
@@ -17,29 +18,45 @@ import Musl
 ///
 /// Time is kept as `Int64` nanoseconds since the engine was created ("ticks").
 ///
+/// ## Shards
+/// A real-time engine keeps its entries in several *shards*, each a lock and a
+/// wheel on cache lines of its own (twice as many as processors, at most 64). A
+/// thread arms into the shard it was given at its first arming (threads are
+/// dealt out round-robin), and a cancel goes to the shard that holds the entry
+/// (its number is in ``TimerEntry/timerSlot``). So threads that arm and cancel
+/// at the same time take different locks and write different cache lines.
+///
+/// One scheduler thread serves every shard. Each shard publishes `target`, a
+/// time before which it has nothing due (a lower bound: arming lowers it, the
+/// scheduler thread sets it exactly when it looks at the shard). The thread
+/// sleeps until the earliest target and publishes that time in `sleepingUntil`;
+/// an arming that lowered its shard's target *reads* `sleepingUntil` and wakes
+/// the thread only if the new deadline is earlier. Neither side can miss the
+/// other: the arming stores the target and then reads `sleepingUntil`, the thread
+/// stores `sleepingUntil` and then reads every target, all sequentially
+/// consistent, and the wake-up itself is made under the thread's lock, which it
+/// holds until it waits. The fast path of an arming writes only its shard.
+///
+/// Among entries due at the same instant, arming order holds within a shard
+/// (one thread's armings); entries armed by different threads at the same
+/// instant fire in an unspecified order. A manual engine has one shard, so
+/// virtual time orders everything exactly.
+///
 /// `@unchecked Sendable` invariant: every mutable stored value lives in the
-/// `State` that `state` points to, which is read and written only while `lock` is
-/// held; the remaining properties are immutable after `init`. (The state sits
-/// behind a pointer allocated once, rather than in a stored `var`, so that the
-/// hot paths pay no dynamic exclusivity check.)
+/// `State` that `state` points to, read and written only while `lock` is held,
+/// or in a shard's `ShardState`, read and written only while that shard's lock
+/// is held (a manual engine's one shard uses `lock` itself); the atomics are
+/// atomics; the remaining properties are immutable after `init`. (State sits
+/// behind pointers allocated once, rather than in stored `var`s, so that the hot
+/// paths pay no dynamic exclusivity check.)
 @_spi(SchedulerImplementation)
 public final class TimerEngine: @unchecked Sendable {
-    /// Mutable engine state; touched only with `lock` held.
+    /// Engine-wide mutable state; touched only with `lock` held.
     private struct State: ~Copyable {
-        var wheel = TimerWheel()
-        var lastSequence: UInt64 = 0
         /// Virtual clock (manual engines only).
         var virtualNow: Int64 = 0
-        /// What the scheduler thread waits for: `Int64.min` while it is awake (it
-        /// will look at the wheel again before sleeping, so nobody needs to wake
-        /// it), otherwise the time it sleeps until (`never` when untimed).
-        var sleepingUntil = Int64.min
-        var threadStarted = false
         var schedulerThreadID: Int32 = 0
         var shuttingDown = false
-        /// The scheduler object is gone: a real engine's thread ends once nothing
-        /// is armed (what is armed still fires); a manual engine is shut down.
-        var retired = false
         /// Manual engines: handler deliveries waiting for the next advance, in
         /// order, each with a sequence number from the arming sequence, so that
         /// an entry armed earlier for the same instant runs first.
@@ -56,9 +73,77 @@ public final class TimerEngine: @unchecked Sendable {
         var sleeperWaiters: [(count: Int, continuation: CheckedContinuation<Void, Never>)] = []
     }
 
+    /// What one shard keeps; touched only with the shard's lock held.
+    struct ShardState: ~Copyable {
+        var wheel: TimerWheel
+        /// The last arming's sequence number in this shard, before the shard
+        /// number is added (see ``Shard/nextSequence()``).
+        var lastSequence: UInt64 = 0
+    }
+
+    /// A lock and a wheel. See "Shards" above.
+    ///
+    /// `@unchecked Sendable` invariant: `state` is read and written only while
+    /// `lock` is held; `target` is atomic; the rest is immutable.
+    final class Shard: @unchecked Sendable {
+        /// Keeps `target` off the cache line of whatever was allocated before.
+        private let leadingPad: (Int64, Int64, Int64, Int64, Int64, Int64, Int64, Int64) = (0, 0, 0, 0, 0, 0, 0, 0)
+        /// Nothing in this shard is due before this time (ticks).
+        let target = Atomic<Int64>(DeadlineArithmetic.never)
+        let lock: ConditionLock
+        let state: UnsafeMutablePointer<ShardState>
+        let number: Int
+        /// Keeps `target` off the cache line of whatever is allocated next.
+        private let trailingPad: (Int64, Int64, Int64, Int64, Int64, Int64, Int64, Int64) = (0, 0, 0, 0, 0, 0, 0, 0)
+
+        init(number: Int, lock: ConditionLock) {
+            self.number = number
+            self.lock = lock
+            state = .allocate(capacity: 1)
+            state.initialize(to: ShardState(wheel: TimerWheel(slotTag: number << TimerEngine.shardShift)))
+        }
+
+        deinit {
+            state.deinitialize(count: 1)
+            state.deallocate()
+        }
+
+        /// The next arming's sequence number (lock held): increasing within the
+        /// shard, and never equal to another shard's, so an entry that moved
+        /// between shards can still tell a stale firing from its current one.
+        @inline(__always)
+        func nextSequence() -> UInt64 {
+            state.pointee.lastSequence &+= 1
+            return state.pointee.lastSequence &<< TimerEngine.shardBits | UInt64(number)
+        }
+    }
+
+    /// Shard numbers take this many low bits of a sequence number.
+    static let shardBits: UInt64 = 6
+    /// A shard's number sits this far up in ``TimerEntry/timerSlot``.
+    static let shardShift = 32
+
     private let lock = ConditionLock()
     private let state: UnsafeMutablePointer<State>
-    private let origin: Int64
+    /// The shards, in memory allocated once: an `Array` here would have every
+    /// arming thread write the array's reference count, one cache line for all.
+    private let shards: UnsafeMutableBufferPointer<Shard>
+    /// The calling thread's shard (see ``ThreadShard``).
+    @inline(__always)
+    private var threadShard: Shard { shards[ThreadShard.current() & (shards.count &- 1)] }
+
+    /// What the scheduler thread waits for: `Int64.min` while it is awake (it
+    /// will look at every shard again before sleeping, so nobody needs to wake
+    /// it), otherwise the time it sleeps until (`never` when untimed). Written
+    /// with `lock` held; read by armings without it.
+    private let sleepingUntil = Atomic<Int64>(Int64.min)
+    /// Whether a scheduler thread runs (or is being started) for this engine.
+    private let threadStarted = Atomic<Bool>(false)
+    /// The scheduler object is gone: a real engine's thread ends once nothing
+    /// is armed (what is armed still fires); a manual engine is shut down.
+    private let retired = Atomic<Bool>(false)
+    /// The monotonic clock's reading at tick 0 (0 for a manual engine).
+    let origin: Int64
     /// `true` for a manual engine: entries fire synchronously inside `advance(by:)`
     /// and primitives queue their handlers on the engine (``enqueueDelivery(_:)``),
     /// which the advancing thread runs, instead of on their queue.
@@ -69,9 +154,21 @@ public final class TimerEngine: @unchecked Sendable {
     /// enough that handlers that keep re-triggering each other cannot hang a test.
     static let deliveryLimitPerInstant = 100_000
 
-    /// The most entries the scheduler thread takes out of the wheel per lock hold,
+    /// The most entries the scheduler thread takes out of a shard per lock hold,
     /// so arming threads never wait behind a long batch.
     private static let batchLimit = 256
+
+    /// How many shards a real-time engine has: twice the processors, rounded up
+    /// to a power of two (a thread's shard is then a mask away), at most 64.
+    static let realTimeShardCount: Int = {
+        let processors = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        var count = 2
+        while count < 2 * processors && count < 64 { count <<= 1 }
+        return count
+    }()
+
+    /// The one shard of a manual engine.
+    private var virtualShard: UnsafeMutablePointer<ShardState> { shards[0].state }
 
     /// Creates an engine. A real-time engine starts its thread at the first arm.
     public init(virtual: Bool) {
@@ -79,12 +176,21 @@ public final class TimerEngine: @unchecked Sendable {
         origin = virtual ? 0 : MonotonicClock.nanoseconds()
         state = .allocate(capacity: 1)
         state.initialize(to: State())
+        let count = virtual ? 1 : Self.realTimeShardCount
+        shards = .allocate(capacity: count)
+        for number in 0..<count {
+            (shards.baseAddress! + number).initialize(
+                to: Shard(number: number, lock: virtual ? lock : ConditionLock()))
+        }
     }
 
     deinit {
         // A real engine ends once its scheduler is gone, nothing is armed and its
         // thread has ended; a manual one once nothing refers to it.
-        let entries = state.pointee.wheel.removeAll()
+        var entries: [any TimerEntry] = []
+        for shard in shards { entries += shard.state.pointee.wheel.removeAll() }
+        _ = shards.deinitialize()
+        shards.deallocate()
         state.deinitialize(count: 1)
         state.deallocate()
         _ = entries
@@ -101,13 +207,45 @@ public final class TimerEngine: @unchecked Sendable {
     public var now: Duration { .nanoseconds(nowTicks) }
 
     /// How many entries are armed.
-    public var pendingCount: Int { lock.withLock { state.pointee.wheel.count } }
+    public var pendingCount: Int {
+        shards.reduce(0) { total, shard in total + shard.lock.withLock { shard.state.pointee.wheel.count } }
+    }
+
+    /// How many shards keep this engine's entries (1 for a manual engine).
+    var shardCount: Int { shards.count }
 
     /// The Linux thread id of the scheduler thread, or 0 before it started.
     public var schedulerThreadID: Int32 { lock.withLock { state.pointee.schedulerThreadID } }
 
     /// How often the scheduler thread woke up (from a timed wait or a signal).
     public var wakeUpCount: Int { lock.withLock { state.pointee.wakeUps } }
+
+    // MARK: Arming
+
+    /// The shard that holds `entry`, locked, with its node; or, when it is not
+    /// armed, the calling thread's shard, locked, and -1.
+    ///
+    /// The entry's slot is read before the lock is taken, so it is read again
+    /// after: only the holder of the shard's lock takes an entry out of it (the
+    /// scheduler thread when it fires), and only the entry's own arming (which
+    /// its primitive serializes) puts it into a shard, so once the lock is held
+    /// and the slot still names the shard, it stays there.
+    @inline(__always)
+    private func lockedShard(for entry: any TimerEntry) -> (Shard, Int32) {
+        while true {
+            let slot = entry.timerSlot
+            let shard = slot >= 0 ? shards[slot &>> Self.shardShift] : threadShard
+            shard.lock.lock()
+            let current = entry.timerSlot
+            if current == slot {
+                return (shard, current >= 0 ? Int32(truncatingIfNeeded: current) : -1)
+            }
+            if current < 0 && shard === threadShard {
+                return (shard, -1)
+            }
+            shard.lock.unlock()
+        }
+    }
 
     /// Arms `entry` at `deadline` (ticks), moving it if it is armed already.
     ///
@@ -118,37 +256,58 @@ public final class TimerEngine: @unchecked Sendable {
     /// past fires as soon as possible.
     ///
     /// - Complexity: O(1) in the number of armed entries (see ``TimerWheel``);
-    ///   wakes the scheduler thread only when `deadline` is earlier than the
-    ///   time it sleeps until.
+    ///   takes the lock of one shard only, and wakes the scheduler thread only
+    ///   when `deadline` is earlier than the time it sleeps until.
     @discardableResult
     func arm(_ entry: any TimerEntry, at deadline: Int64) -> UInt64 {
+        if isVirtual { return armVirtual(entry, at: deadline) }
+        let (shard, node) = lockedShard(for: entry)
+        let sequence = shard.nextSequence()
+        if node >= 0 {
+            shard.state.pointee.wheel.update(node: node, deadline: deadline, sequence: sequence)
+        } else {
+            shard.state.pointee.wheel.insert(entry, deadline: deadline, sequence: sequence)
+        }
+        let lowered = deadline < shard.target.load(ordering: .relaxed)
+        if lowered { shard.target.store(deadline, ordering: .sequentiallyConsistent) }
+        shard.lock.unlock()
+        if !threadStarted.load(ordering: .sequentiallyConsistent) {
+            startThreadIfNeeded()
+        } else if lowered && deadline < sleepingUntil.load(ordering: .sequentiallyConsistent) {
+            wake(before: deadline)
+        }
+        return sequence
+    }
+
+    /// The scheduler thread would wake too late for `deadline`: wake it now.
+    /// (An entry whose deadline is no earlier needs nothing: the thread wakes
+    /// first and looks at every shard again.)
+    private func wake(before deadline: Int64) {
         lock.lock()
-        let state = self.state
-        state.pointee.lastSequence &+= 1
-        let sequence = state.pointee.lastSequence
+        if deadline < sleepingUntil.load(ordering: .relaxed) {
+            sleepingUntil.store(Int64.min, ordering: .sequentiallyConsistent)
+            lock.signal()
+        }
+        lock.unlock()
+    }
+
+    /// A manual engine's arming: one shard, whose lock is `lock`.
+    private func armVirtual(_ entry: any TimerEntry, at deadline: Int64) -> UInt64 {
+        lock.lock()
+        let shard = shards[0]
+        let sequence = shard.nextSequence()
         if state.pointee.shuttingDown {
             // A manual scheduler that was released: its time can never move
             // again, so keeping the entry would only leak it.
             lock.unlock()
             return sequence
         }
-        let node = entry.timerSlot
-        if node >= 0 {
-            state.pointee.wheel.update(node: Int32(truncatingIfNeeded: node), deadline: deadline, sequence: sequence)
+        let slot = entry.timerSlot
+        if slot >= 0 {
+            virtualShard.pointee.wheel.update(
+                node: Int32(truncatingIfNeeded: slot), deadline: deadline, sequence: sequence)
         } else {
-            state.pointee.wheel.insert(entry, deadline: deadline, sequence: sequence)
-        }
-        if !isVirtual {
-            if !state.pointee.threadStarted {
-                state.pointee.threadStarted = true
-                startThread()
-            } else if deadline < state.pointee.sleepingUntil {
-                // The thread would wake too late for this entry. (An entry whose
-                // deadline is no earlier needs nothing: the thread wakes first
-                // and looks at the wheel again.)
-                state.pointee.sleepingUntil = Int64.min
-                lock.signal()
-            }
+            virtualShard.pointee.wheel.insert(entry, deadline: deadline, sequence: sequence)
         }
         lock.unlock()
         return sequence
@@ -157,19 +316,22 @@ public final class TimerEngine: @unchecked Sendable {
     /// Disarms `entry` if it is armed; returns whether it was.
     ///
     /// The engine drops its reference to the entry before returning, outside its
-    /// lock. It never wakes the scheduler thread: if the entry was the earliest,
-    /// the thread may wake once at that time, find nothing due and sleep again.
+    /// lock. It never wakes the scheduler thread (unless the engine is retired and
+    /// may now end it): if the entry was the earliest, the thread may wake once at
+    /// that time, find nothing due and sleep again.
     ///
-    /// - Complexity: O(1) in the number of armed entries.
+    /// - Complexity: O(1) in the number of armed entries; takes the lock of the
+    ///   shard that holds the entry only.
     @discardableResult
     func disarm(_ entry: any TimerEntry) -> Bool {
-        lock.lock()
-        let node = entry.timerSlot
-        let removed = node >= 0 ? state.pointee.wheel.remove(node: Int32(truncatingIfNeeded: node)) : nil
-        if state.pointee.retired && state.pointee.wheel.count == 0 {
-            lock.signal()  // a retired engine's thread may end now
+        guard entry.timerSlot >= 0 else { return false }
+        let (shard, node) = lockedShard(for: entry)
+        let removed = node >= 0 ? shard.state.pointee.wheel.remove(node: node) : nil
+        let emptied = shard.state.pointee.wheel.count == 0
+        shard.lock.unlock()
+        if emptied && !isVirtual && retired.load(ordering: .relaxed) {
+            lock.withLock { lock.signal() }  // a retired engine's thread may end now
         }
-        lock.unlock()
         // `removed` (and with it possibly the last reference to the entry) is
         // released here, outside the lock.
         return removed != nil
@@ -236,8 +398,7 @@ public final class TimerEngine: @unchecked Sendable {
             if let firing = state.pointee.firing, firing.thread == ThreadIdentity.current() {
                 sequence = firing.sequence
             } else {
-                state.pointee.lastSequence &+= 1
-                sequence = state.pointee.lastSequence
+                sequence = shards[0].nextSequence()
             }
             // Kept sorted by sequence (stable): almost always an append.
             var index = state.pointee.deliveries.count
@@ -305,7 +466,7 @@ public final class TimerEngine: @unchecked Sendable {
         let state = self.state
         var deferred: [TimerWheel.Fired] = []
         lock.lock()
-        var barrier = state.pointee.lastSequence
+        var barrier = virtualShard.pointee.lastSequence &<< Self.shardBits
         // The end of time is one tick before "never", so that work armed with no
         // delay there still runs; a target in the past runs what is due now.
         let target = max(min(requested, DeadlineArithmetic.never - 1), state.pointee.virtualNow)
@@ -328,20 +489,20 @@ public final class TimerEngine: @unchecked Sendable {
                 // A delivery is queued for now; an entry due now that was armed
                 // before it (a smaller sequence) goes first.
                 let sequence = state.pointee.deliveries[state.pointee.deliveryHead].sequence
-                if let fired = state.pointee.wheel.popDue(now: state.pointee.virtualNow) {
+                if let fired = virtualShard.pointee.wheel.popDue(now: state.pointee.virtualNow) {
                     if fired.sequence < sequence && fired.sequence <= barrier {
                         lock.unlock()
                         fire(fired)
                         continue
                     }
-                    state.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
+                    virtualShard.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
                 }
                 let delivery = popDelivery()!
                 lock.unlock()
                 delivery()
                 continue
             }
-            guard let fired = state.pointee.wheel.popDue(now: target) else {
+            guard let fired = virtualShard.pointee.wheel.popDue(now: target) else {
                 reinsert(deferred)
                 state.pointee.virtualNow = max(state.pointee.virtualNow, target)
                 lock.unlock()
@@ -355,7 +516,7 @@ public final class TimerEngine: @unchecked Sendable {
             }
             if fired.deadline > state.pointee.virtualNow {
                 state.pointee.virtualNow = fired.deadline
-                barrier = state.pointee.lastSequence
+                barrier = virtualShard.pointee.lastSequence &<< Self.shardBits
                 deliveriesAtInstant = 0
                 if !deferred.isEmpty {
                     // The clock moved on: what was deferred runs now, before this.
@@ -387,13 +548,21 @@ public final class TimerEngine: @unchecked Sendable {
     /// again meanwhile (then the newer arming stands). Lock held.
     private func reinsert(_ firings: [TimerWheel.Fired]) {
         for fired in firings where fired.entry.timerSlot < 0 {
-            state.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
+            virtualShard.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
         }
     }
 
     /// The earliest armed deadline in ticks, if any.
     /// ``DeadlineArithmetic/never`` when only entries that never fire are armed.
-    public var nextDeadline: Int64? { lock.withLock { state.pointee.wheel.earliestDeadline() } }
+    public var nextDeadline: Int64? {
+        var earliest: Int64? = nil
+        for shard in shards {
+            if let deadline = shard.lock.withLock({ shard.state.pointee.wheel.earliestDeadline() }) {
+                earliest = min(earliest ?? deadline, deadline)
+            }
+        }
+        return earliest
+    }
 
     // MARK: The scheduler thread
 
@@ -403,70 +572,152 @@ public final class TimerEngine: @unchecked Sendable {
     public func shutDown() {
         lock.lock()
         state.pointee.shuttingDown = true
-        let dropped = state.pointee.wheel.removeAll()
         let deliveries = state.pointee.deliveries.map(\.body)
         state.pointee.deliveries = []
         state.pointee.deliveryHead = 0
         lock.signal()
         lock.unlock()
-        _ = (dropped, deliveries)  // released outside the lock
+        var dropped: [any TimerEntry] = []
+        for shard in shards {
+            shard.lock.lock()
+            dropped += shard.state.pointee.wheel.removeAll()
+            shard.lock.unlock()
+        }
+        _ = (dropped, deliveries)  // released outside the locks
     }
 
     /// The scheduler object was released. A real engine keeps firing what is
     /// armed (primitives keep their engine, so nothing armed is dropped); its
     /// thread ends once nothing is armed and starts again if something is.
     public func retire() {
+        retired.store(true, ordering: .sequentiallyConsistent)
         lock.lock()
-        state.pointee.retired = true
         lock.signal()
         lock.unlock()
     }
 
-    private func startThread() {
-        // The thread keeps the engine alive until `shutDown()` lets it end.
+    /// Starts the scheduler thread unless one runs.
+    private func startThreadIfNeeded() {
+        guard isVirtual == false,
+            threadStarted.compareExchange(expected: false, desired: true, ordering: .sequentiallyConsistent).exchanged
+        else { return }
+        // The thread keeps the engine alive until it ends.
         NamedThread.start(name: "SafeTimers") { [self] in self.runSchedulerThread() }.detach()
+    }
+
+    /// Whether every shard is empty (takes each shard's lock in turn).
+    private var isEmpty: Bool {
+        shards.allSatisfy { shard in shard.lock.withLock { shard.state.pointee.wheel.count == 0 } }
     }
 
     private func runSchedulerThread() {
         var batch: [TimerWheel.Fired] = []
         batch.reserveCapacity(Self.batchLimit)
-        let state = self.state
         ThreadIdentity.minimizeTimerSlack()
-        lock.lock()
-        state.pointee.schedulerThreadID = ThreadIdentity.currentKernelThreadID()
-        while !state.pointee.shuttingDown {
-            if state.pointee.retired && state.pointee.wheel.count == 0 {
+        lock.withLock { state.pointee.schedulerThreadID = ThreadIdentity.currentKernelThreadID() }
+        while true {
+            if retired.load(ordering: .sequentiallyConsistent) && isEmpty {
                 // Nothing armed and nobody left to arm through the scheduler: end
-                // the thread; a primitive that arms again starts a new one.
-                state.pointee.threadStarted = false
-                state.pointee.schedulerThreadID = 0
-                break
+                // the thread; a primitive that arms again starts a new one. An
+                // arming that saw the thread still running is caught by the second
+                // look (it arms, then reads `threadStarted`; this clears it, then looks).
+                threadStarted.store(false, ordering: .sequentiallyConsistent)
+                if !isEmpty,
+                    threadStarted.compareExchange(expected: false, desired: true, ordering: .sequentiallyConsistent)
+                        .exchanged
+                {
+                    continue
+                }
+                lock.withLock { state.pointee.schedulerThreadID = 0 }
+                return
             }
             let now = MonotonicClock.nanoseconds() &- origin
-            while batch.count < Self.batchLimit, let fired = state.pointee.wheel.popDue(now: now) {
-                batch.append(fired)
+            var firstShard = -1
+            var fromSeveralShards = false
+            for shard in shards where shard.target.load(ordering: .sequentiallyConsistent) <= now {
+                shard.lock.lock()
+                let before = batch.count
+                while batch.count - before < Self.batchLimit, let fired = shard.state.pointee.wheel.popDue(now: now) {
+                    batch.append(fired)
+                }
+                let target = batch.count - before == Self.batchLimit ? now : shard.state.pointee.wheel.wakeUpTarget()
+                shard.target.store(target, ordering: .sequentiallyConsistent)
+                shard.lock.unlock()
+                if batch.count > before {
+                    if firstShard < 0 { firstShard = shard.number } else { fromSeveralShards = true }
+                }
             }
             if !batch.isEmpty {
-                lock.unlock()
+                if fromSeveralShards { batch.sort { $0.deadline < $1.deadline } }
                 for fired in batch {
                     fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
                 }
                 batch.removeAll(keepingCapacity: true)
-                lock.lock()
                 continue
             }
-            let earliest = state.pointee.wheel.wakeUpTarget()
+            lock.lock()
+            if state.pointee.shuttingDown {
+                lock.unlock()
+                return
+            }
+            var earliest = DeadlineArithmetic.never
+            for shard in shards { earliest = min(earliest, shard.target.load(ordering: .relaxed)) }
+            sleepingUntil.store(earliest, ordering: .sequentiallyConsistent)
+            // The second look (see "Shards"): an arming that lowered a target
+            // before it could see `sleepingUntil` is seen here.
+            var again = DeadlineArithmetic.never
+            for shard in shards { again = min(again, shard.target.load(ordering: .sequentiallyConsistent)) }
             let absolute = DeadlineArithmetic.adding(earliest, to: origin)
-            if earliest == DeadlineArithmetic.never || absolute == DeadlineArithmetic.never {
-                state.pointee.sleepingUntil = DeadlineArithmetic.never
+            if again < earliest || earliest <= MonotonicClock.nanoseconds() &- origin {
+                sleepingUntil.store(Int64.min, ordering: .sequentiallyConsistent)
+                lock.unlock()
+                continue
+            }
+            if retired.load(ordering: .relaxed) {
+                // The cancel that empties a retired engine signals, but it may
+                // come between the look at the top and this wait: look again at
+                // least once a second. (Only a released private scheduler pays
+                // this; the shared one never retires.)
+                lock.wait(
+                    untilMonotonic: min(
+                        absolute, DeadlineArithmetic.adding(1_000_000_000, to: MonotonicClock.nanoseconds())))
+            } else if earliest == DeadlineArithmetic.never || absolute == DeadlineArithmetic.never {
                 lock.wait()
             } else {
-                state.pointee.sleepingUntil = earliest
                 lock.wait(untilMonotonic: absolute)
             }
-            state.pointee.sleepingUntil = Int64.min
+            sleepingUntil.store(Int64.min, ordering: .sequentiallyConsistent)
             state.pointee.wakeUps += 1
+            lock.unlock()
         }
-        lock.unlock()
+    }
+}
+
+/// Which shard a thread arms into: each thread is given a number at its first
+/// arming, round-robin, so that threads spread over the shards evenly (a hash of
+/// the thread's id would put two of two threads in one shard a quarter of the
+/// time). An engine takes the number modulo its shard count.
+enum ThreadShard {
+    private static let next = Atomic<Int>(0)
+
+    /// The thread-specific key holding the thread's number + 1 (0: none yet).
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        let result = pthread_key_create(&key, nil)
+        precondition(result == 0, "pthread_key_create failed: \(result)")
+        return key
+    }()
+
+    /// The calling thread's number.
+    @inline(__always)
+    static func current() -> Int {
+        let stored = Int(bitPattern: pthread_getspecific(key))
+        return stored != 0 ? stored &- 1 : assign()
+    }
+
+    private static func assign() -> Int {
+        let number = next.add(1, ordering: .relaxed).oldValue & 0xFFFF
+        pthread_setspecific(key, UnsafeRawPointer(bitPattern: number &+ 1))
+        return number
     }
 }

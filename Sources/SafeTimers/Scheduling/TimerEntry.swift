@@ -6,11 +6,15 @@
 /// allocation. An entry is armed in at most one engine at a time; arming it
 /// again moves it.
 protocol TimerEntry: AnyObject, Sendable {
-    /// The entry's node in the engine's ``TimerWheel``, or `-1` when it is not armed.
+    /// Where the entry is armed: the engine's shard number in the upper 32 bits
+    /// and its node in that shard's ``TimerWheel`` in the lower 32; `-1` when it
+    /// is not armed.
     ///
-    /// Read and written only by ``TimerEngine`` while it holds its lock;
-    /// conformers store it in an `Atomic<Int>` accessed with relaxed ordering (the
-    /// engine's lock provides the ordering), which keeps them checked `Sendable`.
+    /// Written only by ``TimerEngine`` while it holds the lock of the shard that
+    /// holds (or takes) the entry; read by the engine before it takes that lock
+    /// (to find the shard) and again after. Conformers store it in an
+    /// `Atomic<Int>` accessed with relaxed ordering (the shard's lock provides
+    /// the ordering), which keeps them checked `Sendable`.
     var timerSlot: Int { get set }
 
     /// How late the engine may fire this entry, in nanoseconds, so that one wake-up

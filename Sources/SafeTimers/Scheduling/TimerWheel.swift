@@ -60,6 +60,9 @@ struct TimerWheel: ~Copyable {
     private let heads: UnsafeMutablePointer<Int32>
     /// One bit per occupied bucket, a word per level.
     private let occupied: UnsafeMutablePointer<UInt64>
+    /// Per bucket: no entry in it is due earlier (set when an entry enters an
+    /// empty bucket, lowered as entries enter; not raised when entries leave).
+    private let bucketMinimum: UnsafeMutablePointer<Int64>
     /// The wheel's position, in granules; moves forward only by cascading.
     private(set) var wheelTime: Int64 = 0
     private var wheelCount = 0
@@ -68,16 +71,24 @@ struct TimerWheel: ~Copyable {
     /// How many entries are armed.
     private(set) var count = 0
 
-    init() {
+    /// Added to a node's number in ``TimerEntry/timerSlot``: the engine's shard
+    /// number in the upper 32 bits, so a cancel finds the shard that holds the entry.
+    private let slotTag: Int
+
+    init(slotTag: Int = 0) {
+        self.slotTag = slotTag
         heads = .allocate(capacity: Self.parkedList + 1)
         heads.initialize(repeating: -1, count: Self.parkedList + 1)
         occupied = .allocate(capacity: Self.levelCount)
         occupied.initialize(repeating: 0, count: Self.levelCount)
+        bucketMinimum = .allocate(capacity: Self.parkedList)
+        bucketMinimum.initialize(repeating: DeadlineArithmetic.never, count: Self.parkedList)
     }
 
     deinit {
         heads.deallocate()
         occupied.deallocate()
+        bucketMinimum.deallocate()
     }
 
     // MARK: Arming and disarming
@@ -92,7 +103,7 @@ struct TimerWheel: ~Copyable {
         node.pointee.deadline = deadline
         node.pointee.sequence = sequence
         node.pointee.entry = entry
-        entry.timerSlot = Int(index)
+        entry.timerSlot = slotTag | Int(index)
         place(index, node)
         count += 1
     }
@@ -165,16 +176,27 @@ struct TimerWheel: ~Copyable {
 
     /// When the scheduler thread must look at the wheel again, in ticks.
     ///
+    /// Each bucket keeps a lower bound of its entries' deadlines (exact until an
+    /// entry leaves it early, then possibly earlier than any entry left), so the
+    /// thread sleeps until the earliest deadline the next bucket may hold, not
+    /// until the bucket's start: the bucket is cascaded when the thread wakes,
+    /// and the entry fires in the same wake-up. A repeating timer of any period
+    /// costs one wake-up per firing. (Waking at bucket starts cost a 50 ms timer
+    /// three: at its level-1 bucket, at its level-0 bucket, at its deadline.)
+    ///
     /// The earliest entry may fire up to its leeway late, but never past the next
-    /// deadline in the near heap nor the next bucket's start, so that entries due
-    /// in that window share one wake-up and none fires after its own deadline
-    /// plus its own leeway.
+    /// deadline in the near heap nor the next bucket's earliest deadline, so that
+    /// entries due in that window share one wake-up and none fires after its own
+    /// deadline plus its own leeway.
     func wakeUpTarget() -> Int64 {
-        let nextStart = nextBucket()?.start ?? DeadlineArithmetic.never
-        guard let first = near.first else { return nextStart }
+        var nextBucketDeadline = DeadlineArithmetic.never
+        if let (level, slot, start) = nextBucket() {
+            nextBucketDeadline = max(start, bucketMinimum[level << Self.levelBits | slot])
+        }
+        guard let first = near.first else { return nextBucketDeadline }
         let leeway = slab[first.node].pointee.entry?.leewayTicks ?? 0
-        guard leeway > 0 else { return first.deadline }
-        var target = min(DeadlineArithmetic.adding(leeway, to: first.deadline), nextStart)
+        guard leeway > 0 else { return min(first.deadline, nextBucketDeadline) }
+        var target = min(DeadlineArithmetic.adding(leeway, to: first.deadline), nextBucketDeadline)
         for index in 1..<min(near.count, 5) { target = min(target, near[index].deadline) }
         return target
     }
@@ -201,6 +223,7 @@ struct TimerWheel: ~Copyable {
         let slot = Int(truncatingIfNeeded: granule >> Int64(level * Self.levelBits)) & (Self.bucketsPerLevel - 1)
         let bucket = level << Self.levelBits | slot
         node.pointee.location = Int32(bucket)
+        bucketMinimum[bucket] = heads[bucket] < 0 ? deadline : min(bucketMinimum[bucket], deadline)
         link(index, node, head: heads + bucket)
         occupied[level] |= 1 << UInt64(slot)
         wheelCount += 1
@@ -343,7 +366,7 @@ struct TimerWheel: ~Copyable {
                 problem = "node \(index) is in use without an entry"
                 return
             }
-            if entry.timerSlot != Int(index) {
+            if entry.timerSlot != slotTag | Int(index) {
                 problem = "entry in node \(index) believes it is in node \(entry.timerSlot)"
             }
             switch value.location {

@@ -31,17 +31,18 @@ public final class Watchdog: Sendable {
     ///
     /// - Parameters:
     ///   - timeout: How long the guarded section may take.
-    ///   - queue: Where `onTimeout` runs.
+    ///   - queue: Where `onTimeout` runs; `nil` (the default) is the default-QoS
+    ///     global queue.
     ///   - scheduler: The scheduler that keeps the deadline.
     ///   - onTimeout: Called once if the deadline passes before ``invalidate()``;
     ///     released once the watchdog fired or was invalidated.
     public init(
         timeout: Duration,
-        queue: DispatchQueue = .global(),
+        queue: DispatchQueue? = nil,
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         onTimeout: @escaping @Sendable () -> Void
     ) {
-        core = WatchdogCore(timeout: timeout, executor: .queue(queue), scheduler: scheduler, handler: onTimeout)
+        core = WatchdogCore(timeout: timeout, executor: .on(queue), scheduler: scheduler, handler: onTimeout)
     }
 
     /// Creates and arms a watchdog whose handler runs on the main actor.
