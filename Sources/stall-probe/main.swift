@@ -20,7 +20,7 @@ import StallDetection
 let arguments = CommandLine.arguments.dropFirst()
 guard let scenario = arguments.first else {
     print(
-        "usage: stall-probe queue|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
+        "usage: stall-probe queue|custom|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
     )
     print("       stall-probe matrix <case> queue|main|mainqueue [ms]   cases: \(matrixCases.keys.sorted())")
     print("       stall-probe repeat <count> [ms]")
@@ -32,6 +32,17 @@ switch scenario {
 case "queue":
     let queue = DispatchQueue(label: "probe.serial")
     let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(number) }
+    dispatchMain()
+
+case "custom":
+    // A private serial queue watched as a custom executor: the detector posts its
+    // probe through the closure, as it would to a SwiftNIO event loop.
+    let queue = DispatchQueue(label: "probe.custom")
+    let detector = StallDetector(
+        target: .custom(name: "custom executor") { probe in queue.async(execute: probe) },
+        threshold: .milliseconds(250))
     watch(detector, endedCount: 1, then: finishAndExit(detector))
     queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(number) }
     dispatchMain()

@@ -42,6 +42,13 @@ struct StallDetectorIntegrationTests {
         expectOneStall(try ProbeRun.run(["queue", "600"]), function: "uniquelyNamedQueueBlocker")
     }
 
+    @Test("a custom executor (a private serial queue behind `post`) blocked 600 ms: same bounds as a queue")
+    func customExecutor() throws {
+        let run = try ProbeRun.run(["custom", "600"])
+        expectOneStall(run, function: "uniquelyNamedQueueBlocker")
+        #expect(run.started.first?.report.contains("custom executor") == true)
+    }
+
     @Test("the main run loop blocked 600 ms, timed by the run-loop observer")
     func mainRunLoop() throws {
         expectOneStall(try ProbeRun.run(["runloop", "600"]), function: "uniquelyNamedMainThreadBlocker")
