@@ -181,21 +181,33 @@ final class DetectorCore: Sendable {
         case .mainQueue: queue = .main
         case .queue(let watched): queue = watched
         case .custom(_, let post):
-            // The timer's firing calls `post` on the post queue; the probe answers.
-            let probe = RepeatingTimer(
-                interval: heartbeat, missedTicks: .skip, queue: postQueue, scheduler: scheduler
-            ) { [weak self] in
-                self?.postCustomProbe(post)
+            startPostedProbe(&state, now: now, post: post)
+            return
+        case .cooperativePool:
+            startPostedProbe(&state, now: now) { probe in
+                Task.detached(priority: .medium) { probe() }
             }
-            state.probeGridStart = now
-            state.tracker.probeSent(at: now + heartbeatTicks)
-            probe.start()
-            state.probe = probe
             return
         }
         let probe = RepeatingTimer(interval: heartbeat, missedTicks: .skip, queue: queue, scheduler: scheduler) {
             [weak self] in
             self?.record(answerAt: Monotonic.now(), thread: stallcapture_current_tid())
+        }
+        state.probeGridStart = now
+        state.tracker.probeSent(at: now + heartbeatTicks)
+        probe.start()
+        state.probe = probe
+    }
+
+    /// A probe that `post` hands to an executor: the timer's firing calls `post` on
+    /// the post queue, and the probe answers when it runs.
+    private func startPostedProbe(
+        _ state: inout State, now: Int64, post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void
+    ) {
+        let probe = RepeatingTimer(
+            interval: heartbeat, missedTicks: .skip, queue: postQueue, scheduler: scheduler
+        ) { [weak self] in
+            self?.postCustomProbe(post)
         }
         state.probeGridStart = now
         state.tracker.probeSent(at: now + heartbeatTicks)
@@ -396,10 +408,17 @@ final class DetectorCore: Sendable {
             stall.phase = .reported
             var events: [StallEvent] = []
             if !stall.suppressed {
-                events.append(
-                    makeEvent(
-                        id: stall.id, phase: .started, duration: decision.duration, backtrace: reported,
-                        sampling: samplingTime))
+                var started = makeEvent(
+                    id: stall.id, phase: .started, duration: decision.duration, backtrace: reported,
+                    sampling: samplingTime)
+                if case .cooperativePool = target {
+                    started.poolBacktraces =
+                        [reported]
+                        + samples.sorted { $0.key < $1.key }.map(\.value).filter {
+                            $0.threadID != reported.threadID
+                        }
+                }
+                events.append(started)
             }
             if let ended = stall.endedWhileSampling {
                 state.open = nil
@@ -438,6 +457,8 @@ extension StallDetector.Target {
     /// thread that last ran a probe doing anything but waiting for work.
     func isConfirmed(by sample: StallBacktrace) -> Bool {
         switch self {
+        case .cooperativePool:
+            sample.unavailableReason == nil && StackShape.runsSwiftJob(sample.frames)
         case .custom:
             sample.unavailableReason == nil
                 && !SamplingContext.isIdle(sample, thread: Int32(truncatingIfNeeded: sample.threadID ?? 0))

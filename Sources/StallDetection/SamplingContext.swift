@@ -70,6 +70,7 @@ final class SamplingContext: @unchecked Sendable {
         target: StallDetector.Target, lastAnswering: Int32?
     ) -> (StallBacktrace, [Int32: StallBacktrace]) {
         if case .custom = target { return sampleCustomExecutor(lastAnswering: lastAnswering) }
+        if case .cooperativePool = target { return sampleCooperativePool() }
         let mainThread = ProcessFacts.mainThreadID
         var candidates: [Int32] = []
         switch target {
@@ -77,7 +78,7 @@ final class SamplingContext: @unchecked Sendable {
             candidates = [mainThread]
         case .mainQueue:
             candidates = [mainThread] + (lastAnswering.map { [$0] } ?? [])
-        case .queue, .custom:
+        case .queue, .custom, .cooperativePool:
             candidates = lastAnswering.map { [$0] } ?? []
         }
         var samples: [Int32: StallBacktrace] = [:]
@@ -149,6 +150,24 @@ final class SamplingContext: @unchecked Sendable {
         return (lastProbeSample, samples)
     }
 
+    /// Every thread running a Swift job (at most 48 threads are looked at): the
+    /// pool's blocked threads. Returns the first and all of them, keyed by thread.
+    private func sampleCooperativePool() -> (StallBacktrace, [Int32: StallBacktrace]) {
+        let own = stallcapture_current_tid()
+        var samples: [Int32: StallBacktrace] = [:]
+        var first: StallBacktrace?
+        let threads = ProcessFacts.threads().filter { id, name in
+            id != own && !Self.ignoredThreadNames.contains(name)
+        }.map(\.id)
+        for thread in threads.prefix(48) {
+            let backtrace = backtrace(of: thread)
+            guard backtrace.unavailableReason == nil, StackShape.runsSwiftJob(backtrace.frames) else { continue }
+            samples[thread] = backtrace
+            if first == nil { first = backtrace }
+        }
+        return (first ?? .unavailable("no thread was running a Swift job"), samples)
+    }
+
     /// Whether a sampled thread waits for work: its stack says so, or (Linux) the
     /// kernel says it sleeps in `epoll_wait` with no job on its stack (an event
     /// loop parked; the C library's frames may have no names).
@@ -171,6 +190,11 @@ enum StackShape {
         "_dispatch_sync", "_dispatch_barrier_sync", "_dispatch_lane_barrier_sync", "DispatchQueue.sync",
         "DispatchQueue._syncHelper", "DispatchQueue.asyncAndWait",
     ]
+
+    /// True when the stack shows the thread running a Swift concurrency job.
+    static func runsSwiftJob(_ frames: [StackFrame]) -> Bool {
+        frames.contains { $0.function?.contains("swift_job_run") == true }
+    }
 
     /// True when the stack shows the thread running a job for a queue or run loop.
     static func runsJob(_ frames: [StackFrame]) -> Bool {

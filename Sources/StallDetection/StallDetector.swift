@@ -27,6 +27,8 @@ import SafeTimers
 /// - ``Target/queue(_:)``: the same heartbeat on any serial queue.
 /// - ``Target/custom(name:post:)``: the same heartbeat on any executor (a SwiftNIO
 ///   `EventLoop`, say): you post the probe, the detector does the rest.
+/// - ``Target/cooperativePool``: the same heartbeat as a detached task: a stall is
+///   every thread of Swift concurrency's pool blocked.
 ///
 /// ## What is reported
 /// A stall is reported once: `.started` as soon as the target has been blocked for
@@ -111,6 +113,27 @@ public final class StallDetector: Sendable {
         ///   - name: What the reports call the target (``StallEvent/target``).
         ///   - post: Hands the probe to the executor.
         case custom(name: String, post: @Sendable (_ probe: @escaping @Sendable () -> Void) -> Void)
+        /// Swift concurrency's global executor: a stall is new work that waits
+        /// longer than `threshold` to start because every thread of the pool is
+        /// blocked (a synchronous wait, a lock, a long computation inside a task).
+        ///
+        /// ```swift
+        /// let detector = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+        /// detector.start()
+        /// ```
+        ///
+        /// Every heartbeat the detector starts a tiny detached task of medium
+        /// priority (the default) and notes when it runs. At `.started` every thread
+        /// running a Swift job is sampled: ``StallEvent/poolBacktraces`` holds them
+        /// all (the blocked threads are the culprits) and ``StallEvent/backtrace`` is
+        /// the first. A pool busy with short tasks is not stalled: the probe runs
+        /// between them. A backlog of queued tasks longer than `threshold` delays new
+        /// work just as much, and is reported.
+        ///
+        /// On Linux each task priority has its own pool of as many threads as there
+        /// are cores: the probe watches the medium-priority pool, which runs `Task {}`
+        /// started outside any task, `Task.detached {}` and async `main`.
+        case cooperativePool
 
         /// "main run loop", "main queue", "queue '<label>'", or a custom target's
         /// name.
@@ -120,6 +143,7 @@ public final class StallDetector: Sendable {
             case .mainQueue: "main queue"
             case .queue(let queue): "queue '\(queue.label)'"
             case .custom(let name, _): name
+            case .cooperativePool: "cooperative pool"
             }
         }
     }
