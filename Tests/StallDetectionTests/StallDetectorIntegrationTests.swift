@@ -60,6 +60,15 @@ struct StallDetectorIntegrationTests {
         #expect(pool.count == 2 && pool[0] >= width && pool[1] == width, "\(run.lines)")
     }
 
+    @Test("all but one cooperative pool thread blocked 600 ms: new work still runs, no event")
+    func cooperativePoolPartlyBlocked() throws {
+        let run = try ProbeRun.run(["pool", "600", "1"])
+        #expect(run.exitStatus == 0)
+        #expect(Int(run.value("WIDTH").first ?? 0) >= 2, "needs a pool of 2 threads or more")
+        #expect(run.realMilliseconds.count == 1, "the blocker ran")
+        #expect(run.events.isEmpty, "\(run.lines)")
+    }
+
     @Test("the cooperative pool busy with short tasks (rounds of 50 × 2 ms for 3 s) produces no event")
     func cooperativePoolBusy() throws {
         let run = try ProbeRun.run(["pool-busy", "3"])
