@@ -165,20 +165,27 @@ case "burn":
     blackHole(spins)
     exit(0)
 
-case "idle", "overhead":
+case "idle", "overhead", "overhead-custom", "overhead-pool":
     // A detector on an idle queue for `number` seconds (tests stop and continue
-    // this process meanwhile; the overhead measurement reads the CPU line).
+    // this process meanwhile; the overhead measurement reads the CPU line). The
+    // same queue behind `.custom`, or the idle cooperative pool, for the others.
     let queue = DispatchQueue(label: "probe.idle")
     // The default heartbeat unless a third argument sets one (milliseconds).
     let heartbeat = arguments.dropFirst(2).first.flatMap { Int($0) }.map { Duration.milliseconds($0) }
-    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), heartbeat: heartbeat)
+    let target: StallDetector.Target =
+        switch scenario {
+        case "overhead-custom": .custom(name: "idle custom") { probe in queue.async(execute: probe) }
+        case "overhead-pool": .cooperativePool
+        default: .queue(queue)
+        }
+    let detector = StallDetector(target: target, threshold: .milliseconds(250), heartbeat: heartbeat)
     detector.start()
     Task.detached { for await event in detector.events { report(event) } }
     emit("READY")
     emit("HEARTBEAT \(milliseconds(detector.heartbeat))")
     // The detector's one-time warm-up (symbol tables loaded, and freed again when the
     // dispatch worker that loaded them retires, about 5 s later) is not overhead.
-    if scenario == "overhead" { usleep(8_000_000) }
+    if scenario.hasPrefix("overhead") { usleep(8_000_000) }
     let before = cpuMilliseconds()
     let switchesBefore = contextSwitches()
     // One sleep for the whole measurement (a stop and continue restart it): the
