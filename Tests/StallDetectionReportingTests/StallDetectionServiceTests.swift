@@ -41,7 +41,12 @@ struct StallDetectionServiceTests {
         let running = Task { try await group.run() }
         try await Task.sleep(for: .milliseconds(100))
         queue.async { serviceTestBlocker(400) }
-        try await Task.sleep(for: .milliseconds(700))
+        // Until the stall has ended and been logged (a loaded machine may take long
+        // to sample a first stall; shutting down drops a sample under way).
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !logs.entries.contains(where: { $0.metadata["stall.phase"] == "ended" }), ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
         await group.triggerGracefulShutdown()
         try await running.value
         let stalls = logs.entries.filter { $0.metadata["stall.phase"] != nil }

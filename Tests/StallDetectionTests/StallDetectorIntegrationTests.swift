@@ -181,6 +181,12 @@ struct StallDetectorInProcessTests {
         #expect(ProcessFacts.threads().contains { $0.name == "StallStopWitnes" })
         detector.stop()
         detector.stop()  // idempotent
+        // The witness goes with the last detector: other suites' detectors, which
+        // run in parallel, may keep it a moment longer (a leak keeps it forever).
+        let deadline = Monotonic.now() + 20_000_000_000
+        while ProcessFacts.threads().contains(where: { $0.name == "StallStopWitnes" }), Monotonic.now() < deadline {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
         #expect(!ProcessFacts.threads().contains { $0.name == "StallStopWitnes" || $0.name == "StallDetector" })
         var count = 0
         for await _ in detector.events { count += 1 }
