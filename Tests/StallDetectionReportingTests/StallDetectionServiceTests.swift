@@ -51,7 +51,9 @@ struct StallDetectionServiceTests {
         try await running.value
         let stalls = logs.entries.filter { $0.metadata["stall.phase"] != nil }
         #expect(stalls.map(\.level) == [.warning, .notice], "\(logs.entries)")
-        #expect(stalls.first?.message.description.contains("serviceTestBlocker") == true)
+        // (Which thread the report blames is StallDetection's business; under a
+        // parallel test run a queue's worker may be mistaken: see its tests.)
+        #expect(stalls.first?.metadata["stall.target"] == "queue 'test.service'")
         // The detector was stopped: its stream has ended and a second run returns at once.
         var after = 0
         for await _ in detector.events { after += 1 }
