@@ -13,6 +13,12 @@ import SafeTimers
 ///   With nothing stalled, the detector costs one timer firing and one tiny block
 ///   per heartbeat: the engine re-arms the repeating timer itself, and a kick only
 ///   moves a deadline (the engine moves its entry lazily, once per threshold).
+/// - Posted probes (`.custom`, `.cooperativePool`): the timer's handler runs on a
+///   private post queue and hands the user's `post` (or `Task.detached`) a
+///   ``CustomProbe`` in a block of its own, at most one outstanding; the probe
+///   answers when it runs and frees the slot when it runs or is released unrun.
+///   `post` is never called under the lock nor inside the timer's handler (whose
+///   cancel waits for it), so a blocking `post` cannot block `stop()`.
 /// - The main run loop: a run-loop observer records each activity and kicks the
 ///   watchdog while the loop is busy.
 /// - When the watchdog fires, the detector's queue asks ``StopWitness`` whether the
@@ -36,6 +42,9 @@ final class DetectorCore: Sendable {
     private let heartbeatTicks: Int64
     /// Where sampling and symbolication run; never the target.
     private let detectorQueue: DispatchQueue
+    /// Where a custom target's `post` is called: not the detector queue, so that a
+    /// `post` that blocks cannot delay the detection of the stall it causes.
+    private let postQueue: DispatchQueue
     private let sampling: SamplingContext
 
     private struct State {
@@ -52,6 +61,8 @@ final class DetectorCore: Sendable {
         var overdueTimeout: Int64 = 0
         var observer: RunLoopObserverHandle?
         var lastAnsweringThread: Int32?
+        /// A custom target's probe was posted and has neither run nor been released.
+        var postedProbeOutstanding = false
         /// The last moments the detector saw the process run (answers, firings).
         var lastObservation: Int64
         var lastContinueSeen: Int64 = 0
@@ -98,6 +109,7 @@ final class DetectorCore: Sendable {
         self.thresholdTicks = Monotonic.nanoseconds(threshold)
         self.heartbeatTicks = max(1_000_000, Monotonic.nanoseconds(heartbeat))
         self.detectorQueue = DispatchQueue(label: "StallDetector", qos: .userInitiated)
+        self.postQueue = DispatchQueue(label: "StallDetector.post", qos: .userInitiated)
         self.sampling = SamplingContext()
         let now = Monotonic.now()
         self.state = Locked(State(tracker: StallTracker(threshold: thresholdTicks, now: now), lastObservation: now))
@@ -174,6 +186,14 @@ final class DetectorCore: Sendable {
         case .mainRunLoop: return
         case .mainQueue: queue = .main
         case .queue(let watched): queue = watched
+        case .custom(_, let post):
+            startPostedProbe(&state, now: now, post: post)
+            return
+        case .cooperativePool:
+            startPostedProbe(&state, now: now) { probe in
+                Task.detached(priority: .medium) { probe() }
+            }
+            return
         }
         let probe = RepeatingTimer(interval: heartbeat, missedTicks: .skip, queue: queue, scheduler: scheduler) {
             [weak self] in
@@ -183,6 +203,46 @@ final class DetectorCore: Sendable {
         state.tracker.probeSent(at: now + heartbeatTicks)
         probe.start()
         state.probe = probe
+    }
+
+    /// A probe that `post` hands to an executor: the timer's firing calls `post` on
+    /// the post queue, and the probe answers when it runs.
+    private func startPostedProbe(
+        _ state: inout State, now: Int64, post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void
+    ) {
+        let probe = RepeatingTimer(
+            interval: heartbeat, missedTicks: .skip, queue: postQueue, scheduler: scheduler
+        ) { [weak self] in
+            self?.postProbe(post)
+        }
+        state.probeGridStart = now
+        state.tracker.probeSent(at: now + heartbeatTicks)
+        probe.start()
+        state.probe = probe
+    }
+
+    /// Hands `post` a new probe, unless one is outstanding (on
+    /// the post queue, without the lock: `post` is the user's code).
+    private func postProbe(_ post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
+        let posting = state.withLock { state -> Bool in
+            guard state.lifecycle == .running, !state.postedProbeOutstanding else { return false }
+            state.postedProbeOutstanding = true
+            return true
+        }
+        guard posting else { return }
+        let probe = CustomProbe { [weak self] thread in
+            self?.postedProbeFinished(ranOn: thread)
+        }
+        // A block of its own, after this timer handler has returned: cancelling the
+        // timer waits for a handler under way, and `stop()` must not wait for `post`.
+        postQueue.async { post(probe.closure) }
+    }
+
+    /// A custom probe ran on `thread` (an answer), or was released without running
+    /// (nil: the next heartbeat posts another; the answer is still owed).
+    private func postedProbeFinished(ranOn thread: Int32?) {
+        state.withLock { $0.postedProbeOutstanding = false }
+        if let thread { record(answerAt: Monotonic.now(), thread: thread) }
     }
 
     /// The next probe after an answer at `time`: the next point of the timer's grid.
@@ -338,7 +398,7 @@ final class DetectorCore: Sendable {
         // second look); the main run loop's culprit is the main thread by definition.
         let confirmed =
             decision.second || decision.suppressed || !target.usesHeartbeat
-            || StackShape.runsJob(reported.frames)
+            || target.isConfirmed(by: reported)
         // 2. Emit.
         let events = state.withLock { state -> [StallEvent] in
             guard state.lifecycle == .running, var stall = state.open, stall.id == decision.id else { return [] }
@@ -354,10 +414,17 @@ final class DetectorCore: Sendable {
             stall.phase = .reported
             var events: [StallEvent] = []
             if !stall.suppressed {
-                events.append(
-                    makeEvent(
-                        id: stall.id, phase: .started, duration: decision.duration, backtrace: reported,
-                        sampling: samplingTime))
+                var started = makeEvent(
+                    id: stall.id, phase: .started, duration: decision.duration, backtrace: reported,
+                    sampling: samplingTime)
+                if case .cooperativePool = target {
+                    started.poolBacktraces =
+                        [reported]
+                        + samples.sorted { $0.key < $1.key }.map(\.value).filter {
+                            $0.threadID != reported.threadID
+                        }
+                }
+                events.append(started)
             }
             if let ended = stall.endedWhileSampling {
                 state.open = nil
@@ -389,5 +456,20 @@ extension StallDetector.Target {
     var usesHeartbeat: Bool {
         if case .mainRunLoop = self { return false }
         return true
+    }
+
+    /// Whether a first sample confirms a heartbeat target's stall at once: a
+    /// dispatch queue's by a thread running a job; a custom executor's by the
+    /// thread that last ran a probe doing anything but waiting for work.
+    func isConfirmed(by sample: StallBacktrace) -> Bool {
+        switch self {
+        case .cooperativePool:
+            sample.unavailableReason == nil && StackShape.runsSwiftJob(sample.frames)
+        case .custom:
+            sample.unavailableReason == nil
+                && !SamplingContext.isIdle(sample, thread: Int32(truncatingIfNeeded: sample.threadID ?? 0))
+        default:
+            StackShape.runsJob(sample.frames)
+        }
     }
 }

@@ -13,11 +13,21 @@ func milliseconds(_ duration: Duration) -> Double {
     DeadlineArithmetic.milliseconds(duration)
 }
 
+/// Monotonic milliseconds, for `BEGIN` and `RECEIVED` lines (detection latency).
+func monotonicMilliseconds() -> Double {
+    Double(DispatchTime.now().uptimeNanoseconds) / 1e6
+}
+
 func report(_ event: StallEvent) {
+    if event.phase == .started { emit("RECEIVED \(monotonicMilliseconds())") }
     let text = Data(String(describing: event).utf8).base64EncodedString()
     emit("EVENT \(event.id) \(event.phase.rawValue) \(milliseconds(event.duration)) \(text)")
     if event.phase == .started {
         emit("SAMPLING \(milliseconds(event.samplingTime))")
+        if !event.poolBacktraces.isEmpty {
+            let naming = event.poolBacktraces.filter { "\($0)".contains("uniquelyNamedPoolBlocker") }
+            emit("POOLTHREADS \(event.poolBacktraces.count) \(naming.count)")
+        }
         for (index, frame) in event.backtrace.frames.enumerated() {
             let location = frame.file.map { "\($0):\(frame.line ?? 0)" } ?? "-"
             emit(
@@ -56,6 +66,7 @@ func contextSwitches() -> Int {
 /// tests look for in the reported stack.
 @inline(never)
 func uniquelyNamedQueueBlocker(_ ms: Int) {
+    emit("BEGIN \(monotonicMilliseconds())")
     let start = ContinuousClock.now
     // Sleep until the deadline, resuming after signals (the stack sample
     // interrupts a sleep, as any signal does).
@@ -63,6 +74,20 @@ func uniquelyNamedQueueBlocker(_ ms: Int) {
         let left = Duration.milliseconds(ms) - (ContinuousClock.now - start)
         usleep(UInt32(max(1, milliseconds(left) * 1000)))
     }
+    emit("REAL \(milliseconds(ContinuousClock.now - start))")
+}
+
+/// Blocks a thread of the cooperative pool (in a task) for `ms` milliseconds. Its
+/// body must differ from `uniquelyNamedQueueBlocker`'s: a release build merges
+/// functions with identical bodies (`…Tm`), and the merged code has no file:line.
+@inline(never)
+func uniquelyNamedPoolBlocker(_ ms: Int) {
+    emit("BEGIN \(monotonicMilliseconds())")
+    let start = ContinuousClock.now
+    // One sleep, resumed after a signal with what is left.
+    var request = timespec(tv_sec: ms / 1000, tv_nsec: (ms % 1000) * 1_000_000)
+    var remaining = timespec()
+    while nanosleep(&request, &remaining) != 0 { request = remaining }
     emit("REAL \(milliseconds(ContinuousClock.now - start))")
 }
 
@@ -74,9 +99,12 @@ func uniquelyNamedMainThreadBlocker(_ ms: Int) {
     emit("REAL \(milliseconds(ContinuousClock.now - start))")
 }
 
-func watch(_ detector: StallDetector, endedCount: Int, then finish: @escaping @Sendable () -> Void) {
+func watch(
+    _ detector: StallDetector, endedCount: Int, priority: TaskPriority? = nil,
+    then finish: @escaping @Sendable () -> Void
+) {
     detector.start()
-    Task.detached {
+    Task.detached(priority: priority) {
         var ended = 0
         for await event in detector.events {
             report(event)

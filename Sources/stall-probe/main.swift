@@ -8,6 +8,8 @@
 //   CPU <user+system ms>      the detector process' CPU time at the end
 //   WAKEUPS <n> <seconds>     context switches of the whole process over the measurement
 //   SLEEP <result> <ms>       what a `usleep` in a stalled thread returned, and how long it took
+//   BEGIN <ms> / RECEIVED <ms> monotonic time a blocker began / a .started event was received
+//   WIDTH <n>, POOLTHREADS <sampled> <naming the blocker>, ROUNDS <n>   cooperative-pool scenarios
 //   BASE <hex>                the executable's load address (matrix runs)
 //   FRAME <i> <hex address> <inlined 0|1> <uncertain 0|1> <image> <file:line or ->
 //                             each frame of a .started event
@@ -20,7 +22,7 @@ import StallDetection
 let arguments = CommandLine.arguments.dropFirst()
 guard let scenario = arguments.first else {
     print(
-        "usage: stall-probe queue|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
+        "usage: stall-probe queue|custom|pool [ms [threads]]|pool-busy|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
     )
     print("       stall-probe matrix <case> queue|main|mainqueue [ms]   cases: \(matrixCases.keys.sorted())")
     print("       stall-probe repeat <count> [ms]")
@@ -35,6 +37,57 @@ case "queue":
     watch(detector, endedCount: 1, then: finishAndExit(detector))
     queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(number) }
     dispatchMain()
+
+case "custom":
+    // A private serial queue watched as a custom executor: the detector posts its
+    // probe through the closure, as it would to a SwiftNIO event loop.
+    let queue = DispatchQueue(label: "probe.custom")
+    let detector = StallDetector(
+        target: .custom(name: "custom executor") { probe in queue.async(execute: probe) },
+        threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(number) }
+    dispatchMain()
+
+case "pool":
+    // Every thread of the cooperative pool (medium priority: as many as cores)
+    // blocked for `number` ms. Events are read by a high-priority task, which runs
+    // on another pool on Linux, so that they are printed while the stall lasts.
+    let detector = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, priority: .high, then: finishAndExit(detector))
+    let width = ProcessInfo.processInfo.activeProcessorCount
+    emit("WIDTH \(width)")
+    // A third argument blocks that many threads instead (fewer than the width: no
+    // stall, the probe runs on a free thread); the helper then ends after 2 s.
+    let blocked = arguments.dropFirst(2).first.flatMap { Int($0) } ?? width
+    DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+        for _ in 0..<blocked { Task.detached(priority: .medium) { uniquelyNamedPoolBlocker(number) } }
+    }
+    if blocked < width { DispatchQueue.main.asyncAfter(deadline: .now() + 2, execute: finishAndExit(detector)) }
+    dispatchMain()
+
+case "pool-busy":
+    // The pool busy with many short tasks (2 ms each, in rounds of 50) for
+    // `number` seconds, awaited from the main thread (not a pool thread).
+    let detector = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+    detector.start()
+    Task.detached(priority: .high) { for await event in detector.events { report(event) } }
+    let end = ContinuousClock.now + .seconds(number)
+    var rounds = 0
+    while ContinuousClock.now < end {
+        let group = DispatchGroup()
+        for _ in 0..<50 {
+            group.enter()
+            Task.detached(priority: .medium) {
+                usleep(2_000)
+                group.leave()
+            }
+        }
+        group.wait()
+        rounds += 1
+    }
+    emit("ROUNDS \(rounds)")
+    finishAndExit(detector)()
 
 case "runloop", "mainqueue-runloop":
     let detector = StallDetector(
@@ -124,20 +177,27 @@ case "burn":
     blackHole(spins)
     exit(0)
 
-case "idle", "overhead":
+case "idle", "overhead", "overhead-custom", "overhead-pool":
     // A detector on an idle queue for `number` seconds (tests stop and continue
-    // this process meanwhile; the overhead measurement reads the CPU line).
+    // this process meanwhile; the overhead measurement reads the CPU line). The
+    // same queue behind `.custom`, or the idle cooperative pool, for the others.
     let queue = DispatchQueue(label: "probe.idle")
     // The default heartbeat unless a third argument sets one (milliseconds).
     let heartbeat = arguments.dropFirst(2).first.flatMap { Int($0) }.map { Duration.milliseconds($0) }
-    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), heartbeat: heartbeat)
+    let target: StallDetector.Target =
+        switch scenario {
+        case "overhead-custom": .custom(name: "idle custom") { probe in queue.async(execute: probe) }
+        case "overhead-pool": .cooperativePool
+        default: .queue(queue)
+        }
+    let detector = StallDetector(target: target, threshold: .milliseconds(250), heartbeat: heartbeat)
     detector.start()
     Task.detached { for await event in detector.events { report(event) } }
     emit("READY")
     emit("HEARTBEAT \(milliseconds(detector.heartbeat))")
     // The detector's one-time warm-up (symbol tables loaded, and freed again when the
     // dispatch worker that loaded them retires, about 5 s later) is not overhead.
-    if scenario == "overhead" { usleep(8_000_000) }
+    if scenario.hasPrefix("overhead") { usleep(8_000_000) }
     let before = cpuMilliseconds()
     let switchesBefore = contextSwitches()
     // One sleep for the whole measurement (a stop and continue restart it): the

@@ -1,0 +1,106 @@
+import Dispatch
+import Foundation
+import InMemoryLogging
+import Logging
+import ServiceLifecycle
+import Testing
+
+@testable import StallDetection
+@testable import StallDetectionReporting
+
+/// Whether this process runs under ThreadSanitizer (real-time bounds do not hold).
+let underThreadSanitizer = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "__tsan_init") != nil
+
+/// Blocks the calling thread for `ms` milliseconds, in a function the log must name.
+@inline(never)
+func serviceTestBlocker(_ ms: UInt32) {
+    usleep(ms * 1_000)
+}
+
+/// Real time (a real stall on a private queue), generous bounds; a broken
+/// shutdown hangs the test rather than passing it.
+@Suite("StallDetectionService in a ServiceGroup", .serialized)
+struct StallDetectionServiceTests {
+    /// A detector on a private queue behind `.custom`, and a switch that makes the
+    /// queue's next probe block it for 400 ms (the probe's thread is then the
+    /// blocked one, so the first sample confirms the stall however busy the test
+    /// process is).
+    func makeDetector() -> (StallDetector, Locked<Bool>) {
+        let queue = DispatchQueue(label: "test.service")
+        let blockNext = Locked(false)
+        let detector = StallDetector(
+            target: .custom(name: "service test queue") { probe in
+                queue.async {
+                    probe()
+                    let block = blockNext.withLock { value in
+                        defer { value = false }
+                        return value
+                    }
+                    if block { serviceTestBlocker(400) }
+                }
+            },
+            threshold: .milliseconds(100), heartbeat: .milliseconds(10))
+        return (detector, blockNext)
+    }
+
+    @Test(
+        "reports a stall through its reporter, and stops the detector on graceful shutdown",
+        .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
+    func gracefulShutdown() async throws {
+        let logs = InMemoryLogHandler()
+        let (detector, blockNext) = makeDetector()
+        let service = StallDetectionService(
+            detector: detector, reporter: StallReporter(logger: Logger(label: "stalls", factory: { _ in logs })))
+        let group = ServiceGroup(services: [service], logger: Logger(label: "group", factory: { _ in logs }))
+        let running = Task { try await group.run() }
+        try await Task.sleep(for: .milliseconds(100))
+        blockNext.withLock { $0 = true }
+        // Until the stall has ended and been logged (a loaded machine may take long
+        // to sample a first stall; shutting down drops a sample under way).
+        let deadline = ContinuousClock.now + .seconds(20)
+        func blockerStallEnded() -> Bool {
+            let entries = logs.entries
+            guard
+                let id = entries.first(where: { $0.message.description.contains("serviceTestBlocker") })?
+                    .metadata["stall.id"]
+            else { return false }
+            return entries.contains { $0.level == .notice && $0.metadata["stall.id"] == id }
+        }
+        while !blockerStallEnded(), ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        await group.triggerGracefulShutdown()
+        try await running.value
+        // The blocker's stall: a warning naming it, then a notice with its id (a
+        // starved parallel test run may add short stalls of its own).
+        let warning = logs.entries.first {
+            $0.level == .warning && $0.message.description.contains("serviceTestBlocker")
+        }
+        #expect(warning?.metadata["stall.target"] == "service test queue", "\(logs.entries)")
+        #expect(
+            logs.entries.contains {
+                $0.level == .notice && $0.metadata["stall.id"] != nil
+                    && $0.metadata["stall.id"] == warning?.metadata["stall.id"]
+            })
+        // The detector was stopped: its stream has ended and a second run returns at once.
+        var after = 0
+        for await _ in detector.events { after += 1 }
+        #expect(after == 0)
+        try await service.run()
+    }
+
+    @Test("stops the detector when the group's task is cancelled")
+    func cancellation() async throws {
+        let (detector, _) = makeDetector()
+        let service = StallDetectionService(detector: detector, reporter: StallReporter(logger: nil))
+        let group = ServiceGroup(
+            services: [service], logger: Logger(label: "group", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let running = Task { try await group.run() }
+        try await Task.sleep(for: .milliseconds(50))
+        running.cancel()
+        _ = try? await running.value
+        var after = 0
+        for await _ in detector.events { after += 1 }
+        #expect(after == 0)
+    }
+}
