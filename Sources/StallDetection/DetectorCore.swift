@@ -37,6 +37,10 @@ final class DetectorCore: Sendable {
     /// Where sampling and symbolication run; never the target.
     private let detectorQueue: DispatchQueue
     private let sampling: SamplingContext
+    /// Samples the blocked thread while a stall lasts; keeps the fatal report.
+    let profiler: StallProfiler
+    /// How late an answer may be before the profiler starts sampling.
+    private let profileLeadTicks: Int64
 
     private struct State {
         enum Lifecycle { case idle, running, stopped }
@@ -86,6 +90,7 @@ final class DetectorCore: Sendable {
         target: StallDetector.Target, threshold: Duration, heartbeat: Duration, reportsWhileDebugged: Bool,
         isTraced: @escaping @Sendable () -> Bool = ProcessFacts.isTraced,
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        fatalReportPath: String? = nil,
         continuation: AsyncStream<StallEvent>.Continuation
     ) {
         self.isTraced = isTraced
@@ -100,7 +105,13 @@ final class DetectorCore: Sendable {
         self.detectorQueue = DispatchQueue(label: "StallDetector", qos: .userInitiated)
         self.sampling = SamplingContext()
         let now = Monotonic.now()
-        self.state = Locked(State(tracker: StallTracker(threshold: thresholdTicks, now: now), lastObservation: now))
+        let state = Locked(State(tracker: StallTracker(threshold: thresholdTicks, now: now), lastObservation: now))
+        self.state = state
+        // Two missed heartbeats, or a tenth of the threshold if longer.
+        self.profileLeadTicks = min(thresholdTicks, max(2 * heartbeatTicks, thresholdTicks / 10))
+        self.profiler = StallProfiler(
+            queue: detectorQueue, scheduler: scheduler, sampling: sampling, target: target,
+            fatalReportPath: fatalReportPath, lastAnswering: { state.withLock { $0.lastAnsweringThread } })
     }
 
     // MARK: Lifecycle
@@ -152,6 +163,7 @@ final class DetectorCore: Sendable {
         probe?.cancel()
         overdue?.invalidate()
         observer?.remove()
+        profiler.stop()
         if wasRunning {
             detectorQueue.sync {}  // a sample in progress finishes and emits nothing more
             StopWitness.release()
@@ -160,10 +172,11 @@ final class DetectorCore: Sendable {
     }
 
     /// The watchdog's timeout while the target is healthy: from an answer to the
-    /// moment the next probe's answer is overdue (the stall's start is estimated at
-    /// the midpoint between the answer and the next probe).
+    /// moment the next probe's answer is late enough to start profiling (the
+    /// stall's start is estimated at the midpoint between the answer and the next
+    /// probe). The look then re-arms it for the moment the stall would start.
     private var overdueTimeout: Int64 {
-        target.usesHeartbeat ? thresholdTicks + heartbeatTicks / 2 : thresholdTicks
+        target.usesHeartbeat ? profileLeadTicks + heartbeatTicks / 2 : profileLeadTicks
     }
 
     // MARK: Timers (called with the lock held; they only arm, never release)
@@ -224,6 +237,7 @@ final class DetectorCore: Sendable {
 
     private func record(answerAt time: Int64, thread: Int32) {
         var replaced: Watchdog?
+        var settled = false
         let ended = state.withLock { state -> StallEvent? in
             guard state.lifecycle == .running else { return nil }
             state.lastAnsweringThread = thread
@@ -231,24 +245,29 @@ final class DetectorCore: Sendable {
             let ended = finish(state.tracker.progress(at: time), &state, thread: thread)
             replaced = rearmOverdue(&state)
             state.tracker.probeSent(at: nextProbe(after: time, state))
+            settled = state.open == nil
             return ended
         }
         releaseOnDetectorQueue(replaced)
-        if let ended { continuation.yield(ended) }
+        if settled { profiler.end(stallEnded: false) }
+        if let ended { deliver([ended]) }
     }
 
     private func record(activityAt time: Int64, idle: Bool) {
         var replaced: Watchdog?
+        var settled = false
         let ended = state.withLock { state -> StallEvent? in
             guard state.lifecycle == .running else { return nil }
             state.lastObservation = max(state.lastObservation, time)
             let event = idle ? state.tracker.idle(at: time) : state.tracker.progress(at: time, busyAfterwards: true)
             let ended = finish(event, &state, thread: nil)
             if !idle { replaced = rearmOverdue(&state) }
+            settled = state.open == nil
             return ended
         }
         releaseOnDetectorQueue(replaced)
-        if let ended { continuation.yield(ended) }
+        if settled { profiler.end(stallEnded: false) }
+        if let ended { deliver([ended]) }
     }
 
     /// The `.ended` event for a tracker event, if it ends the open stall.
@@ -285,6 +304,7 @@ final class DetectorCore: Sendable {
         let since = state.withLock { $0.lastContinueSeen }
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
         var replaced: Watchdog?
+        var beginProfile = false
         let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool, second: Bool)? in
             guard state.lifecycle == .running, generation == state.overdueGeneration else { return nil }
             if let continued, continued > state.lastContinueSeen {
@@ -304,11 +324,15 @@ final class DetectorCore: Sendable {
                 return (stall.id, now - start, stall.suppressed, true)
             }
             guard case .started(let id, let duration) = state.tracker.tick(now: now) else {
-                // Not (or no longer) overdue: keep watching if anything is owed.
+                // Not (or no longer) overdue: keep watching if anything is owed,
+                // sampling for the profile meanwhile, and look again when the
+                // stall would start.
                 if state.tracker.isStalled || state.tracker.dueTime != nil {
                     replaced = state.overdue
+                    let untilDue = state.tracker.dueTime.map { max(1_000_000, $0 - now) } ?? heartbeatTicks
                     state.overdue = makeOverdue(
-                        &state, timeout: state.tracker.isStalled ? heartbeatTicks : overdueTimeout)
+                        &state, timeout: state.tracker.isStalled ? heartbeatTicks : min(untilDue, overdueTimeout + thresholdTicks))
+                    if !state.tracker.isStalled { beginProfile = true }
                 } else {
                     replaced = state.overdue
                     state.overdue = nil
@@ -325,6 +349,7 @@ final class DetectorCore: Sendable {
         }
         // The replaced watchdog is released here, on the detector queue, after the lock.
         withExtendedLifetime(replaced) {}
+        if beginProfile { profiler.begin(now: now) }
         guard let decision else { return }
         let sampleStart = Monotonic.now()
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")
@@ -334,13 +359,20 @@ final class DetectorCore: Sendable {
             (reported, samples) = sampling.sampleBlockedThread(target: target, lastAnswering: lastAnswering)
         }
         let samplingTime = Monotonic.now() - sampleStart
+        if !decision.suppressed {
+            profiler.stallStarted(
+                backtrace: reported, activities: ActivityRecord.activities(ofThread: reported.threadID),
+                start: now - decision.duration, at: sampleStart)
+        }
         // A heartbeat target's stall is confirmed by a thread running a job (or by a
         // second look); the main run loop's culprit is the main thread by definition.
         let confirmed =
             decision.second || decision.suppressed || !target.usesHeartbeat
             || StackShape.runsJob(reported.frames)
         // 2. Emit.
+        var settled = false
         let events = state.withLock { state -> [StallEvent] in
+            defer { settled = state.open == nil }
             guard state.lifecycle == .running, var stall = state.open, stall.id == decision.id else { return [] }
             stall.samples = samples
             stall.reported = reported
@@ -373,15 +405,30 @@ final class DetectorCore: Sendable {
             }
             return events
         }
-        for event in events { continuation.yield(event) }
+        deliver(events, stallStart: now - decision.duration)
+        if settled { profiler.end(stallEnded: false) }
+    }
+
+    /// Yields events; a `.started` one is written as the fatal report, an `.ended`
+    /// one removes it.
+    private func deliver(_ events: [StallEvent], stallStart: Int64 = 0) {
+        for event in events {
+            continuation.yield(event)
+            switch event.phase {
+            case .started: profiler.stallReported(event, start: stallStart, at: Monotonic.now())
+            case .ended: profiler.fatal?.remove()
+            }
+        }
     }
 
     private func makeEvent(
         id: UInt64, phase: StallEvent.Phase, duration: Int64, backtrace: StallBacktrace, sampling: Int64
     ) -> StallEvent {
-        StallEvent(
+        let (profile, activities) = profiler.snapshot()
+        return StallEvent(
             id: id, phase: phase, duration: .nanoseconds(duration), threshold: threshold,
-            target: target.description, backtrace: backtrace, samplingTime: .nanoseconds(sampling))
+            target: target.description, backtrace: backtrace, samplingTime: .nanoseconds(sampling), profile: profile,
+            activities: activities)
     }
 }
 

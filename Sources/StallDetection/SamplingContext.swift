@@ -17,6 +17,9 @@ final class SamplingContext: @unchecked Sendable {
         symbolicator?.warmUp()
     }
 
+    /// CPU nanoseconds spent so far naming addresses seen for the first time.
+    var namingCost: Int64 { symbolicator?.namingCost ?? 0 }
+
     private func prepared() -> (StackSampler, Symbolicator) {
         if let sampler, let symbolicator { return (sampler, symbolicator) }
         installError = StackSampler.install()
@@ -131,7 +134,7 @@ enum StackShape {
     static func runsJob(_ frames: [StackFrame]) -> Bool {
         frames.contains { frame in
             guard let name = frame.function else { return false }
-            return busyMarkers.contains { name.contains($0) }
+            return busyMarkers.contains { name.containsText($0) }
         }
     }
     /// Frames that mean the thread waits for work.
@@ -147,7 +150,7 @@ enum StackShape {
     static func reachesRoot(_ frames: [StackFrame]) -> Bool {
         frames.contains { frame in
             guard !frame.isUncertain, let name = frame.function else { return false }
-            return threadRoots.contains { name.hasPrefix($0) || name.contains("_" + $0) }
+            return threadRoots.contains { name.hasPrefix($0) || name.containsText("_" + $0) }
         }
     }
 
@@ -168,7 +171,7 @@ enum StackShape {
     /// True when the stack shows a thread waiting for work and running none.
     static func looksIdle(_ frames: [StackFrame]) -> Bool {
         let names = frames.compactMap(\.function)
-        if names.contains(where: { name in busyMarkers.contains { name.contains($0) } }) { return false }
-        return names.contains(where: { name in idleMarkers.contains { name.contains($0) } })
+        if names.contains(where: { name in busyMarkers.contains { name.containsText($0) } }) { return false }
+        return names.contains(where: { name in idleMarkers.contains { name.containsText($0) } })
     }
 }

@@ -16,6 +16,7 @@ func milliseconds(_ duration: Duration) -> Double {
 func report(_ event: StallEvent) {
     let text = Data(String(describing: event).utf8).base64EncodedString()
     emit("EVENT \(event.id) \(event.phase.rawValue) \(milliseconds(event.duration)) \(text)")
+    reportProfile(event)
     if event.phase == .started {
         emit("SAMPLING \(milliseconds(event.samplingTime))")
         for (index, frame) in event.backtrace.frames.enumerated() {

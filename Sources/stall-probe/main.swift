@@ -9,6 +9,7 @@
 //   WAKEUPS <n> <seconds>     context switches of the whole process over the measurement
 //   SLEEP <result> <ms>       what a `usleep` in a stalled thread returned, and how long it took
 //   BASE <hex>                the executable's load address (matrix runs)
+//   PROFILE, FUNCTION, ACTIVITIES, STALLCPU, THREADCPU: see ProfileScenarios.swift
 //   FRAME <i> <hex address> <inlined 0|1> <uncertain 0|1> <image> <file:line or ->
 //                             each frame of a .started event
 // Not a product: tests run it from the build folder.
@@ -24,6 +25,7 @@ guard let scenario = arguments.first else {
     )
     print("       stall-probe matrix <case> queue|main|mainqueue [ms]   cases: \(matrixCases.keys.sorted())")
     print("       stall-probe repeat <count> [ms]")
+    print("       stall-probe profile-ab|profile-ab-main|backlog|profile-cost [ms]|fatal <path>")
     exit(2)
 }
 let number = arguments.dropFirst().first.flatMap { Int($0) } ?? 600
@@ -156,6 +158,9 @@ case "recall":
         }
     }.start()
     dispatchMain()
+
+case _ where profileScenarios.contains(scenario):
+    runProfileScenario(scenario, number)
 
 default:
     print("unknown scenario \(scenario)")
