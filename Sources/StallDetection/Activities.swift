@@ -161,6 +161,9 @@ final class ActivityRecord: @unchecked Sendable {
         return unmanaged
     }
 
+    /// The threads that have a record (tests).
+    static var registeredThreads: Set<UInt64> { registry.withLock { Set($0.keys) } }
+
     /// The labels active on thread `threadID`, outermost first; a last entry
     /// "… N more" when some were nested too deep to keep.
     static func activities(ofThread threadID: UInt64?) -> [String] {
