@@ -117,11 +117,14 @@ final class StallProfiler: Sendable {
                 opened = (state.generation, state.pace.next(now: time))
             }
             state.session?.recorder.dropSamples(before: start)
-            if backtrace.unavailableReason == nil {
-                state.session?.recorder.add(backtrace.frames, at: time)
-                if state.session?.thread == nil, let id = backtrace.threadID {
-                    state.session?.thread = Int32(truncatingIfNeeded: id)
+            if backtrace.unavailableReason == nil, let id = backtrace.threadID.map({ Int32(truncatingIfNeeded: $0) }) {
+                // The detection's choice of thread stands: samples of another
+                // thread, found before the threshold, go.
+                if let earlier = state.session?.thread, earlier != id {
+                    state.session?.recorder.dropSamples(before: .max)
                 }
+                state.session?.thread = id
+                state.session?.recorder.add(backtrace.frames, at: time)
             }
             state.session?.activities = activities
             return opened
