@@ -40,16 +40,46 @@ extension StallDetector {
     ///   - body: The work; its result or error is passed through.
     /// - Returns: What `body` returns.
     /// - Complexity: O(1).
-    @inline(__always)
+    @inlinable
     public static func withActivity<Result>(_ label: String, _ body: () throws -> Result) rethrows -> Result {
-        guard let record = ActivityRecord.current() else { return try body() }
-        let depth = record._withUnsafeGuaranteedRef { $0.push(label) }
-        defer { record._withUnsafeGuaranteedRef { $0.pop(to: depth) } }
+        let token = _beginActivity(label)
+        defer { _endActivity(token) }
         return try body()
+    }
+
+    /// Pushes `label` on the calling thread's activities (the non-generic half of
+    /// ``withActivity(_:_:)``, so that the caller's closure is inlined into it).
+    @usableFromInline
+    static func _beginActivity(_ label: String) -> ActivityToken {
+        guard let record = ActivityRecord.current() else { return ActivityToken(record: nil, depth: 0) }
+        let depth = record._withUnsafeGuaranteedRef { $0.push(label) }
+        return ActivityToken(record: record.toOpaque(), depth: depth)
+    }
+
+    /// Pops back to where `token` was pushed.
+    @usableFromInline
+    static func _endActivity(_ token: ActivityToken) {
+        guard let raw = token.record else { return }
+        Unmanaged<ActivityRecord>.fromOpaque(raw)._withUnsafeGuaranteedRef { $0.pop(to: token.depth) }
     }
 
     /// The deepest nesting of ``withActivity(_:_:)`` whose labels are kept: 32.
     public static let maximumActivityDepth = ActivityRecord.capacity
+}
+
+/// What ``StallDetector/withActivity(_:_:)`` pops when its body returns: the
+/// thread's record (owned by the registry while the thread lives) and the depth
+/// before the push.
+@usableFromInline
+struct ActivityToken {
+    let record: UnsafeMutableRawPointer?
+    let depth: Int
+
+    @usableFromInline
+    init(record: UnsafeMutableRawPointer?, depth: Int) {
+        self.record = record
+        self.depth = depth
+    }
 }
 
 /// One thread's activity labels.

@@ -305,6 +305,7 @@ final class DetectorCore: Sendable {
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
         var replaced: Watchdog?
         var beginProfile = false
+        var stalledLook = false
         let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool, second: Bool)? in
             guard state.lifecycle == .running, generation == state.overdueGeneration else { return nil }
             if let continued, continued > state.lastContinueSeen {
@@ -332,7 +333,7 @@ final class DetectorCore: Sendable {
                     let untilDue = state.tracker.dueTime.map { max(1_000_000, $0 - now) } ?? heartbeatTicks
                     state.overdue = makeOverdue(
                         &state, timeout: state.tracker.isStalled ? heartbeatTicks : min(untilDue, overdueTimeout + thresholdTicks))
-                    if !state.tracker.isStalled { beginProfile = true }
+                    if state.tracker.isStalled { stalledLook = true } else { beginProfile = true }
                 } else {
                     replaced = state.overdue
                     state.overdue = nil
@@ -349,7 +350,9 @@ final class DetectorCore: Sendable {
         }
         // The replaced watchdog is released here, on the detector queue, after the lock.
         withExtendedLifetime(replaced) {}
-        if beginProfile { profiler.begin(now: now) }
+        // No samples while a debugger is attached (a stall then is not reported).
+        if beginProfile && (reportsWhileDebugged || !isTraced()) { profiler.begin(now: now) }
+        if stalledLook { profiler.refreshFatalReport(now: now) }
         guard let decision else { return }
         let sampleStart = Monotonic.now()
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")

@@ -241,16 +241,29 @@ final class StallProfiler: Sendable {
             let (nextTime, slower) = state.pace.sampled(
                 start: start, cost: charged, stride: stride, typical: known != nil)
             if slower { state.session?.recorder.thinOut() }
-            if fatal != nil, let stall = state.session?.stall, taken - stall.lastWrite >= Self.fatalRefresh,
-                let profile = state.session?.recorder.profile(interval: state.pace.interval)
-            {
-                state.session?.stall?.lastWrite = taken
-                refresh = stall.event.inProgress(duration: taken - stall.start, profile: profile)
-            }
+            refresh = dueRefresh(&state, now: taken)
             return (generation, nextTime)
         }
         if let refresh { fatal?.write(refresh) }
         if let (generation, at) = next { schedule(generation: generation, at: at, now: Monotonic.now()) }
+    }
+
+    /// The detector's look during a stall (every heartbeat): the fatal report is
+    /// rewritten if its last write is `fatalRefresh` old, whether or not samples
+    /// came meanwhile.
+    func refreshFatalReport(now: Int64) {
+        guard fatal != nil else { return }
+        if let event = state.withLock({ dueRefresh(&$0, now: now) }) { fatal?.write(event) }
+    }
+
+    /// The report to write now, if a stall was reported and its file is
+    /// `fatalRefresh` old.
+    private func dueRefresh(_ state: inout State, now: Int64) -> StallEvent? {
+        guard fatal != nil, let stall = state.session?.stall, now - stall.lastWrite >= Self.fatalRefresh,
+            let profile = state.session?.recorder.profile(interval: state.pace.interval)
+        else { return nil }
+        state.session?.stall?.lastWrite = now
+        return stall.event.inProgress(duration: now - stall.start, profile: profile)
     }
 
     /// ``StackShape/runsJob(_:)``, remembered per address: it runs on every sample.

@@ -10,7 +10,7 @@ import StallDetection
 //   THREADCPU <ms>                                           the blocked thread's own CPU over it
 
 /// The scenarios this file runs.
-let profileScenarios: Set<String> = ["profile-ab", "profile-ab-main", "backlog", "fatal", "profile-cost"]
+let profileScenarios: Set<String> = ["profile-ab", "profile-ab-main", "backlog", "fatal", "profile-cost", "activities"]
 
 func reportProfile(_ event: StallEvent) {
     let profile = event.profile
@@ -71,6 +71,25 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
         let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
         watch(detector, endedCount: 1, then: finishAndExit(detector))
         queue.asyncAfter(deadline: .now() + 0.3) { measuredStall { profileStepB(number) } }
+        dispatchMain()
+
+    case "activities":
+        // Nested activities around a stall made by queue.sync from a thread; a
+        // label that came and went before, and another thread asleep inside its
+        // own activity, must not show.
+        let queue = DispatchQueue(label: "probe.activities")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        Thread { StallDetector.withActivity("background sync") { _ = usleep(5_000_000) } }.start()
+        Thread {
+            usleep(300_000)
+            _ = try? StallDetector.withActivity("gone") { throw ProbeFailure() }
+            StallDetector.withActivity("screen: Settings") {
+                StallDetector.withActivity("load preferences") {
+                    queue.sync { profileStepB(600) }
+                }
+            }
+        }.start()
         dispatchMain()
 
     case "fatal":
@@ -150,3 +169,5 @@ func uniquelyNamedFatalBlocker(_ ms: Int) {
     let end = ContinuousClock.now + .milliseconds(ms)
     while ContinuousClock.now < end { usleep(10_000) }
 }
+
+struct ProbeFailure: Error {}

@@ -172,49 +172,14 @@ struct ActivityTests {
     }
 }
 
-extension StallDetectorInProcessTests {
-    @Test(
-        "a stall inside nested activities reports them; another thread's activity does not leak in",
-        .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
-    func stallReportsActivities() async {
-        let queue = DispatchQueue(label: "test.activities")
-        let detector = StallDetector(
-            target: .queue(queue), threshold: .milliseconds(100), heartbeat: .milliseconds(10),
-            reportsWhileDebugged: true, isTraced: { false })
-        detector.start()
-        // Another thread, asleep inside its own activity the whole time.
-        let otherRelease = DispatchSemaphore(value: 0)
-        let other = Thread {
-            StallDetector.withActivity("background sync") { otherRelease.wait() }
-        }
-        other.start()
-        usleep(100_000)
-        // A label that came and went before the stall must not show either.
-        _ = try? StallDetector.withActivity("gone") { throw ActivityTests.Failure(code: 1) }
-        StallDetector.withActivity("screen: Settings") {
-            StallDetector.withActivity("load preferences") {
-                queue.sync { _ = usleep(400_000) }
-            }
-        }
-        usleep(100_000)
-        detector.stop()
-        otherRelease.signal()
-        var events: [StallEvent] = []
-        for await event in detector.events { events.append(event) }
-        #expect(events.map(\.phase) == [.started, .ended])
-        for event in events {
-            #expect(event.activities == ["screen: Settings", "load preferences"], "\(event)")
-            #expect(event.description.contains("activities: screen: Settings › load preferences"))
-        }
-        // The profile: samples taken while the stall lasted, all in the sleep.
-        if let ended = events.last {
-            #expect(ended.profile.sampleCount >= 1)
-            #expect(ended.profile.sampleCount <= StallProfile.maximumSampleCount)
-            // (When the sample found this thread: in a test process other threads
-            // run dispatch jobs too, and may be taken for the blocked one.)
-            if ended.backtrace.frames.contains(where: { $0.function?.contains("usleep") == true }) {
-                #expect(ended.profile.functions.contains { $0.name.contains("usleep") }, "\(ended.profile)")
-            }
-        }
+extension StallDetectorIntegrationTests.Profiles {
+    @Test("a stall inside nested activities reports them, outermost first; another thread's and a finished one do not")
+    func stallReportsActivities() throws {
+        let run = try ProbeRun.run(["activities"])
+        #expect(run.exitStatus == 0)
+        #expect(run.ended.count == 1, "\(run.lines)")
+        let activities = run.lines.filter { $0.hasPrefix("ACTIVITIES ") }
+        #expect(activities == ["ACTIVITIES 1 started screen: Settings › load preferences", "ACTIVITIES 1 ended screen: Settings › load preferences"], "\(run.lines)")
+        #expect(run.started.first?.report.contains("activities: screen: Settings › load preferences") == true)
     }
 }
