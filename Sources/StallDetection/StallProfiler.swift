@@ -69,8 +69,11 @@ final class StallProfiler: Sendable {
     /// own CPU (the engine's and a dispatch worker's wake-up), charged to the pace.
     static let overheadPerSample: Int64 = 25_000
     /// The CPU time naming code for the first time may take without slowing the
-    /// pace, once per detector: 50 ms (it is cached afterwards).
-    static let namingAllowance: Int64 = 50_000_000
+    /// pace, once per detector: 200 ms. Each address is named once and cached, so
+    /// this is spent in the first stalls only (7–60 ms for a first stall on this
+    /// machine, more while other processes load it); the `.started` sample would
+    /// pay the same for its own stack.
+    static let namingAllowance: Int64 = 200_000_000
     /// How often the fatal report is rewritten while a stall lasts.
     static let fatalRefresh: Int64 = 250_000_000
 

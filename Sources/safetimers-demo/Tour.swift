@@ -213,19 +213,30 @@ func ownerSection() {
 
 @inline(never)
 func decodeThumbnails() {
-    // A stand-in for real work done on the main thread by mistake.
-    work(for: .milliseconds(700))
+    // Stand-ins for real work done on the main thread by mistake: computing…
+    let end = ContinuousClock.now + .milliseconds(700)
+    var checksum = 0
+    while ContinuousClock.now < end { checksum &+= 1 }
+    blackHole(checksum)
 }
 
 @inline(never)
 func applyFilters() {
-    work(for: .milliseconds(300))
+    // …and waiting (a lock, a file, a synchronous request).
+    usleep(300_000)
+    blackHole(1)
+}
+
+@inline(never)
+func blackHole(_ value: Int) {
+    if value == -1 { print(value) }
 }
 
 @inline(never)
 func deliberatelySlowImageDecode() {
     decodeThumbnails()
     applyFilters()
+    blackHole(0)
 }
 
 /// Prints a report indented, without the frames of the stack beyond `frames`.
@@ -255,8 +266,8 @@ func stallSection() {
             if event.phase == .ended { finished.update { $0 = true } }
         }
     }
-    say("  the main thread runs RunLoop.main; on the \"Photo Gallery\" screen, a main-queue block now spends")
-    say("  0.7 s in decodeThumbnails() and then 0.3 s in applyFilters()…")
+    say("  the main thread runs RunLoop.main; on the \"Photo Gallery\" screen, a main-queue block now computes")
+    say("  0.7 s in decodeThumbnails() and then waits 0.3 s in applyFilters()…")
     DispatchQueue.main.asyncAfter(deadline: .now() + .milliseconds(200)) {
         StallDetector.withActivity("screen: Photo Gallery") {
             StallDetector.withActivity("scroll") { deliberatelySlowImageDecode() }
