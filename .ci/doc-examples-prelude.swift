@@ -68,3 +68,10 @@ final class WallInteractor: Sendable { func fetchWallPosts() {} }
 let interactor = WallInteractor()
 let queue = DispatchQueue(label: "examples")
 let manualScheduler = ManualTimerScheduler()
+// StallDetection: profiles, activities, fatal reports.
+func layoutFeed() {}
+func layOutThumbnails() {}
+func upload<Report>(_ report: Report) {}
+let cachesDirectory = NSTemporaryDirectory()
+struct ContactsDatabase { func fetchAll() throws -> [String] { [] } }
+let db = ContactsDatabase()
