@@ -332,7 +332,9 @@ final class DetectorCore: Sendable {
                     replaced = state.overdue
                     let untilDue = state.tracker.dueTime.map { max(1_000_000, $0 - now) } ?? heartbeatTicks
                     state.overdue = makeOverdue(
-                        &state, timeout: state.tracker.isStalled ? heartbeatTicks : min(untilDue, overdueTimeout + thresholdTicks))
+                        &state,
+                        timeout: state.tracker.isStalled
+                            ? heartbeatTicks : min(untilDue, overdueTimeout + thresholdTicks))
                     if state.tracker.isStalled { stalledLook = true } else { beginProfile = true }
                 } else {
                     replaced = state.overdue

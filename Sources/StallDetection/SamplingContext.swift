@@ -35,7 +35,9 @@ final class SamplingContext: @unchecked Sendable {
         case .unavailable(let reason):
             return .unavailable(reason, threadID: UInt64(UInt32(bitPattern: thread)))
         case .copied(let copy, let signalled):
-            if signalled, let installError { return .unavailable(installError, threadID: UInt64(UInt32(bitPattern: thread))) }
+            if signalled, let installError {
+                return .unavailable(installError, threadID: UInt64(UInt32(bitPattern: thread)))
+            }
             let unwinder = StackUnwinder(
                 copy: copy, isText: symbolicator.isTextAddress,
                 readWord: { address in

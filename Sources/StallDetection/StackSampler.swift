@@ -100,7 +100,8 @@ final class StackSampler {
         // A whole copy shares the buffer (no 256 KB copy per sample); the copy is
         // gone again before the next capture writes to the buffer.
         return StackCopy(
-            pc: pc, sp: sp, fp: nil, words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)), unwound: [],
+            pc: pc, sp: sp, fp: nil, words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
+            unwound: [],
             truncated: copiedWords == buffer.count)
     }
 

@@ -60,7 +60,8 @@ public struct StallEvent: Sendable, CustomStringConvertible {
         var text = "Stall #\(id) \(phase.rawValue): \(target) "
         switch phase {
         case _ where endedWithProcess:
-            text = "Stall #\(id) never ended: \(target) was blocked for at least \(format(duration)) when the "
+            text =
+                "Stall #\(id) never ended: \(target) was blocked for at least \(format(duration)) when the "
                 + "process ended (threshold \(format(threshold)))"
         case .started: text += "blocked for \(format(duration)) when detected (threshold \(format(threshold)))"
         case .ended: text += "was blocked for \(format(duration)) (threshold \(format(threshold)))"

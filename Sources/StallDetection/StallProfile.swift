@@ -335,8 +335,7 @@ struct SamplingPace: Sendable {
     /// A sample that had to find the blocked thread (sampling several threads)
     /// passes `typical: false`: it spends from the bucket, but does not teach the
     /// pace what a sample of this stall costs.
-    mutating func sampled(start: Int64, cost: Int64, stride: Int, typical: Bool = true) -> (next: Int64, slower: Bool)
-    {
+    mutating func sampled(start: Int64, cost: Int64, stride: Int, typical: Bool = true) -> (next: Int64, slower: Bool) {
         refill(to: start)
         let cost = Double(max(0, cost))
         tokens -= cost

@@ -12,7 +12,9 @@ struct ActivityTests {
 
     /// Runs `body` on a new thread and, while it is inside, reads that thread's
     /// activities from this one.
-    func activitiesSeen(whileInside body: @escaping @Sendable (_ inside: @Sendable () -> Void) -> Void) -> (
+    func activitiesSeen(
+        whileInside body: @escaping @Sendable (_ inside: @Sendable () -> Void) -> Void
+    ) -> (
         inside: [String], after: [String]
     ) {
         let entered = DispatchSemaphore(value: 0)
@@ -179,7 +181,11 @@ extension StallDetectorIntegrationTests.Profiles {
         #expect(run.exitStatus == 0)
         #expect(run.ended.count == 1, "\(run.lines)")
         let activities = run.lines.filter { $0.hasPrefix("ACTIVITIES ") }
-        #expect(activities == ["ACTIVITIES 1 started screen: Settings › load preferences", "ACTIVITIES 1 ended screen: Settings › load preferences"], "\(run.lines)")
+        #expect(
+            activities == [
+                "ACTIVITIES 1 started screen: Settings › load preferences",
+                "ACTIVITIES 1 ended screen: Settings › load preferences",
+            ], "\(run.lines)")
         #expect(run.started.first?.report.contains("activities: screen: Settings › load preferences") == true)
     }
 }

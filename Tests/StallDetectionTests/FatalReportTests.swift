@@ -99,8 +99,11 @@ struct FatalReportTests {
         case 2: contents = Array(#"{"crash":"report","frames":[1,2,3]}"#.utf8)
         case 3: contents = Array(text.replacingOccurrences(of: "\"version\":1", with: "\"version\":2").utf8)
         case 4:
-            contents = Array(text.replacingOccurrences(of: "\"durationNanoseconds\":", with: "\"durationNanoseconds\":-").utf8)
-        case 5: contents = Array(text.replacingOccurrences(of: "\"omittedFrameCount\":0", with: "\"omittedFrameCount\":-3").utf8)
+            contents = Array(
+                text.replacingOccurrences(of: "\"durationNanoseconds\":", with: "\"durationNanoseconds\":-").utf8)
+        case 5:
+            contents = Array(
+                text.replacingOccurrences(of: "\"omittedFrameCount\":0", with: "\"omittedFrameCount\":-3").utf8)
         default: contents = Array("\u{FEFF}not json at all \u{0}\u{1}".utf8)
         }
         #expect(contents != valid || kind == 0)

@@ -7,7 +7,8 @@ import Testing
 struct StallProfileTests {
     /// A frame; one address per function and line, as in a real process.
     static func frame(_ name: String?, line: Int? = nil, image: String = "App", uncertain: Bool = false) -> StackFrame {
-        let address = 0x1000 + UInt((name ?? "?").utf8.reduce(0) { $0 &* 31 &+ Int($1) } & 0xFFFF) * 0x1000
+        let address =
+            0x1000 + UInt((name ?? "?").utf8.reduce(0) { $0 &* 31 &+ Int($1) } & 0xFFFF) * 0x1000
             + UInt(line ?? 0)
         return StackFrame(
             address: address, function: name, file: name == nil ? nil : "/src/\(name!).swift", line: line, image: image,

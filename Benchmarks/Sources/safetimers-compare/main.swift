@@ -21,7 +21,9 @@ if CommandLine.arguments.contains("--activities") {
     let count = iterations * 10
     print("withActivity, literal label: \(format(Activities.withActivity(iterations: count), decimals: 2)) ns/op")
     print("TaskLocal.withValue: \(format(Activities.taskLocal(iterations: count), decimals: 2)) ns/op")
-    print("withActivity, nested, inner label changing: \(format(Activities.nestedChanging(iterations: count), decimals: 2)) ns/op")
+    print(
+        "withActivity, nested, inner label changing: \(format(Activities.nestedChanging(iterations: count), decimals: 2)) ns/op"
+    )
     print("TaskLocal.withValue, nested: \(format(Activities.taskLocalNested(iterations: count), decimals: 2)) ns/op")
     exit(0)
 }
