@@ -68,8 +68,11 @@ final class SamplingContext: @unchecked Sendable {
     /// that, the first thread that is neither idle nor unreadable. Returns the chosen
     /// backtrace and every sample taken (keyed by thread), so the `.ended` event
     /// can use the one of the thread that finally answered.
+    ///
+    /// With `candidatesOnly`, the other threads are not tried (the profile's
+    /// samples before the threshold, which must not hold up the detector's looks).
     func sampleBlockedThread(
-        target: StallDetector.Target, lastAnswering: Int32?
+        target: StallDetector.Target, lastAnswering: Int32?, candidatesOnly: Bool = false
     ) -> (StallBacktrace, [Int32: StallBacktrace]) {
         let mainThread = ProcessFacts.mainThreadID
         var candidates: [Int32] = []
@@ -106,7 +109,7 @@ final class SamplingContext: @unchecked Sendable {
         }
         let alone = !target.usesHeartbeat && candidates.count == 1
         if let found = sample(candidates, alone: alone) { return (found, samples) }
-        if target.usesHeartbeat {
+        if target.usesHeartbeat && !candidatesOnly {
             // No likely thread runs a job: every other thread, once.
             let own = stallcapture_current_tid()
             let others = ProcessFacts.threads().filter { id, name in
@@ -132,12 +135,20 @@ enum StackShape {
         "DispatchQueue._syncHelper", "DispatchQueue.asyncAndWait",
     ]
 
+    /// Frames of libdispatch's manager thread, which drains internal queues
+    /// (timers, event sources) with the same functions as a queue's worker but
+    /// never runs a job of the program.
+    static let managerMarkers = ["_dispatch_mgr_thread", "_dispatch_mgr_invoke"]
+
     /// True when the stack shows the thread running a job for a queue or run loop.
     static func runsJob(_ frames: [StackFrame]) -> Bool {
-        frames.contains { frame in
-            guard let name = frame.function else { return false }
-            return busyMarkers.contains { name.containsText($0) }
+        var job = false
+        for frame in frames {
+            guard let name = frame.function else { continue }
+            if managerMarkers.contains(where: { name.containsText($0) }) { return false }
+            if !job && busyMarkers.contains(where: { name.containsText($0) }) { job = true }
         }
+        return job
     }
     /// Frames that mean the thread waits for work.
     static let idleMarkers = [

@@ -56,7 +56,7 @@ final class StallProfiler: Sendable {
     private let state = Locked(State())
     /// Whether the frames at an address run a queue's job (sampling on the
     /// detector queue only; behind a lock of its own).
-    private let jobAddresses = Locked<[UInt: Bool]>([:])
+    private let jobAddresses = Locked<[UInt: JobFrame]>([:])
     /// Whether a session is open: read on every answer without the lock.
     private let active = Atomic<Bool>(false)
     private let queue: DispatchQueue
@@ -199,11 +199,11 @@ final class StallProfiler: Sendable {
     }
 
     private func sample(generation: UInt64) {
-        let thread = state.withLock { state -> Int32?? in
+        let look = state.withLock { state -> (thread: Int32?, reported: Bool)? in
             guard !state.stopped, let session = state.session, session.generation == generation else { return nil }
-            return .some(session.thread)
+            return (session.thread, session.stall != nil)
         }
-        guard let known = thread else { return }
+        guard let (known, reported) = look else { return }
         let start = Monotonic.now()
         let cpuBefore = Self.threadCPU()
         let namingBefore = sampling.namingCost
@@ -216,7 +216,11 @@ final class StallProfiler: Sendable {
                 found = known
             }
         } else {
-            let (chosen, _) = sampling.sampleBlockedThread(target: target, lastAnswering: lastAnswering())
+            // Before `.started`, only the likely threads (the main thread, the
+            // one that answered last): trying every thread holds up the
+            // detector's queue, and `.started` finds the thread anyway.
+            let (chosen, _) = sampling.sampleBlockedThread(
+                target: target, lastAnswering: lastAnswering(), candidatesOnly: !reported)
             if chosen.unavailableReason == nil, !target.usesHeartbeat || runsJob(chosen.frames),
                 let id = chosen.threadID
             {
@@ -269,27 +273,41 @@ final class StallProfiler: Sendable {
         return stall.event.inProgress(duration: now - stall.start, profile: profile)
     }
 
-    /// ``StackShape/runsJob(_:)``, remembered per address: it runs on every sample.
+    /// ``StackShape/runsJob(_:)``, with what the frames at each address say
+    /// remembered: it runs on every sample.
     private func runsJob(_ frames: [StackFrame]) -> Bool {
         jobAddresses.withLock { known in
             if known.count > 100_000 { known.removeAll() }
+            var job = false
             var index = 0
             while index < frames.count {
                 var end = index + 1
                 while end < frames.count && frames[end].address == frames[index].address { end += 1 }
                 let address = frames[index].address
-                let isJob: Bool
+                let kind: JobFrame
                 if let cached = known[address] {
-                    isJob = cached
+                    kind = cached
                 } else {
-                    isJob = StackShape.runsJob(Array(frames[index..<end]))
-                    known[address] = isJob
+                    let group = Array(frames[index..<end])
+                    let names = group.compactMap(\.function)
+                    if names.contains(where: { name in StackShape.managerMarkers.contains { name.containsText($0) } }) {
+                        kind = .manager
+                    } else {
+                        kind = StackShape.runsJob(group) ? .job : .other
+                    }
+                    known[address] = kind
                 }
-                if isJob { return true }
+                if kind == .manager { return false }
+                if kind == .job { job = true }
                 index = end
             }
-            return false
+            return job
         }
+    }
+
+    /// What the frames at one address say about the thread.
+    enum JobFrame: Sendable {
+        case job, manager, other
     }
 
     /// The calling thread's CPU time in nanoseconds.
