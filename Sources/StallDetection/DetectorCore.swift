@@ -39,8 +39,6 @@ final class DetectorCore: Sendable {
     private let sampling: SamplingContext
     /// Samples the blocked thread while a stall lasts; keeps the fatal report.
     let profiler: StallProfiler
-    /// How late an answer may be before the profiler starts sampling.
-    private let profileLeadTicks: Int64
 
     private struct State {
         enum Lifecycle { case idle, running, stopped }
@@ -107,11 +105,21 @@ final class DetectorCore: Sendable {
         let now = Monotonic.now()
         let state = Locked(State(tracker: StallTracker(threshold: thresholdTicks, now: now), lastObservation: now))
         self.state = state
-        // Two missed heartbeats, or a tenth of the threshold if longer.
-        self.profileLeadTicks = min(thresholdTicks, max(2 * heartbeatTicks, thresholdTicks / 10))
+        // Two missed heartbeats, or a tenth of the threshold if longer; for a
+        // heartbeat, from half a heartbeat after an answer (as the overdue time).
+        let lead = min(thresholdTicks, max(2 * heartbeatTicks, thresholdTicks / 10))
         self.profiler = StallProfiler(
             queue: detectorQueue, scheduler: scheduler, sampling: sampling, target: target,
-            fatalReportPath: fatalReportPath, lastAnswering: { state.withLock { $0.lastAnsweringThread } })
+            fatalReportPath: fatalReportPath,
+            lateAfter: target.usesHeartbeat ? lead + max(1_000_000, Monotonic.nanoseconds(heartbeat)) / 2 : lead,
+            lastAnswering: { state.withLock { $0.lastAnsweringThread } },
+            owesAnswer: { [reportsWhileDebugged, isTraced] in
+                let owes = state.withLock { state in
+                    state.lifecycle == .running && !state.tracker.isStalled && state.tracker.dueTime != nil
+                }
+                // No samples while a debugger is attached (its stalls are not reported).
+                return owes && (reportsWhileDebugged || !isTraced())
+            })
     }
 
     // MARK: Lifecycle
@@ -146,6 +154,7 @@ final class DetectorCore: Sendable {
             return false
         }
         if removeObserver { observer?.remove() }
+        if target.usesHeartbeat { profiler.answered() }
     }
 
     func stop() {
@@ -172,11 +181,10 @@ final class DetectorCore: Sendable {
     }
 
     /// The watchdog's timeout while the target is healthy: from an answer to the
-    /// moment the next probe's answer is late enough to start profiling (the
-    /// stall's start is estimated at the midpoint between the answer and the next
-    /// probe). The look then re-arms it for the moment the stall would start.
+    /// moment the next probe's answer is overdue (the stall's start is estimated at
+    /// the midpoint between the answer and the next probe).
     private var overdueTimeout: Int64 {
-        target.usesHeartbeat ? profileLeadTicks + heartbeatTicks / 2 : profileLeadTicks
+        target.usesHeartbeat ? thresholdTicks + heartbeatTicks / 2 : thresholdTicks
     }
 
     // MARK: Timers (called with the lock held; they only arm, never release)
@@ -249,7 +257,8 @@ final class DetectorCore: Sendable {
             return ended
         }
         releaseOnDetectorQueue(replaced)
-        if settled { profiler.end(stallEnded: false) }
+        if settled { profiler.end() }
+        profiler.answered()
         if let ended { deliver([ended]) }
     }
 
@@ -266,7 +275,8 @@ final class DetectorCore: Sendable {
             return ended
         }
         releaseOnDetectorQueue(replaced)
-        if settled { profiler.end(stallEnded: false) }
+        if settled { profiler.end() }
+        if idle { profiler.idle() } else { profiler.answered() }
         if let ended { deliver([ended]) }
     }
 
@@ -304,7 +314,6 @@ final class DetectorCore: Sendable {
         let since = state.withLock { $0.lastContinueSeen }
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
         var replaced: Watchdog?
-        var beginProfile = false
         var stalledLook = false
         let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool, second: Bool)? in
             guard state.lifecycle == .running, generation == state.overdueGeneration else { return nil }
@@ -325,17 +334,12 @@ final class DetectorCore: Sendable {
                 return (stall.id, now - start, stall.suppressed, true)
             }
             guard case .started(let id, let duration) = state.tracker.tick(now: now) else {
-                // Not (or no longer) overdue: keep watching if anything is owed,
-                // sampling for the profile meanwhile, and look again when the
-                // stall would start.
+                // Not (or no longer) overdue: keep watching if anything is owed.
                 if state.tracker.isStalled || state.tracker.dueTime != nil {
                     replaced = state.overdue
-                    let untilDue = state.tracker.dueTime.map { max(1_000_000, $0 - now) } ?? heartbeatTicks
                     state.overdue = makeOverdue(
-                        &state,
-                        timeout: state.tracker.isStalled
-                            ? heartbeatTicks : min(untilDue, overdueTimeout + thresholdTicks))
-                    if state.tracker.isStalled { stalledLook = true } else { beginProfile = true }
+                        &state, timeout: state.tracker.isStalled ? heartbeatTicks : overdueTimeout)
+                    stalledLook = state.tracker.isStalled
                 } else {
                     replaced = state.overdue
                     state.overdue = nil
@@ -352,8 +356,6 @@ final class DetectorCore: Sendable {
         }
         // The replaced watchdog is released here, on the detector queue, after the lock.
         withExtendedLifetime(replaced) {}
-        // No samples while a debugger is attached (a stall then is not reported).
-        if beginProfile && (reportsWhileDebugged || !isTraced()) { profiler.begin(now: now) }
         if stalledLook { profiler.refreshFatalReport(now: now) }
         guard let decision else { return }
         let sampleStart = Monotonic.now()
@@ -411,7 +413,7 @@ final class DetectorCore: Sendable {
             return events
         }
         deliver(events, stallStart: now - decision.duration)
-        if settled { profiler.end(stallEnded: false) }
+        if settled { profiler.end() }
     }
 
     /// Yields events; a `.started` one is written as the fatal report, an `.ended`

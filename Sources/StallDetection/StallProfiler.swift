@@ -45,6 +45,9 @@ final class StallProfiler: Sendable {
         var session: Session?
         var pace = SamplingPace()
         var pending: DelayedWork?
+        /// Due when an answer is late enough to start sampling; every answer
+        /// pushes it back.
+        var earlyLook: DelayedWork?
         var stopped = false
         /// CPU time for naming new code that is not charged to the pace.
         var namingAllowance = StallProfiler.namingAllowance
@@ -64,6 +67,12 @@ final class StallProfiler: Sendable {
     private let sampling: SamplingContext
     private let target: StallDetector.Target
     private let lastAnswering: @Sendable () -> Int32?
+    /// Whether the target owes an answer and no stall is open (and sampling is
+    /// allowed: no debugger, or reports while debugged).
+    private let owesAnswer: @Sendable () -> Bool
+    /// How long after an answer (or a busy run-loop activity) sampling starts if
+    /// the next answer has not come.
+    private let lateAfter: Int64
     let fatal: FatalReportWriter?
     /// What scheduling and running a sample costs beyond the sampling thread's
     /// own CPU (the engine's and a dispatch worker's wake-up), charged to the pace.
@@ -79,14 +88,50 @@ final class StallProfiler: Sendable {
 
     init(
         queue: DispatchQueue, scheduler: any TimerScheduler, sampling: SamplingContext, target: StallDetector.Target,
-        fatalReportPath: String?, lastAnswering: @escaping @Sendable () -> Int32?
+        fatalReportPath: String?, lateAfter: Int64, lastAnswering: @escaping @Sendable () -> Int32?,
+        owesAnswer: @escaping @Sendable () -> Bool
     ) {
         self.queue = queue
         self.scheduler = scheduler
         self.sampling = sampling
         self.target = target
         self.lastAnswering = lastAnswering
+        self.owesAnswer = owesAnswer
+        self.lateAfter = max(1_000_000, lateAfter)
         self.fatal = fatalReportPath.map(FatalReportWriter.init(path:))
+    }
+
+    // MARK: Noticing a late answer
+
+    /// The target answered (or the run loop is busy): sampling starts `lateAfter`
+    /// from now unless it answers again first.
+    ///
+    /// One `DelayedWork` moved back at each answer, not a `Watchdog` kick: a
+    /// kicked watchdog's engine entry still fires at its old deadline to re-arm
+    /// (a wake-up every `lateAfter`, 16 a second at the default heartbeat), while
+    /// a moved entry is never the engine's earliest (the next probe is earlier),
+    /// so it costs no wake-up at all while the target answers.
+    func answered() {
+        state.withLock { state in
+            guard !state.stopped else { return }
+            if let work = state.earlyLook, work.reschedule(after: .nanoseconds(lateAfter)) { return }
+            state.earlyLook = DelayedWork.schedule(after: .nanoseconds(lateAfter), on: queue, scheduler: scheduler) {
+                [weak self] in
+                self?.lateAnswer()
+            }
+        }
+    }
+
+    /// The run loop went to sleep: nothing is owed, no early look.
+    func idle() {
+        state.withLock { state in
+            _ = state.earlyLook?.reschedule(after: .seconds(Int64.max))
+        }
+    }
+
+    /// On the detector queue, `lateAfter` after the last answer.
+    private func lateAnswer() {
+        if owesAnswer() { begin(now: Monotonic.now()) }
     }
 
     // MARK: Sessions
@@ -154,27 +199,25 @@ final class StallProfiler: Sendable {
 
     /// The target answered: the session ends. Safe on any thread (the target's);
     /// never waits. A sample scheduled meanwhile finds its generation stale.
-    func end(stallEnded: Bool) {
-        if active.load(ordering: .acquiring) {
-            state.withLock { state in
-                state.session = nil
-                active.store(false, ordering: .releasing)
-            }
+    func end() {
+        guard active.load(ordering: .acquiring) else { return }
+        state.withLock { state in
+            state.session = nil
+            active.store(false, ordering: .releasing)
         }
-        if stallEnded { fatal?.remove() }
     }
 
     /// The detector stopped: no more samples; the fatal report goes (the stall did
     /// not end in a kill).
     func stop() {
-        let pending = state.withLock { state -> DelayedWork? in
+        let pending = state.withLock { state -> [DelayedWork?] in
             state.stopped = true
             state.session = nil
             active.store(false, ordering: .releasing)
-            defer { state.pending = nil }
-            return state.pending
+            defer { (state.pending, state.earlyLook) = (nil, nil) }
+            return [state.pending, state.earlyLook]
         }
-        pending?.cancel()
+        for work in pending { work?.cancel() }
         fatal?.remove()
     }
 
