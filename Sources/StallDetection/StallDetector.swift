@@ -164,10 +164,4 @@ public final class StallDetector: Sendable {
 
     /// The heartbeat in effect.
     public var heartbeat: Duration { core.heartbeat }
-
-    /// Profile samples taken so far and the CPU they cost (tests, measurements).
-    var profilingCost: (samples: Int, cpu: Duration) {
-        let cost = core.profiler.cost
-        return (cost.samples, .nanoseconds(cost.nanoseconds))
-    }
 }

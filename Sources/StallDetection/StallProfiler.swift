@@ -51,9 +51,6 @@ final class StallProfiler: Sendable {
         var stopped = false
         /// CPU time for naming new code that is not charged to the pace.
         var namingAllowance = StallProfiler.namingAllowance
-        /// Samples and CPU spent on them, for tests and measurements.
-        var totalSamples = 0
-        var totalCost: Int64 = 0
     }
 
     private let state = Locked(State())
@@ -218,12 +215,9 @@ final class StallProfiler: Sendable {
             return [state.pending, state.earlyLook]
         }
         for work in pending { work?.cancel() }
+        // The file is gone when stop() returns.
         fatal?.remove()
-    }
-
-    /// Samples taken by this profiler and the CPU they cost (nanoseconds).
-    var cost: (samples: Int, nanoseconds: Int64) {
-        state.withLock { ($0.totalSamples, $0.totalCost) }
+        fatal?.flush()
     }
 
     // MARK: Sampling (on the detector queue)
@@ -276,8 +270,6 @@ final class StallProfiler: Sendable {
         let taken = Monotonic.now()
         var refresh: StallEvent?
         let next = state.withLock { state -> (UInt64, Int64)? in
-            state.totalSamples += backtrace == nil ? 0 : 1
-            state.totalCost += cost
             guard !state.stopped, state.session?.generation == generation else { return nil }
             state.session?.thread = found
             if let backtrace { state.session?.recorder.add(backtrace.frames, at: taken) }

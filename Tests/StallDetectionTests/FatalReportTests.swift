@@ -192,3 +192,45 @@ extension StallDetectorInProcessTests {
         for await _ in detector.events {}
     }
 }
+
+extension StallDetectorInProcessTests {
+    /// Runs under ThreadSanitizer too (no timing is checked): the profiler's
+    /// samples, the fatal report's writes and removal, answers ending sessions and
+    /// `stop()` racing a sample.
+    @Test("stalls with profiling and a fatal report, then stop() mid-stall: events pair up, no file is left")
+    func profilingRaces() async {
+        let path = FatalReportTests.temporaryPath()
+        defer { unlink(path) }
+        let queue = DispatchQueue(label: "test.races")
+        let detector = StallDetector(
+            target: .queue(queue), threshold: .milliseconds(30), heartbeat: .milliseconds(5),
+            reportsWhileDebugged: true, fatalReportPath: path, isTraced: { false })
+        detector.start()
+        for length in [10, 60, 200, 5, 120] {
+            queue.sync {
+                StallDetector.withActivity("block \(length)") { _ = usleep(UInt32(length) * 1000) }
+            }
+            usleep(20_000)
+        }
+        // Stopped while a stall (and its sampling) is going on.
+        queue.async { _ = usleep(300_000) }
+        usleep(150_000)
+        detector.stop()
+        var events: [StallEvent] = []
+        for await event in detector.events { events.append(event) }
+        var open: UInt64?
+        for event in events {
+            switch event.phase {
+            case .started:
+                #expect(open == nil)
+                open = event.id
+            case .ended:
+                #expect(open == event.id)
+                open = nil
+                #expect(event.profile.sampleCount <= StallProfile.maximumSampleCount)
+            }
+        }
+        queue.sync {}
+        #expect(access(path, F_OK) != 0, "stop() removes the report")
+    }
+}
