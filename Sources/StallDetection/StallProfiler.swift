@@ -48,6 +48,9 @@ final class StallProfiler: Sendable {
         /// Due when an answer is late enough to start sampling; every answer
         /// pushes it back.
         var earlyLook: DelayedWork?
+        /// A stall was reported: the stacks it ran in are named and cached, so
+        /// samples before the threshold are cheap enough to take.
+        var warm = false
         var stopped = false
         /// CPU time for naming new code that is not charged to the pace.
         var namingAllowance = StallProfiler.namingAllowance
@@ -127,7 +130,13 @@ final class StallProfiler: Sendable {
     }
 
     /// On the detector queue, `lateAfter` after the last answer.
+    ///
+    /// Not before this detector has reported a stall: until then its symbol cache
+    /// is cold, and naming code for the first time (tens of milliseconds, far
+    /// more on a loaded machine) on the detector's queue would hold up the look
+    /// that detects the stall. The first stall is profiled from `.started` on.
     private func lateAnswer() {
+        guard state.withLock({ $0.warm }) else { return }
         if owesAnswer() { begin(now: Monotonic.now()) }
     }
 
@@ -181,6 +190,7 @@ final class StallProfiler: Sendable {
     func stallReported(_ event: StallEvent, start: Int64, at time: Int64) {
         state.withLock { state in
             state.session?.stall = OpenStall(event: event, start: start, lastWrite: time)
+            state.warm = true
         }
         fatal?.write(event)
     }

@@ -30,10 +30,14 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
     case "profile-ab", "profile-ab-main":
         // 600 ms busy in profileStepA, then 300 ms asleep in profileStepB: the
         // profile must show both, about 2:1.
+        // A first stall of 400 ms (a detector profiles its first stall from
+        // `.started` on, while it names that code for the first time), then the
+        // A-then-B stall, whose profile covers it from its start.
         let onMain = scenario == "profile-ab-main"
         let queue = DispatchQueue(label: "probe.profile")
         let detector = StallDetector(target: onMain ? .mainRunLoop : .queue(queue), threshold: .milliseconds(250))
-        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        watch(detector, endedCount: 2, then: finishAndExit(detector))
+        let warmUp: @Sendable () -> Void = { profileStepB(400) }
         let work: @Sendable () -> Void = {
             StallDetector.withActivity("screen: Profile") {
                 measuredStall {
@@ -42,13 +46,10 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
                 }
             }
         }
-        if onMain {
-            DispatchQueue.main.asyncAfter(deadline: .now() + 0.3, execute: work)
-            RunLoop.main.run()
-        } else {
-            queue.asyncAfter(deadline: .now() + 0.3, execute: work)
-            dispatchMain()
-        }
+        let target = onMain ? DispatchQueue.main : queue
+        target.asyncAfter(deadline: .now() + 0.3, execute: warmUp)
+        target.asyncAfter(deadline: .now() + 1.2, execute: work)
+        if onMain { RunLoop.main.run() } else { dispatchMain() }
 
     case "backlog":
         // 300 items of 5 ms queued at once on a serial queue: one 1.5 s stall for
