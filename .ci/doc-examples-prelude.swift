@@ -72,3 +72,10 @@ let manualScheduler = ManualTimerScheduler()
 /// package does not depend on NIO.
 final class EventLoopStandIn: Sendable { func execute(_ task: @escaping @Sendable () -> Void) { task() } }
 let eventLoop = EventLoopStandIn()
+// StallDetection: profiles, activities, fatal reports.
+func layoutFeed() {}
+func layOutThumbnails() {}
+func upload<Report>(_ report: Report) {}
+let cachesDirectory = NSTemporaryDirectory()
+struct ContactsDatabase { func fetchAll() throws -> [String] { [] } }
+let db = ContactsDatabase()

@@ -29,6 +29,7 @@ let package = Package(
             dependencies: [
                 .product(name: "SafeTimers", package: "SafeTimers"),
                 .product(name: "SafeTimersTesting", package: "SafeTimers"),
+                .product(name: "StallDetection", package: "SafeTimers"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),

@@ -46,6 +46,8 @@ final class DetectorCore: Sendable {
     /// `post` that blocks cannot delay the detection of the stall it causes.
     private let postQueue: DispatchQueue
     private let sampling: SamplingContext
+    /// Samples the blocked thread while a stall lasts; keeps the fatal report.
+    let profiler: StallProfiler
 
     private struct State {
         enum Lifecycle { case idle, running, stopped }
@@ -97,6 +99,7 @@ final class DetectorCore: Sendable {
         target: StallDetector.Target, threshold: Duration, heartbeat: Duration, reportsWhileDebugged: Bool,
         isTraced: @escaping @Sendable () -> Bool = ProcessFacts.isTraced,
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        fatalReportPath: String? = nil,
         continuation: AsyncStream<StallEvent>.Continuation
     ) {
         self.isTraced = isTraced
@@ -112,7 +115,23 @@ final class DetectorCore: Sendable {
         self.postQueue = DispatchQueue(label: "StallDetector.post", qos: .userInitiated)
         self.sampling = SamplingContext()
         let now = Monotonic.now()
-        self.state = Locked(State(tracker: StallTracker(threshold: thresholdTicks, now: now), lastObservation: now))
+        let state = Locked(State(tracker: StallTracker(threshold: thresholdTicks, now: now), lastObservation: now))
+        self.state = state
+        // Two missed heartbeats, or a tenth of the threshold if longer; for a
+        // heartbeat, from half a heartbeat after an answer (as the overdue time).
+        let lead = min(thresholdTicks, max(2 * heartbeatTicks, thresholdTicks / 10))
+        self.profiler = StallProfiler(
+            queue: detectorQueue, scheduler: scheduler, sampling: sampling, target: target,
+            fatalReportPath: fatalReportPath,
+            lateAfter: target.usesHeartbeat ? lead + max(1_000_000, Monotonic.nanoseconds(heartbeat)) / 2 : lead,
+            lastAnswering: { state.withLock { $0.lastAnsweringThread } },
+            owesAnswer: { [reportsWhileDebugged, isTraced] in
+                let owes = state.withLock { state in
+                    state.lifecycle == .running && !state.tracker.isStalled && state.tracker.dueTime != nil
+                }
+                // No samples while a debugger is attached (its stalls are not reported).
+                return owes && (reportsWhileDebugged || !isTraced())
+            })
     }
 
     // MARK: Lifecycle
@@ -147,6 +166,7 @@ final class DetectorCore: Sendable {
             return false
         }
         if removeObserver { observer?.remove() }
+        if target.usesHeartbeat { profiler.answered() }
     }
 
     func stop() {
@@ -164,6 +184,7 @@ final class DetectorCore: Sendable {
         probe?.cancel()
         overdue?.invalidate()
         observer?.remove()
+        profiler.stop()
         if wasRunning {
             detectorQueue.sync {}  // a sample in progress finishes and emits nothing more
             StopWitness.release()
@@ -284,6 +305,7 @@ final class DetectorCore: Sendable {
 
     private func record(answerAt time: Int64, thread: Int32) {
         var replaced: Watchdog?
+        var settled = false
         let ended = state.withLock { state -> StallEvent? in
             guard state.lifecycle == .running else { return nil }
             state.lastAnsweringThread = thread
@@ -291,24 +313,31 @@ final class DetectorCore: Sendable {
             let ended = finish(state.tracker.progress(at: time), &state, thread: thread)
             replaced = rearmOverdue(&state)
             state.tracker.probeSent(at: nextProbe(after: time, state))
+            settled = state.open == nil
             return ended
         }
         releaseOnDetectorQueue(replaced)
-        if let ended { continuation.yield(ended) }
+        if settled { profiler.end() }
+        profiler.answered()
+        if let ended { deliver([ended]) }
     }
 
     private func record(activityAt time: Int64, idle: Bool) {
         var replaced: Watchdog?
+        var settled = false
         let ended = state.withLock { state -> StallEvent? in
             guard state.lifecycle == .running else { return nil }
             state.lastObservation = max(state.lastObservation, time)
             let event = idle ? state.tracker.idle(at: time) : state.tracker.progress(at: time, busyAfterwards: true)
             let ended = finish(event, &state, thread: nil)
             if !idle { replaced = rearmOverdue(&state) }
+            settled = state.open == nil
             return ended
         }
         releaseOnDetectorQueue(replaced)
-        if let ended { continuation.yield(ended) }
+        if settled { profiler.end() }
+        if idle { profiler.idle() } else { profiler.answered() }
+        if let ended { deliver([ended]) }
     }
 
     /// The `.ended` event for a tracker event, if it ends the open stall.
@@ -345,6 +374,7 @@ final class DetectorCore: Sendable {
         let since = state.withLock { $0.lastContinueSeen }
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
         var replaced: Watchdog?
+        var stalledLook = false
         let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool, second: Bool)? in
             guard state.lifecycle == .running, generation == state.overdueGeneration else { return nil }
             if let continued, continued > state.lastContinueSeen {
@@ -369,6 +399,7 @@ final class DetectorCore: Sendable {
                     replaced = state.overdue
                     state.overdue = makeOverdue(
                         &state, timeout: state.tracker.isStalled ? heartbeatTicks : overdueTimeout)
+                    stalledLook = state.tracker.isStalled
                 } else {
                     replaced = state.overdue
                     state.overdue = nil
@@ -385,6 +416,7 @@ final class DetectorCore: Sendable {
         }
         // The replaced watchdog is released here, on the detector queue, after the lock.
         withExtendedLifetime(replaced) {}
+        if stalledLook { profiler.refreshFatalReport(now: now) }
         guard let decision else { return }
         let sampleStart = Monotonic.now()
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")
@@ -394,13 +426,20 @@ final class DetectorCore: Sendable {
             (reported, samples) = sampling.sampleBlockedThread(target: target, lastAnswering: lastAnswering)
         }
         let samplingTime = Monotonic.now() - sampleStart
+        if !decision.suppressed {
+            profiler.stallStarted(
+                backtrace: reported, activities: ActivityRecord.activities(ofThread: reported.threadID),
+                start: now - decision.duration, at: sampleStart)
+        }
         // A heartbeat target's stall is confirmed by a thread running a job (or by a
         // second look); the main run loop's culprit is the main thread by definition.
         let confirmed =
             decision.second || decision.suppressed || !target.usesHeartbeat
             || target.isConfirmed(by: reported)
         // 2. Emit.
+        var settled = false
         let events = state.withLock { state -> [StallEvent] in
+            defer { settled = state.open == nil }
             guard state.lifecycle == .running, var stall = state.open, stall.id == decision.id else { return [] }
             stall.samples = samples
             stall.reported = reported
@@ -440,15 +479,30 @@ final class DetectorCore: Sendable {
             }
             return events
         }
-        for event in events { continuation.yield(event) }
+        deliver(events, stallStart: now - decision.duration)
+        if settled { profiler.end() }
+    }
+
+    /// Yields events; a `.started` one is written as the fatal report, an `.ended`
+    /// one removes it.
+    private func deliver(_ events: [StallEvent], stallStart: Int64 = 0) {
+        for event in events {
+            continuation.yield(event)
+            switch event.phase {
+            case .started: profiler.stallReported(event, start: stallStart, at: Monotonic.now())
+            case .ended: profiler.fatal?.remove()
+            }
+        }
     }
 
     private func makeEvent(
         id: UInt64, phase: StallEvent.Phase, duration: Int64, backtrace: StallBacktrace, sampling: Int64
     ) -> StallEvent {
-        StallEvent(
+        let (profile, activities) = profiler.snapshot()
+        return StallEvent(
             id: id, phase: phase, duration: .nanoseconds(duration), threshold: threshold,
-            target: target.description, backtrace: backtrace, samplingTime: .nanoseconds(sampling))
+            target: target.description, backtrace: backtrace, samplingTime: .nanoseconds(sampling), profile: profile,
+            activities: activities)
     }
 }
 

@@ -17,6 +17,9 @@ final class SamplingContext: @unchecked Sendable {
         symbolicator?.warmUp()
     }
 
+    /// CPU nanoseconds spent so far naming addresses seen for the first time.
+    var namingCost: Int64 { symbolicator?.namingCost ?? 0 }
+
     private func prepared() -> (StackSampler, Symbolicator) {
         if let sampler, let symbolicator { return (sampler, symbolicator) }
         installError = StackSampler.install()
@@ -75,8 +78,11 @@ final class SamplingContext: @unchecked Sendable {
     /// thread that is neither idle nor unreadable. Returns the chosen backtrace and
     /// every sample taken (keyed by thread), so the `.ended` event can use the one
     /// of the thread that finally answered.
+    ///
+    /// With `candidatesOnly`, the other threads are not tried (the profile's
+    /// samples before the threshold, which must not hold up the detector's looks).
     func sampleBlockedThread(
-        target: StallDetector.Target, lastAnswering: Int32?
+        target: StallDetector.Target, lastAnswering: Int32?, candidatesOnly: Bool = false
     ) -> (StallBacktrace, [Int32: StallBacktrace]) {
         if case .custom = target { return sampleCustomExecutor(lastAnswering: lastAnswering) }
         if case .cooperativePool = target { return sampleCooperativePool() }
@@ -115,7 +121,7 @@ final class SamplingContext: @unchecked Sendable {
         }
         let alone = !target.usesHeartbeat && candidates.count == 1
         if let found = sample(candidates, alone: alone) { return (found, samples) }
-        if target.usesHeartbeat {
+        if target.usesHeartbeat && !candidatesOnly {
             // No likely thread runs a job: every other thread, once.
             let own = stallcapture_current_tid()
             let others = ProcessFacts.threads().filter { id, name in
@@ -207,12 +213,20 @@ enum StackShape {
         frames.contains { $0.function?.contains("swift_job_run") == true }
     }
 
+    /// Frames of libdispatch's manager thread, which drains internal queues
+    /// (timers, event sources) with the same functions as a queue's worker but
+    /// never runs a job of the program.
+    static let managerMarkers = ["_dispatch_mgr_thread", "_dispatch_mgr_invoke"]
+
     /// True when the stack shows the thread running a job for a queue or run loop.
     static func runsJob(_ frames: [StackFrame]) -> Bool {
-        frames.contains { frame in
-            guard let name = frame.function else { return false }
-            return busyMarkers.contains { name.contains($0) }
+        var job = false
+        for frame in frames {
+            guard let name = frame.function else { continue }
+            if managerMarkers.contains(where: { name.containsText($0) }) { return false }
+            if !job && busyMarkers.contains(where: { name.containsText($0) }) { job = true }
         }
+        return job
     }
     /// Frames that mean the thread waits for work.
     static let idleMarkers = [
@@ -227,7 +241,7 @@ enum StackShape {
     static func reachesRoot(_ frames: [StackFrame]) -> Bool {
         frames.contains { frame in
             guard !frame.isUncertain, let name = frame.function else { return false }
-            return threadRoots.contains { name.hasPrefix($0) || name.contains("_" + $0) }
+            return threadRoots.contains { name.hasPrefix($0) || name.containsText("_" + $0) }
         }
     }
 
@@ -250,8 +264,8 @@ enum StackShape {
     /// say) parked in `epoll_wait` (`kevent` on Apple platforms).
     static func looksIdle(_ frames: [StackFrame]) -> Bool {
         let names = frames.compactMap(\.function)
-        if names.contains(where: { name in busyMarkers.contains { name.contains($0) } }) { return false }
-        return names.contains(where: { name in idleMarkers.contains { name.contains($0) } })
+        if names.contains(where: { name in busyMarkers.contains { name.containsText($0) } }) { return false }
+        return names.contains(where: { name in idleMarkers.contains { name.containsText($0) } })
             || waitsForEvents(frames)
     }
 

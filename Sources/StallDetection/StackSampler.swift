@@ -103,8 +103,11 @@ final class StackSampler {
             Self.copyMemory(from: sp, into: bytes)
         }
         guard let after = ProcFile.read(path), after == before else { return nil }
+        // A whole copy shares the buffer (no 256 KB copy per sample); the copy is
+        // gone again before the next capture writes to the buffer.
         return StackCopy(
-            pc: pc, sp: sp, fp: nil, words: Array(buffer.prefix(copiedWords)), unwound: [],
+            pc: pc, sp: sp, fp: nil, words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
+            unwound: [],
             truncated: copiedWords == buffer.count)
     }
 
@@ -165,7 +168,14 @@ final class StackSampler {
         case Int(STALLCAPTURE_OK):
             let stackBytes = UnsafeRawBufferPointer(
                 start: stallcapture_sample_stack(sample), count: Int(sample.pointee.stack_size))
-            let words = Array(stackBytes.bindMemory(to: UInt.self))
+            // Into the reused buffer (no 256 KB allocation per sample) when whole.
+            let words: [UInt]
+            if stackBytes.count == buffer.count * MemoryLayout<UInt>.size {
+                buffer.withUnsafeMutableBytes { $0.copyMemory(from: stackBytes) }
+                words = buffer
+            } else {
+                words = Array(stackBytes.bindMemory(to: UInt.self))
+            }
             let unwound = UnsafeBufferPointer(
                 start: stallcapture_sample_unwound(sample), count: Int(sample.pointee.unwound_count)
             ).map { UInt($0) }

@@ -170,15 +170,21 @@ public final class StallDetector: Sendable {
     ///     5 ms and 50 ms.
     ///   - reportsWhileDebugged: Report stalls that start while a debugger is
     ///     attached. Default: false.
+    ///   - fatalReportPath: Where to keep the report of a stall in progress, so that
+    ///     a stall the process does not survive (killed by a watchdog or a user) is
+    ///     known on the next run: ``takeFatalStallReport(at:)``. Written atomically
+    ///     at `.started`, rewritten about every 250 ms while the stall lasts, removed
+    ///     at `.ended` and at ``stop()``. Default: nil, no file.
     public convenience init(
         target: Target,
         threshold: Duration = .milliseconds(250),
         heartbeat: Duration? = nil,
-        reportsWhileDebugged: Bool = false
+        reportsWhileDebugged: Bool = false,
+        fatalReportPath: String? = nil
     ) {
         self.init(
             target: target, threshold: threshold, heartbeat: heartbeat, reportsWhileDebugged: reportsWhileDebugged,
-            isTraced: ProcessFacts.isTraced)
+            fatalReportPath: fatalReportPath, isTraced: ProcessFacts.isTraced)
     }
 
     /// The longest threshold in effect (about 100 years); longer ones, up to any
@@ -191,6 +197,7 @@ public final class StallDetector: Sendable {
         threshold: Duration,
         heartbeat: Duration?,
         reportsWhileDebugged: Bool,
+        fatalReportPath: String? = nil,
         isTraced: @escaping @Sendable () -> Bool
     ) {
         let (stream, continuation) = AsyncStream.makeStream(
@@ -205,7 +212,8 @@ public final class StallDetector: Sendable {
             ?? min(max(threshold / 10, .milliseconds(5)), .milliseconds(50))
         core = DetectorCore(
             target: target, threshold: threshold, heartbeat: heartbeat,
-            reportsWhileDebugged: reportsWhileDebugged, isTraced: isTraced, continuation: continuation)
+            reportsWhileDebugged: reportsWhileDebugged, isTraced: isTraced, fatalReportPath: fatalReportPath,
+            continuation: continuation)
     }
 
     deinit {

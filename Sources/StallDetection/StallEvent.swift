@@ -45,15 +45,34 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// every thread that was running a Swift job (the blocked pool threads), the
     /// one in ``backtrace`` first. Empty otherwise.
     public internal(set) var poolBacktraces: [StallBacktrace] = []
+    /// Where the time went: stack samples of the blocked thread taken every few
+    /// milliseconds while the stall lasted, per function. On `.ended` the whole
+    /// stall; on `.started` the samples so far. See ``StallProfile``.
+    public internal(set) var profile: StallProfile = .empty
+    /// The labels of ``StallDetector/withActivity(_:_:)`` active on the blocked
+    /// thread when the stall was detected, outermost first; empty when none.
+    public internal(set) var activities: [String] = []
+    /// True for a report of a stall the process did not survive, as
+    /// ``StallDetector/takeFatalStallReport(at:)`` reads it: ``duration`` and
+    /// ``profile`` are as last written before the process ended.
+    public internal(set) var endedWithProcess = false
 
-    /// A readable multi-line report.
+    /// A readable multi-line report: the phase and duration, the activities, the
+    /// blocked thread's stack, and on `.ended` (or for a stall the process did not
+    /// survive) a "where the time went" section from ``profile``.
     public var description: String {
         var text = "Stall #\(id) \(phase.rawValue): \(target) "
         switch phase {
+        case _ where endedWithProcess:
+            text =
+                "Stall #\(id) never ended: \(target) was blocked for at least \(format(duration)) when the "
+                + "process ended (threshold \(format(threshold)))"
         case .started: text += "blocked for \(format(duration)) when detected (threshold \(format(threshold)))"
         case .ended: text += "was blocked for \(format(duration)) (threshold \(format(threshold)))"
         }
+        if !activities.isEmpty { text += "\n  activities: " + activities.joined(separator: " › ") }
         text += "\n" + backtrace.description
+        if phase == .ended || endedWithProcess { text += "\n" + profile.description }
         return text
     }
 }

@@ -123,6 +123,10 @@ final class Symbolicator {
         }
     }
 
+    /// CPU nanoseconds spent naming addresses not cached yet (the profiler's pace
+    /// tells it from the cost of sampling).
+    private(set) var namingCost: Int64 = 0
+
     /// The number of cached addresses.
     var cachedCount: Int { cache.count }
 
@@ -149,6 +153,7 @@ final class Symbolicator {
         var seen = Set<Key>()
         for key in keys where cache[key] == nil && seen.insert(key).inserted { missing.append(key) }
         if !missing.isEmpty {
+            let before = StallProfiler.threadCPU()
             // A new image (a `dlopen` since the map was taken): executable text of a
             // file the map does not know. (The vDSO is in no image map: taking the
             // map again for it lost every library's symbols.)
@@ -158,6 +163,7 @@ final class Symbolicator {
                 refreshImages()
             }
             resolve(missing)
+            namingCost += StallProfiler.threadCPU() - before
         }
         var frames: [StackFrame] = []
         frames.reserveCapacity(raw.count)

@@ -212,32 +212,127 @@ func ownerSection() {
 // MARK: - Stall detection
 
 @inline(never)
+func decodeThumbnails() {
+    // Stand-ins for real work done on the main thread by mistake: computing…
+    let end = ContinuousClock.now + .milliseconds(700)
+    var checksum = 0
+    while ContinuousClock.now < end { checksum &+= 1 }
+    blackHole(checksum)
+}
+
+@inline(never)
+func applyFilters() {
+    // …and waiting (a lock, a file, a synchronous request).
+    usleep(300_000)
+    blackHole(1)
+}
+
+@inline(never)
+func blackHole(_ value: Int) {
+    if value == -1 { print(value) }
+}
+
+@inline(never)
 func deliberatelySlowImageDecode() {
-    // A stand-in for real work done on the main thread by mistake.
-    work(for: .milliseconds(1000))
+    decodeThumbnails()
+    applyFilters()
+    blackHole(0)
+}
+
+/// Prints a report indented, without the frames of the stack beyond `frames`.
+func sayReport(_ event: StallEvent, frames: Int) {
+    var shown = 0
+    for line in String(describing: event).split(separator: "\n") {
+        if line.hasPrefix("  #") {
+            shown += 1
+            if shown == frames + 1 { say("    …") }
+            if shown > frames { continue }
+        }
+        say("  " + line)
+    }
 }
 
 func stallSection() {
     header(
         "StallDetector",
-        problem: "hang detectors report the threshold, not the real duration, give no stack, "
-            + "and do not run on Linux at all.")
+        problem: "hang detectors report the threshold, not the real duration, give one stack from the moment the "
+            + "threshold passed (blaming whatever ran then), do not say which screen was on, and do not run on Linux.")
     let detector = StallDetector(target: .mainRunLoop, threshold: .milliseconds(250))
     detector.start()
     let finished = Shared(false)
     Task.detached {
         for await event in detector.events {
-            say(String(describing: event).split(separator: "\n").prefix(10).map { "  " + $0 }.joined(separator: "\n"))
+            sayReport(event, frames: event.phase == .started ? 6 : 0)
             if event.phase == .ended { finished.update { $0 = true } }
         }
     }
-    say("  the main thread runs RunLoop.main; a main-queue block now calls deliberatelySlowImageDecode()…")
-    DispatchQueue.main.asyncAfter(deadline: .now() + .milliseconds(200)) { deliberatelySlowImageDecode() }
+    say("  the main thread runs RunLoop.main; on the \"Photo Gallery\" screen, a main-queue block now computes")
+    say("  0.7 s in decodeThumbnails() and then waits 0.3 s in applyFilters()…")
+    DispatchQueue.main.asyncAfter(deadline: .now() + .milliseconds(200)) {
+        StallDetector.withActivity("screen: Photo Gallery") {
+            StallDetector.withActivity("scroll") { deliberatelySlowImageDecode() }
+        }
+    }
     let end = Date().addingTimeInterval(4)
     while !finished.get() && Date() < end {
         RunLoop.main.run(until: Date().addingTimeInterval(0.05))
     }
     detector.stop()
-    say("SafeTimers: .started named the function with file and line while it was still blocking;")
-    say("            .ended gave the measured duration, not the threshold.")
+    say("SafeTimers: .started named the function with file and line while it was still blocking, and the screen;")
+    say("            .ended gave the measured duration and where the time went: both steps, about 70:30.")
+}
+
+// MARK: - Fatal stalls
+
+/// The child process of the fatal section: the main thread hangs until it is killed.
+func fatalStallChild(path: String) -> Never {
+    let detector = StallDetector(target: .mainRunLoop, threshold: .milliseconds(250), fatalReportPath: path)
+    detector.start()
+    DispatchQueue.main.asyncAfter(deadline: .now() + .milliseconds(200)) {
+        StallDetector.withActivity("screen: Checkout") {
+            StallDetector.withActivity("apply coupon") { waitForCouponServer() }
+        }
+    }
+    RunLoop.main.run()
+    exit(0)
+}
+
+@inline(never)
+func waitForCouponServer() {
+    // A synchronous network call on the main thread, as a stand-in: it never returns.
+    while true { _ = usleep(100_000) }
+}
+
+func fatalSection() {
+    header(
+        "Stalls that end in a kill",
+        problem: "when a watchdog or the user kills a hung app, the code that hung never reports anything, and "
+            + "the next run knows nothing about it.")
+    let path = FileManager.default.temporaryDirectory.appendingPathComponent("safetimers-demo-stall.json").path
+    unlink(path)
+    say("  starting a child process whose main thread hangs in waitForCouponServer() on the Checkout screen;")
+    say("  its detector keeps the report of the stall in progress at \(path)…")
+    let child = Process()
+    child.executableURL = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+    child.arguments = ["--fatal-child", path]
+    do {
+        try child.run()
+    } catch {
+        say("  could not start the child: \(error)")
+        return
+    }
+    // The report appears when the stall is detected; kill the child 0.55 s later,
+    // about 0.8 s into the stall.
+    wait(upTo: .seconds(10)) { access(path, F_OK) == 0 }
+    usleep(550_000)
+    kill(child.processIdentifier, SIGKILL)
+    child.waitUntilExit()
+    say("  killed it (SIGKILL), as a watchdog would. The next run calls takeFatalStallReport(at:):")
+    if let report = StallDetector.takeFatalStallReport(at: path) {
+        sayReport(report, frames: 6)
+    } else {
+        say("  no report was found")
+    }
+    say("SafeTimers: the stall the process died in is known on the next run, with its stack, the screen, and")
+    say("            where the time went until the kill; reading the report removed it.")
 }

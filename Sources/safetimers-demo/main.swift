@@ -1,4 +1,4 @@
-// The guided tour: `swift run safetimers-demo` (about 15 seconds), or
+// The guided tour: `swift run safetimers-demo` (about 18 seconds), or
 // `swift run safetimers-demo --section NAME` for one part.
 
 import Foundation
@@ -8,7 +8,8 @@ let sections: [(name: String, summary: String, run: () -> Void)] = [
     ("timer", "a RepeatingTimer through every state, and a periodic-jobs registry", timerSection),
     ("delayed", "DelayedWork cancelled: captures released before cancel() returns", delayedWorkSection),
     ("owner", "an owner-bound timer stopping when its owner goes away", ownerSection),
-    ("stall", "a real main-thread stall, reported with the blocking function's file and line", stallSection),
+    ("stall", "a real main-thread stall: the blocking function, the screen, where the time went", stallSection),
+    ("fatal", "a stall that ends in a kill, read back by the next run", fatalSection),
 ]
 
 @MainActor
@@ -21,6 +22,8 @@ func usage() -> String {
 }
 
 var arguments = Array(CommandLine.arguments.dropFirst())
+// The fatal section runs this executable again as the process that hangs.
+if arguments.first == "--fatal-child", arguments.count == 2 { fatalStallChild(path: arguments[1]) }
 var selected = sections
 while let argument = arguments.first {
     arguments.removeFirst()

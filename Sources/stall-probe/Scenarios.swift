@@ -22,6 +22,7 @@ func report(_ event: StallEvent) {
     if event.phase == .started { emit("RECEIVED \(monotonicMilliseconds())") }
     let text = Data(String(describing: event).utf8).base64EncodedString()
     emit("EVENT \(event.id) \(event.phase.rawValue) \(milliseconds(event.duration)) \(text)")
+    reportProfile(event)
     if event.phase == .started {
         emit("SAMPLING \(milliseconds(event.samplingTime))")
         if !event.poolBacktraces.isEmpty {

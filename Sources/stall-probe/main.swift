@@ -11,6 +11,7 @@
 //   BEGIN <ms> / RECEIVED <ms> monotonic time a blocker began / a .started event was received
 //   WIDTH <n>, POOLTHREADS <sampled> <naming the blocker>, ROUNDS <n>   cooperative-pool scenarios
 //   BASE <hex>                the executable's load address (matrix runs)
+//   PROFILE, FUNCTION, ACTIVITIES, STALLCPU, THREADCPU: see ProfileScenarios.swift
 //   FRAME <i> <hex address> <inlined 0|1> <uncertain 0|1> <image> <file:line or ->
 //                             each frame of a .started event
 // Not a product: tests run it from the build folder.
@@ -26,6 +27,7 @@ guard let scenario = arguments.first else {
     )
     print("       stall-probe matrix <case> queue|main|mainqueue [ms]   cases: \(matrixCases.keys.sorted())")
     print("       stall-probe repeat <count> [ms]")
+    print("       stall-probe profile-ab|profile-ab-main|backlog|activities|profile-cost [ms]|fatal <path>")
     exit(2)
 }
 let number = arguments.dropFirst().first.flatMap { Int($0) } ?? 600
@@ -228,6 +230,9 @@ case "recall":
         }
     }.start()
     dispatchMain()
+
+case _ where profileScenarios.contains(scenario):
+    runProfileScenario(scenario, number)
 
 default:
     print("unknown scenario \(scenario)")

@@ -18,6 +18,18 @@ func add(_ work: String, _ peer: String, _ safe: Double, _ other: Double, _ unit
     print("  measured: \(work) vs \(peer)")
 }
 
+if CommandLine.arguments.contains("--activities") {
+    // Only the StallDetector.withActivity rows.
+    let count = iterations * 10
+    print("withActivity, literal label: \(format(Activities.withActivity(iterations: count), decimals: 2)) ns/op")
+    print("TaskLocal.withValue: \(format(Activities.taskLocal(iterations: count), decimals: 2)) ns/op")
+    print(
+        "withActivity, nested, inner label changing: \(format(Activities.nestedChanging(iterations: count), decimals: 2)) ns/op"
+    )
+    print("TaskLocal.withValue, nested: \(format(Activities.taskLocalNested(iterations: count), decimals: 2)) ns/op")
+    exit(0)
+}
+
 if CommandLine.arguments.contains("--profile-arm-cancel") {
     // A long loop of one operation, for `perf record`.
     print(ArmCancel.delayedWork(pending: 0, iterations: 2_000_000), "ns/op")
@@ -150,6 +162,16 @@ for count in quick ? [1_000] : [1_000, 100_000] {
         add("lateness p99, \(count / 1000)k timers", name, safe.p99, result.p99, "µs")
     }
 }
+
+// Labelling work for stall reports: StallDetector.withActivity around a call, on
+// one thread (goal: at most 20 ns).
+add(
+    "StallDetector.withActivity, 1 thread", "TaskLocal.withValue",
+    Activities.withActivity(iterations: iterations * 10), Activities.taskLocal(iterations: iterations * 10), "ns/op")
+add(
+    "withActivity nested, inner label changing", "TaskLocal.withValue nested",
+    Activities.nestedChanging(iterations: iterations * 10), Activities.taskLocalNested(iterations: iterations * 10),
+    "ns/op")
 
 // Virtual time.
 let manualHour = VirtualTime.manualHour()

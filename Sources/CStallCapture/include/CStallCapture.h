@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "CStallActivity.h"
+
 #if defined(__linux__)
 // System declarations that Swift's Glibc module does not export, used from Swift
 // (no C code goes with them): process_vm_readv (a read of this process' memory

@@ -1,0 +1,229 @@
+import CStallCapture
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+extension StallDetector {
+    /// Runs `body` with `label` as the current thread's activity, so that a stall
+    /// that happens inside `body` names it in ``StallEvent/activities``.
+    ///
+    /// ```swift
+    /// let rows = try StallDetector.withActivity("sync contacts") { try db.fetchAll() }
+    ///
+    /// // Which screen was on when the main thread hung:
+    /// StallDetector.withActivity("screen: Feed") {
+    ///     StallDetector.withActivity("layout") { layoutFeed() }
+    /// }
+    /// // a stall inside layoutFeed() reports activities ["screen: Feed", "layout"]
+    /// ```
+    ///
+    /// Activities nest: a report lists those active on the blocked thread,
+    /// outermost first. They belong to the thread that calls this method: a stall
+    /// on another thread never shows them. When `body` returns or throws, the label
+    /// is gone.
+    ///
+    /// Cheap enough to wrap every request or screen update: a few nanoseconds when
+    /// the same label was used at this depth before on this thread (any string
+    /// literal is), plus one uncontended lock when a different label takes its
+    /// place. The first call on a thread registers it (a lock and an allocation).
+    /// A label deeper than ``maximumActivityDepth`` is not kept (the report says how
+    /// many were left out).
+    ///
+    /// Thread safety: call it from any thread; each thread has its own activities.
+    ///
+    /// - Parameters:
+    ///   - label: What the thread is doing, as a user would say it.
+    ///   - body: The work; its result or error is passed through.
+    /// - Returns: What `body` returns.
+    /// - Complexity: O(1).
+    @inlinable
+    public static func withActivity<Result>(_ label: String, _ body: () throws -> Result) rethrows -> Result {
+        let token = _beginActivity(label)
+        defer { _endActivity(token) }
+        return try body()
+    }
+
+    /// Pushes `label` on the calling thread's activities (the non-generic half of
+    /// ``withActivity(_:_:)``, so that the caller's closure is inlined into it).
+    @usableFromInline
+    static func _beginActivity(_ label: String) -> ActivityToken {
+        guard let record = ActivityRecord.current() else { return ActivityToken(record: nil, depth: 0) }
+        let depth = record._withUnsafeGuaranteedRef { $0.push(label) }
+        return ActivityToken(record: record.toOpaque(), depth: depth)
+    }
+
+    /// Pops back to where `token` was pushed.
+    @usableFromInline
+    static func _endActivity(_ token: ActivityToken) {
+        guard let raw = token.record else { return }
+        Unmanaged<ActivityRecord>.fromOpaque(raw)._withUnsafeGuaranteedRef { $0.pop(to: token.depth) }
+    }
+
+    /// The deepest nesting of ``withActivity(_:_:)`` whose labels are kept: 32.
+    public static let maximumActivityDepth = ActivityRecord.capacity
+}
+
+/// What ``StallDetector/withActivity(_:_:)`` pops when its body returns: the
+/// thread's record (owned by the registry while the thread lives) and the depth
+/// before the push.
+@usableFromInline
+struct ActivityToken {
+    let record: UnsafeMutableRawPointer?
+    let depth: Int
+
+    @usableFromInline
+    init(record: UnsafeMutableRawPointer?, depth: Int) {
+        self.record = record
+        self.depth = depth
+    }
+}
+
+/// One thread's activity labels.
+///
+/// The owning thread pushes and pops; a detector reads them while the thread is
+/// blocked. `depth` is an atomic the owner alone writes (release) and readers load
+/// (acquire). A slot below `depth` is written by the owner only when it is about to
+/// hold a *different* label, and then under `lock`; readers copy slots under the
+/// same lock. So a reader never sees a slot half-written, and never retains a
+/// string the owner is releasing; the owner pays for the lock only when a label
+/// changes at a depth.
+///
+/// `@unchecked Sendable` invariant: `slots` is written only by the owning thread,
+/// with `lock` held; it is read without the lock only by the owning thread, and by
+/// other threads only with `lock` held.
+final class ActivityRecord: @unchecked Sendable {
+    static let capacity = 32
+
+    let threadID: UInt64
+    private let depth = Atomic<Int>(0)
+    private let slots: UnsafeMutablePointer<String>
+    /// Guards the slots; holds how many times a slot changed. (Not `Locked<()>`:
+    /// ThreadSanitizer takes the access to an empty value for an access to the
+    /// field after it, the mutex pointer.)
+    private let lock = Locked(0)
+
+    private init(threadID: UInt64) {
+        self.threadID = threadID
+        slots = .allocate(capacity: Self.capacity)
+        slots.initialize(repeating: "", count: Self.capacity)
+    }
+
+    deinit {
+        slots.deinitialize(count: Self.capacity)
+        slots.deallocate()
+    }
+
+    /// The calling thread's record, made on first use; nil while the thread exits.
+    @inline(__always)
+    static func current() -> Unmanaged<ActivityRecord>? {
+        guard let raw = stallcapture_activity_record() else { return register() }
+        if raw == exitedMarker { return nil }
+        return Unmanaged.fromOpaque(raw)
+    }
+
+    /// Pushes `label`; returns the depth to pop back to.
+    @inline(__always)
+    func push(_ label: String) -> Int {
+        let current = depth.load(ordering: .relaxed)
+        if current < Self.capacity && slots[current] != label {
+            lock.withLock { changes in
+                slots[current] = label
+                changes &+= 1
+            }
+        }
+        depth.store(current + 1, ordering: .releasing)
+        return current
+    }
+
+    @inline(__always)
+    func pop(to previous: Int) {
+        depth.store(previous, ordering: .releasing)
+    }
+
+    /// The labels, outermost first, and how many deeper ones were not kept.
+    func snapshot() -> (labels: [String], omitted: Int) {
+        lock.withLock { _ in
+            let count = depth.load(ordering: .acquiring)
+            let kept = min(count, Self.capacity)
+            return ((0..<kept).map { slots[$0] }, count - kept)
+        }
+    }
+
+    // MARK: Registry
+
+    /// Marks a thread whose record was removed at its exit.
+    private static var exitedMarker: UnsafeMutableRawPointer { UnsafeMutableRawPointer(bitPattern: 1)! }
+
+    /// Every live thread's record, by thread id.
+    private static let registry = Locked<[UInt64: ActivityRecord]>([:])
+
+    /// A key whose destructor removes a thread's record when the thread exits.
+    private static let exitKey: pthread_key_t? = {
+        var key = pthread_key_t()
+        #if canImport(Darwin)
+        let made = pthread_key_create(&key) { raw in ActivityRecord.threadExits(raw) }
+        #else
+        let made = pthread_key_create(&key) { raw in
+            if let raw { ActivityRecord.threadExits(raw) }
+        }
+        #endif
+        return made == 0 ? key : nil
+    }()
+
+    /// The exit key's destructor: the thread's record leaves the registry, and a
+    /// later activity on this exiting thread is not recorded.
+    private static func threadExits(_ raw: UnsafeMutableRawPointer) {
+        let record = Unmanaged<ActivityRecord>.fromOpaque(raw).takeUnretainedValue()
+        stallcapture_activity_set_record(exitedMarker)
+        registry.withLock { records in
+            if records[record.threadID] === record { records[record.threadID] = nil }
+        }
+    }
+
+    @inline(never)
+    private static func register() -> Unmanaged<ActivityRecord>? {
+        // Without the exit key a record would outlive its thread and could be
+        // mistaken for a later thread with the same id: no activities then.
+        guard let key = exitKey else { return nil }
+        let record = ActivityRecord(threadID: ThreadIDs.current())
+        let unmanaged = Unmanaged.passUnretained(record)
+        registry.withLock { $0[record.threadID] = record }
+        pthread_setspecific(key, unmanaged.toOpaque())
+        stallcapture_activity_set_record(unmanaged.toOpaque())
+        return unmanaged
+    }
+
+    /// The threads that have a record (tests).
+    static var registeredThreads: Set<UInt64> { registry.withLock { Set($0.keys) } }
+
+    /// The labels active on thread `threadID`, outermost first; a last entry
+    /// "… N more" when some were nested too deep to keep.
+    static func activities(ofThread threadID: UInt64?) -> [String] {
+        guard let threadID else { return [] }
+        // Under the registry lock, so that the thread's exit cannot remove the
+        // record meanwhile (the snapshot itself retains what it copies).
+        return registry.withLock { records -> [String] in
+            guard let record = records[threadID] else { return [] }
+            let (labels, omitted) = record.snapshot()
+            return omitted > 0 ? labels + ["… \(omitted) more"] : labels
+        }
+    }
+}
+
+/// Thread ids as ``StallBacktrace/threadID`` gives them.
+enum ThreadIDs {
+    /// The calling thread's id: `gettid()` on Linux, `pthread_threadid_np` on Darwin.
+    static func current() -> UInt64 {
+        #if canImport(Darwin)
+        var id: UInt64 = 0
+        pthread_threadid_np(nil, &id)
+        return id
+        #else
+        return UInt64(UInt32(bitPattern: stallcapture_current_tid()))
+        #endif
+    }
+}

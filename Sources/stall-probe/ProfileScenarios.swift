@@ -1,0 +1,174 @@
+import Dispatch
+import Foundation
+import StallDetection
+
+// Scenarios for profiles, activities and fatal reports. Extra output lines:
+//   PROFILE <id> <phase> <sampleCount> <interval ms> <span ms>
+//   FUNCTION <id> <phase> <samples> <name>      each function of the profile, most samples first
+//   ACTIVITIES <id> <phase> <labels joined by " › ">
+//   STALLCPU <ms of CPU of every other thread> <wall ms>   over a stalled block
+//   THREADCPU <ms>                                           the blocked thread's own CPU over it
+
+/// The scenarios this file runs.
+let profileScenarios: Set<String> = ["profile-ab", "profile-ab-main", "backlog", "fatal", "profile-cost", "activities"]
+
+func reportProfile(_ event: StallEvent) {
+    let profile = event.profile
+    emit(
+        "PROFILE \(event.id) \(event.phase.rawValue) \(profile.sampleCount) \(milliseconds(profile.interval)) "
+            + "\(milliseconds(profile.span))")
+    for function in profile.functions {
+        emit("FUNCTION \(event.id) \(event.phase.rawValue) \(function.samples) \(function.name)")
+    }
+    if !event.activities.isEmpty {
+        emit("ACTIVITIES \(event.id) \(event.phase.rawValue) \(event.activities.joined(separator: " › "))")
+    }
+}
+
+func runProfileScenario(_ scenario: String, _ number: Int) {
+    switch scenario {
+    case "profile-ab", "profile-ab-main":
+        // 600 ms busy in profileStepA, then 300 ms asleep in profileStepB: the
+        // profile must show both, about 2:1.
+        // A first stall of 400 ms (a detector profiles its first stall from
+        // `.started` on, while it names that code for the first time), then the
+        // A-then-B stall, whose profile covers it from its start.
+        let onMain = scenario == "profile-ab-main"
+        let queue = DispatchQueue(label: "probe.profile")
+        let detector = StallDetector(target: onMain ? .mainRunLoop : .queue(queue), threshold: .milliseconds(250))
+        watch(detector, endedCount: 2, then: finishAndExit(detector))
+        let warmUp: @Sendable () -> Void = { profileStepB(400) }
+        let work: @Sendable () -> Void = {
+            StallDetector.withActivity("screen: Profile") {
+                measuredStall {
+                    profileStepA(600)
+                    profileStepB(300)
+                }
+            }
+        }
+        let target = onMain ? DispatchQueue.main : queue
+        target.asyncAfter(deadline: .now() + 0.3, execute: warmUp)
+        target.asyncAfter(deadline: .now() + 1.2, execute: work)
+        if onMain { RunLoop.main.run() } else { dispatchMain() }
+
+    case "backlog":
+        // 300 items of 5 ms queued at once on a serial queue: one 1.5 s stall for
+        // the work behind them, spent in backlogItem.
+        let queue = DispatchQueue(label: "probe.backlog")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        Thread {
+            usleep(300_000)
+            let start = ContinuousClock.now
+            for index in 0..<300 { queue.async { backlogItem(index) } }
+            queue.async { emit("REAL \(milliseconds(ContinuousClock.now - start))") }
+        }.start()
+        dispatchMain()
+
+    case "profile-cost":
+        // A stall of `number` ms asleep: every CPU millisecond the process spends
+        // meanwhile, beyond the sleeping thread's, is the detector's.
+        let queue = DispatchQueue(label: "probe.cost")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        queue.asyncAfter(deadline: .now() + 0.3) { measuredStall { profileStepB(number) } }
+        dispatchMain()
+
+    case "activities":
+        // Nested activities around a stall made by queue.sync from a thread; a
+        // label that came and went before, and another thread asleep inside its
+        // own activity, must not show.
+        let queue = DispatchQueue(label: "probe.activities")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        Thread { StallDetector.withActivity("background sync") { _ = usleep(5_000_000) } }.start()
+        Thread {
+            usleep(300_000)
+            _ = try? StallDetector.withActivity("gone") { throw ProbeFailure() }
+            StallDetector.withActivity("screen: Settings") {
+                StallDetector.withActivity("load preferences") {
+                    queue.sync { profileStepB(600) }
+                }
+            }
+        }.start()
+        dispatchMain()
+
+    case "fatal":
+        // A stall that never ends on its own, with a fatal report: the test kills
+        // this process mid-stall. Argument: the report's path.
+        guard let path = CommandLine.arguments.dropFirst(2).first else {
+            print("usage: stall-probe fatal <path>")
+            exit(2)
+        }
+        let queue = DispatchQueue(label: "probe.fatal")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), fatalReportPath: path)
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        queue.asyncAfter(deadline: .now() + 0.3) {
+            StallDetector.withActivity("screen: Checkout") {
+                StallDetector.withActivity("apply coupon") {
+                    emit("BLOCKING")
+                    uniquelyNamedFatalBlocker(60_000)
+                }
+            }
+        }
+        dispatchMain()
+
+    default:
+        print("unknown scenario \(scenario)")
+        exit(2)
+    }
+}
+
+/// Runs `body`, then reports the CPU the rest of the process used meanwhile.
+func measuredStall(_ body: () -> Void) {
+    let wallBefore = ContinuousClock.now
+    let processBefore = cpuMilliseconds()
+    let threadBefore = threadCPUMilliseconds()
+    body()
+    let thread = threadCPUMilliseconds() - threadBefore
+    let process = cpuMilliseconds() - processBefore
+    let wall = milliseconds(ContinuousClock.now - wallBefore)
+    emit("STALLCPU \(process - thread) \(wall)")
+    emit("THREADCPU \(thread)")
+    emit("REAL \(wall)")
+}
+
+func threadCPUMilliseconds() -> Double {
+    var spec = timespec()
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &spec)
+    return Double(spec.tv_sec) * 1000 + Double(spec.tv_nsec) / 1e6
+}
+
+/// Busy for `ms`: sampled by signal.
+@inline(never)
+func profileStepA(_ ms: Int) {
+    let end = ContinuousClock.now + .milliseconds(ms)
+    var spins = 0
+    while ContinuousClock.now < end { spins &+= 1 }
+    blackHole(spins)
+}
+
+/// Asleep for `ms`: sampled from the kernel, without a signal.
+@inline(never)
+func profileStepB(_ ms: Int) {
+    let start = ContinuousClock.now
+    let result = usleep(UInt32(ms) * 1000)
+    emit("SLEEP \(result) \(milliseconds(ContinuousClock.now - start))")
+}
+
+/// One item of the backlog: 5 ms of work.
+@inline(never)
+func backlogItem(_ index: Int) {
+    let end = ContinuousClock.now + .milliseconds(5)
+    var spins = index
+    while ContinuousClock.now < end { spins &+= 1 }
+    blackHole(spins)
+}
+
+@inline(never)
+func uniquelyNamedFatalBlocker(_ ms: Int) {
+    let end = ContinuousClock.now + .milliseconds(ms)
+    while ContinuousClock.now < end { usleep(10_000) }
+}
+
+struct ProbeFailure: Error {}

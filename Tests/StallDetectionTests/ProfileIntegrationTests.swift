@@ -1,0 +1,152 @@
+import Foundation
+import Testing
+
+@testable import StallDetection
+
+/// Profiles, activities and fatal reports of real stalls in the `stall-probe`
+/// helper. Ratios and rates are checked on a release helper (CI's matrix step);
+/// a debug helper samples far less often (each sample costs more, and the pace
+/// keeps to 1 % of a core), so it is checked for the shape only.
+extension StallDetectorIntegrationTests {
+    @Suite("Profiles, activities, fatal reports (stall-probe, real time)")
+    struct Profiles {
+        /// `FUNCTION <id> ended <samples> <name>` lines of the `.ended` event.
+        static func functions(
+            _ run: ProbeRun, phase: String = "ended", id: Int? = nil
+        ) -> [(
+            samples: Int, name: String
+        )] {
+            run.lines.compactMap { line in
+                let fields = line.split(separator: " ", maxSplits: 4)
+                guard fields.count == 5, fields[0] == "FUNCTION", fields[2] == phase, let samples = Int(fields[3]),
+                    id.map({ String($0) == fields[1] }) ?? true
+                else { return nil }
+                return (samples, String(fields[4]))
+            }
+        }
+
+        /// `PROFILE <id> <phase> <sampleCount> <interval> <span>`.
+        static func profile(
+            _ run: ProbeRun, phase: String = "ended", id: Int? = nil
+        ) -> (
+            count: Int, interval: Double, span: Double
+        )? {
+            for line in run.lines {
+                let fields = line.split(separator: " ")
+                guard fields.count == 6, fields[0] == "PROFILE", fields[2] == phase, let count = Int(fields[3]),
+                    id.map({ String($0) == fields[1] }) ?? true,
+                    let interval = Double(fields[4]), let span = Double(fields[5])
+                else { continue }
+                return (count, interval, span)
+            }
+            return nil
+        }
+
+        static func samples(of name: String, in run: ProbeRun, id: Int? = nil) -> Int {
+            functions(run, id: id).first { $0.name.hasPrefix(name) }?.samples ?? 0
+        }
+
+        @Test(
+            "600 ms busy in A, then 300 ms asleep in B: the profile shows both, about 2:1; B's sleep is not cut short",
+            arguments: ["profile-ab", "profile-ab-main"])
+        func twoToOne(scenario: String) throws {
+            // The second of two stalls (a detector profiles its first stall from
+            // `.started` on; see StallProfiler.lateAnswer).
+            var run = try ProbeRun.run([scenario])
+            // One retry: the machine is shared, and a stall detected late says
+            // nothing about the profile.
+            if run.ended.count != 2 { run = try ProbeRun.run([scenario]) }
+            #expect(run.exitStatus == 0)
+            #expect(run.ended.count == 2, "\(run.lines)")
+            let id = run.ended.last?.id ?? 2
+            let a = Self.samples(of: "profileStepA(", in: run, id: id)
+            let b = Self.samples(of: "profileStepB(", in: run, id: id)
+            let profile = try #require(Self.profile(run, id: id), "\(run.lines)")
+            print("\(scenario): A \(a), B \(b) of \(profile.count) samples, one every \(profile.interval) ms")
+            #expect(a > 0 && b > 0, "\(run.lines.filter { $0.hasPrefix("FUNCTION") || $0.hasPrefix("PROFILE") })")
+            #expect(profile.count <= StallProfile.maximumSampleCount)
+            #expect(run.sleeps.first?.result == 0 && (run.sleeps.first?.milliseconds ?? 0) >= 299, "\(run.lines)")
+            let report = run.ended.last?.report ?? ""
+            #expect(report.contains("where the time went"), "\(report)")
+            #expect(report.contains("activities: screen: Profile"), "\(report)")
+            if ProbeRun.probeIsRelease {
+                #expect(a >= 8 && b >= 4, "A \(a), B \(b)")
+                let ratio = Double(a) / Double(max(1, b))
+                #expect(ratio >= 1.3 && ratio <= 3.2, "A \(a) : B \(b) = \(ratio)")
+                #expect(profile.span >= 500, "the profile spans \(profile.span) ms of a 900 ms stall")
+                // The profile began before the threshold: `.started` already has
+                // samples from before it.
+                #expect((Self.profile(run, phase: "started", id: id)?.count ?? 0) >= 2, "\(run.lines)")
+            }
+        }
+
+        @Test("a backlog of 300 items of 5 ms: the item function is in nearly every sample of the 1.5 s stall")
+        func backlog() throws {
+            let run = try ProbeRun.run(["backlog"])
+            #expect(run.exitStatus == 0)
+            #expect(run.ended.count == 1, "\(run.lines)")
+            let profile = try #require(Self.profile(run), "\(run.lines)")
+            let items = Self.samples(of: "backlogItem(", in: run)
+            print("backlog: backlogItem in \(items) of \(profile.count) samples")
+            #expect(Double(items) >= Double(profile.count) * 0.8, "\(items) of \(profile.count)")
+            #expect(profile.count >= (ProbeRun.probeIsRelease ? 30 : 5), "\(profile.count) samples")
+            #expect((run.ended.first?.milliseconds ?? 0) >= 1_200)
+        }
+
+        @Test("sampling a 3 s stall costs about 1 % of a core: every other thread's CPU over the stall, counted")
+        func samplingCost() throws {
+            let run = try ProbeRun.run(["profile-cost", "3000"])
+            #expect(run.exitStatus == 0)
+            let cpu = try #require(run.value("STALLCPU").first, "\(run.lines)")
+            let profile = try #require(Self.profile(run), "\(run.lines)")
+            let percent = cpu / 3_000 * 100
+            let rate = Double(profile.count) / (profile.span / 1000)
+            print("3 s stall: \(percent) % of a core, \(profile.count) samples, \(rate) per second")
+            // Everything the process did besides the sleeping thread: the samples,
+            // naming the stack for the first time (once per process), the
+            // detector's looks, the event stream, this helper's printing.
+            #expect(percent <= 3.0, "\(cpu) ms of CPU over 3 s")
+            #expect(profile.count <= StallProfile.maximumSampleCount)
+            #expect(rate <= 1000.0 / 5.0 + 1, "at most one sample per minimum interval")
+            if ProbeRun.probeIsRelease { #expect(profile.count >= 50, "\(profile.count) samples") }
+        }
+
+        @Test("SIGKILL 800 ms into a stall: the next call names the blocking function, with activities and a profile")
+        func fatalStall() throws {
+            let path = FileManager.default.temporaryDirectory.appendingPathComponent("fatal-\(UUID()).json").path
+            defer { unlink(path) }
+            var killedAfter: Double?
+            let run = try ProbeRun.run(["fatal", path], timeLimit: 30) { pid in
+                // The report appears at `.started` (250 ms into the stall); kill
+                // 550 ms after it appeared.
+                let begin = ContinuousClock.now
+                while access(path, F_OK) != 0 && ContinuousClock.now - begin < .seconds(10) { usleep(2_000) }
+                usleep(550_000)
+                kill(pid, SIGKILL)
+                killedAfter = milliseconds(ContinuousClock.now - begin)
+            }
+            #expect(run.exitStatus == SIGKILL, "\(run.lines)")
+            #expect(killedAfter != nil)
+            let report = try #require(StallDetector.takeFatalStallReport(at: path), "no report at \(path)")
+            #expect(access(path, F_OK) != 0, "reading removes the file")
+            #expect(StallDetector.takeFatalStallReport(at: path) == nil)
+            #expect(report.endedWithProcess)
+            #expect(report.phase == .started)
+            #expect(report.backtrace.frames.contains { $0.function?.contains("uniquelyNamedFatalBlocker") == true })
+            #expect(report.profile.functions.contains { $0.name.contains("uniquelyNamedFatalBlocker") })
+            #expect(report.activities == ["screen: Checkout", "apply coupon"])
+            // Rewritten every 250 ms: the last write is at most that old, plus the
+            // time the writer's fsync took.
+            let duration = milliseconds(report.duration)
+            print("fatal report: \(duration) ms into the stall, \(report.profile.sampleCount) samples")
+            #expect(duration >= 450 && duration <= 900, "\(duration) ms")
+            #expect(report.profile.sampleCount >= 2)
+            let text = String(describing: report)
+            #expect(text.contains("never ended") && text.contains("where the time went"), "\(text)")
+        }
+    }
+}
+
+func milliseconds(_ duration: Duration) -> Double {
+    Double(duration.components.seconds) * 1000 + Double(duration.components.attoseconds) / 1e15
+}

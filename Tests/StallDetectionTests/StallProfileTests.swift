@@ -1,0 +1,160 @@
+import Testing
+
+@testable import StallDetection
+
+/// The pure parts of the profile: counting, thinning, ordering, and the pace.
+@Suite("StallProfile (pure)")
+struct StallProfileTests {
+    /// A frame; one address per function and line, as in a real process.
+    static func frame(_ name: String?, line: Int? = nil, image: String = "App", uncertain: Bool = false) -> StackFrame {
+        let address =
+            0x1000 + UInt((name ?? "?").utf8.reduce(0) { $0 &* 31 &+ Int($1) } & 0xFFFF) * 0x1000
+            + UInt(line ?? 0)
+        return StackFrame(
+            address: address, function: name, file: name == nil ? nil : "/src/\(name!).swift", line: line, image: image,
+            isUncertain: uncertain)
+    }
+
+    /// A stack: `leaf` called from `main` called from `start_thread`.
+    static func stack(_ leaf: String, line: Int = 10) -> [StackFrame] {
+        [frame(leaf, line: line), frame("main", line: 3), frame("start_thread", image: "libc.so.6")]
+    }
+
+    @Test("600 samples in A then 300 in B: both shown, 2:1, callers in every sample")
+    func twoToOne() throws {
+        var recorder = ProfileRecorder(capacity: 10_000)
+        for index in 0..<900 { recorder.add(Self.stack(index < 600 ? "A" : "B"), at: Int64(index) * 1_000_000) }
+        let profile = recorder.profile(interval: 1_000_000)
+        #expect(profile.sampleCount == 900)
+        let a = try #require(profile.functions.first { $0.name == "A" })
+        let b = try #require(profile.functions.first { $0.name == "B" })
+        #expect(a.samples == 600 && b.samples == 300)
+        #expect(profile.functions.map(\.name) == ["main", "start_thread", "A", "B"])
+        #expect(profile.span == .milliseconds(899))
+        #expect(a.file == "/src/A.swift" && a.line == 10 && a.image == "App")
+    }
+
+    @Test("more than 500 samples: every second one goes, the stride doubles, shares stay, at most 500 kept")
+    func thinningKeepsShares() throws {
+        var recorder = ProfileRecorder()
+        // A for 2/3 of the samples, B for 1/3, interleaved over 5,000 samples.
+        for index in 0..<5_000 {
+            recorder.add(Self.stack(index % 3 == 2 ? "B" : "A"), at: Int64(index))
+            #expect(recorder.count <= StallProfile.maximumSampleCount)
+        }
+        let profile = recorder.profile(interval: 1)
+        #expect(profile.sampleCount <= 500 && profile.sampleCount >= 250)
+        #expect(recorder.stride >= 8)
+        let a = try #require(profile.functions.first { $0.name == "A" })
+        let b = try #require(profile.functions.first { $0.name == "B" })
+        #expect(a.samples + b.samples == profile.sampleCount)
+        let ratio = Double(a.samples) / Double(b.samples)
+        #expect(ratio > 1.7 && ratio < 2.3, "\(a.samples):\(b.samples)")
+        // Counts equal a recount of the samples kept.
+        #expect(profile.functions.first { $0.name == "main" }?.samples == profile.sampleCount)
+    }
+
+    @Test("the samples stay spread over the whole stall after thinning")
+    func thinningSpansTheStall() {
+        var recorder = ProfileRecorder(capacity: 100)
+        for index in 0..<1_000 { recorder.add(Self.stack("A"), at: Int64(index)) }
+        #expect(recorder.samples.first?.time == 0)
+        #expect((recorder.samples.last?.time ?? 0) >= 900)
+    }
+
+    @Test("a recursion counts once per sample; uncertain frames are ignored; the most frequent line is shown")
+    func recursionAndLines() throws {
+        var recorder = ProfileRecorder()
+        let recursion = (0..<200).map { _ in Self.frame("recurse", line: 7) }
+        recorder.add([Self.frame("leaf", line: 1)] + recursion + [Self.frame("junk", uncertain: true)], at: 0)
+        recorder.add([Self.frame("leaf", line: 2), Self.frame("recurse", line: 9)], at: 1)
+        recorder.add([Self.frame("leaf", line: 2), Self.frame("recurse", line: 9)], at: 2)
+        let profile = recorder.profile(interval: 1)
+        #expect(profile.functions.first { $0.name == "recurse" }?.samples == 3)
+        #expect(!profile.functions.contains { $0.name == "junk" })
+        #expect(profile.functions.first { $0.name == "leaf" }?.line == 2)
+        #expect(profile.functions.first { $0.name == "recurse" }?.line == 9)
+        // Equal counts: the callee first.
+        #expect(profile.functions.map(\.name) == ["leaf", "recurse"])
+    }
+
+    @Test("frames without symbols count per image, without file or line")
+    func unknownFrames() {
+        var recorder = ProfileRecorder()
+        recorder.add([Self.frame(nil, line: 4), Self.frame("main")], at: 0)
+        let unknown = recorder.profile(interval: 1).functions.first { $0.name == "<unknown>" }
+        #expect(unknown?.samples == 1 && unknown?.file == nil && unknown?.line == nil)
+    }
+
+    @Test("samples from before the stall began are dropped, and the counts with them")
+    func dropBeforeStart() {
+        var recorder = ProfileRecorder()
+        recorder.add(Self.stack("early"), at: 10)
+        recorder.add(Self.stack("A"), at: 20)
+        recorder.dropSamples(before: 15)
+        let profile = recorder.profile(interval: 1)
+        #expect(profile.sampleCount == 1)
+        #expect(!profile.functions.contains { $0.name == "early" })
+    }
+
+    @Test("the report: shares, file:line, callers in every sample summarised, at most 16 lines")
+    func description() {
+        var recorder = ProfileRecorder()
+        let callers = (0..<10).map { Self.frame("caller\($0)") }
+        for index in 0..<40 {
+            let leaf = index < 20 ? "A" : "leaf\(index)"
+            recorder.add([Self.frame(leaf, line: 5)] + callers, at: Int64(index) * 10_000_000)
+        }
+        let text = recorder.profile(interval: 10_000_000).description
+        #expect(text.contains("where the time went (40 samples over 0.390 s, one every 10.0 ms):"), "\(text)")
+        #expect(text.contains("  100.0 %  caller0 at /src/caller0.swift (App)"), "\(text)")
+        #expect(text.contains("… and 5 callers in every sample"), "\(text)")
+        #expect(text.contains("   50.0 %  A at /src/A.swift:5 (App)"), "\(text)")
+        #expect(text.contains("more functions"), "\(text)")
+        #expect(text.split(separator: "\n").count <= 19, "\(text)")
+        #expect(StallProfile.empty.description.contains("no samples"))
+    }
+
+    // MARK: The pace
+
+    @Test("cheap samples come every minimum interval, times the stride")
+    func cheapSamples() {
+        var pace = SamplingPace(minimumInterval: 5_000_000, budget: 0.01, burst: 2_000_000)
+        #expect(pace.sampled(start: 0, cost: 10_000, stride: 1) == (5_000_000, false))
+        #expect(pace.sampled(start: 5_000_000, cost: 10_000, stride: 4) == (25_000_000, false))
+    }
+
+    @Test("whatever samples cost, CPU spent stays within 1 % of the time plus the burst")
+    func budgetHolds() {
+        for cost in [Int64(1_000), 40_000, 300_000, 2_000_000, 30_000_000] {
+            var pace = SamplingPace(minimumInterval: 5_000_000, budget: 0.01, burst: 2_000_000)
+            var now: Int64 = 0
+            var spent: Int64 = 0
+            var samples = 0
+            let end: Int64 = 60_000_000_000
+            while now < end {
+                spent += cost
+                samples += 1
+                now = pace.next(now: pace.sampled(start: now, cost: cost, stride: 1).next)
+            }
+            #expect(Double(spent) <= 0.01 * Double(now) + 2_000_000 + Double(cost), "cost \(cost): \(spent) ns")
+            #expect(samples <= Int(end / 5_000_000) + 1)
+        }
+    }
+
+    @Test("one costly sample (a first symbolication) delays the next by what it owes, not 100 times its cost")
+    func costlyFirstSample() {
+        var pace = SamplingPace(minimumInterval: 5_000_000, budget: 0.01, burst: 2_000_000)
+        // 3 ms with 2 ms in the bucket: 1 ms owed, refilled in 100 ms.
+        #expect(pace.sampled(start: 0, cost: 3_000_000, stride: 1, typical: false) == (100_000_000, false))
+    }
+
+    @Test("a huge stride or cost saturates instead of trapping")
+    func extremes() {
+        var pace = SamplingPace()
+        _ = pace.sampled(start: 0, cost: .max, stride: .max)
+        #expect(pace.interval > 0)
+        _ = pace.sampled(start: .max / 2, cost: 0, stride: 1 << 62)
+        #expect(pace.interval > 0)
+    }
+}
