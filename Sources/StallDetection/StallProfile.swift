@@ -10,8 +10,10 @@
 /// ```
 ///
 /// On `.ended` the profile covers the whole stall, from the first sample after it
-/// began (the detector starts sampling once an answer is a little late, before the
-/// threshold is crossed) to its end; on `.started` it holds what was sampled so far.
+/// began (once a detector has reported a stall, it starts sampling as soon as an
+/// answer is a little late, before the threshold is crossed; its first stall is
+/// sampled from `.started` on) to its end; on `.started` it holds what was sampled
+/// so far.
 /// Each function counts the samples whose stack contains it (a recursion counts
 /// once per sample), so a function and its callers can all have most samples.
 ///

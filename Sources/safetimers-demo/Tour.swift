@@ -279,7 +279,8 @@ func stallSection() {
     }
     detector.stop()
     say("SafeTimers: .started named the function with file and line while it was still blocking, and the screen;")
-    say("            .ended gave the measured duration and where the time went: both steps, about 70:30.")
+    say("            .ended gave the measured duration and where the time went since it was detected: both steps,")
+    say("            0.45 s of decoding left and 0.3 s of filters, about 60:40 (later stalls: from their start).")
 }
 
 // MARK: - Fatal stalls
