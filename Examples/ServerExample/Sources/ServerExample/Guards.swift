@@ -34,7 +34,7 @@ struct WatchdogMiddleware: RouterMiddleware {
         _ request: Request, context: Context, next: (Request, Context) async throws -> Response
     ) async throws -> Response {
         let logger = context.logger
-        let timeout = timeout
+        let milliseconds = milliseconds
         let route = "\(request.method) \(request.uri.path)"
         return try await withWatchdog(
             timeout: timeout,
@@ -64,8 +64,8 @@ struct RequestTimeoutMiddleware: RouterMiddleware {
         _ request: Request, context: Context, next: (Request, Context) async throws -> Response
     ) async throws -> Response {
         let logger = context.logger
+        let milliseconds = milliseconds
         let channel = context.channel
-        let timeout = timeout
         let route = "\(request.method) \(request.uri.path)"
         let expiry = DelayedWork.schedule(after: timeout, on: .global()) {
             logger.error(
@@ -93,7 +93,7 @@ struct DispatchTimerGuardMiddleware: RouterMiddleware {
         _ request: Request, context: Context, next: (Request, Context) async throws -> Response
     ) async throws -> Response {
         let logger = context.logger
-        let timeout = timeout
+        let milliseconds = milliseconds
         let route = "\(request.method) \(request.uri.path)"
         let timer = DispatchSource.makeTimerSource(queue: .global())
         timer.schedule(deadline: .now() + .milliseconds(milliseconds))

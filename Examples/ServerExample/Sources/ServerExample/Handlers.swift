@@ -1,13 +1,13 @@
 #if canImport(Glibc)
-    import Glibc
+import Glibc
 #elseif canImport(Darwin)
-    import Darwin
+import Darwin
 #endif
 
-/// The work every benchmark route does: FNV-1a over `bytes` of data (about 25 µs
-/// for the default 24 KiB in a release build on the machine the README's table was
-/// measured on), so that a guard's cost is weighed against a request that does
-/// something.
+/// The work every benchmark route does: FNV-1a over `bytes` of data, one dependent
+/// step a byte (about 26 µs for the default 14 KiB in a release build on the 2-core
+/// machine the README's table was measured on), so that a guard's cost is weighed
+/// against a request that does something.
 @inline(never)
 func hashRequestWork(bytes: Int) -> UInt64 {
     var hash: UInt64 = 0xcbf2_9ce4_8422_2325

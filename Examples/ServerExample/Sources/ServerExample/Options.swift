@@ -11,12 +11,12 @@ struct ServerOptions: Sendable {
     /// How long a request may run before its connection is closed.
     var requestTimeoutMilliseconds = 5000
     /// The work of the benchmark routes: bytes hashed per request.
-    var workBytes = 24 * 1024
+    var workBytes = 14 * 1024
     var logLevel = Logger.Level.info
 
     static let usage = """
         usage: ServerExample [--host 127.0.0.1] [--port 8080] [--stall-threshold-ms 100]
-                             [--watchdog-ms 100] [--request-timeout-ms 5000] [--work-bytes 24576]
+                             [--watchdog-ms 100] [--request-timeout-ms 5000] [--work-bytes 14336]
                              [--log-level info]
         """
 
@@ -33,7 +33,9 @@ struct ServerOptions: Sendable {
             func number(in range: ClosedRange<Int>) throws(BadArgument) -> Int {
                 guard let number = Int(value), range.contains(number) else {
                     throw BadArgument(
-                        description: "\(name) must be a whole number in \(range.lowerBound)...\(range.upperBound), not '\(value)'")
+                        description:
+                            "\(name) must be a whole number in \(range.lowerBound)...\(range.upperBound), not '\(value)'"
+                    )
                 }
                 return number
             }
@@ -47,7 +49,8 @@ struct ServerOptions: Sendable {
             case "--log-level":
                 guard let level = Logger.Level(rawValue: value) else {
                     throw BadArgument(
-                        description: "--log-level must be one of \(Logger.Level.allCases.map(\.rawValue)), not '\(value)'")
+                        description:
+                            "--log-level must be one of \(Logger.Level.allCases.map(\.rawValue)), not '\(value)'")
                 }
                 logLevel = level
             default: throw BadArgument(description: "unknown option '\(name)'")

@@ -1,7 +1,7 @@
 // A Hummingbird 2 server guarded by SafeTimers. See README.md beside Package.swift.
 //
 //   swift run ServerExample [--host 127.0.0.1] [--port 8080] [--stall-threshold-ms 100]
-//       [--watchdog-ms 100] [--request-timeout-ms 5000] [--work-bytes 24576]
+//       [--watchdog-ms 100] [--request-timeout-ms 5000] [--work-bytes 14336]
 //
 // Routes:
 //   GET /                    what this server is
