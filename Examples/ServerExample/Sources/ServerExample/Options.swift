@@ -13,11 +13,14 @@ struct ServerOptions: Sendable {
     /// The work of the benchmark routes: bytes hashed per request.
     var workBytes = 14 * 1024
     var logLevel = Logger.Level.info
+    /// Where request handlers run: on the event loops (NIO's loops installed as Swift
+    /// concurrency's global executor) or on Swift concurrency's own cooperative pool.
+    var handlersOnEventLoops = true
 
     static let usage = """
         usage: ServerExample [--host 127.0.0.1] [--port 8080] [--stall-threshold-ms 100]
                              [--watchdog-ms 100] [--request-timeout-ms 5000] [--work-bytes 14336]
-                             [--log-level info]
+                             [--log-level info] [--executor eventloops|pool]
         """
 
     struct BadArgument: Error, CustomStringConvertible {
@@ -53,6 +56,11 @@ struct ServerOptions: Sendable {
                             "--log-level must be one of \(Logger.Level.allCases.map(\.rawValue)), not '\(value)'")
                 }
                 logLevel = level
+            case "--executor":
+                guard value == "eventloops" || value == "pool" else {
+                    throw BadArgument(description: "--executor must be 'eventloops' or 'pool', not '\(value)'")
+                }
+                handlersOnEventLoops = value == "eventloops"
             default: throw BadArgument(description: "unknown option '\(name)'")
             }
         }

@@ -2,6 +2,7 @@
 //
 //   swift run ServerExample [--host 127.0.0.1] [--port 8080] [--stall-threshold-ms 100]
 //       [--watchdog-ms 100] [--request-timeout-ms 5000] [--work-bytes 14336]
+//       [--log-level info] [--executor eventloops|pool]
 //
 // Routes:
 //   GET /                    what this server is
@@ -35,8 +36,12 @@ let logger = Logger(label: "ServerExample")
 // Request handlers run on the event loops: NIO's loops become Swift concurrency's
 // global executor (one thread hop less per request, as many NIO servers run). So a
 // handler that blocks, blocks a loop, and every connection on that loop with it.
-// Must happen before any task starts.
-if !NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor() {
+// Must happen before any task starts. (With `--executor pool`, handlers run on Swift
+// concurrency's cooperative pool, Hummingbird's default: a blocking handler then
+// blocks a pool thread, which these event-loop detectors do not watch.)
+if options.handlersOnEventLoops
+    && !NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
+{
     logger.warning("could not run Swift concurrency on the event loops; handlers run on the cooperative pool")
 }
 let eventLoops = MultiThreadedEventLoopGroup.singleton
@@ -63,7 +68,7 @@ router.group()
             return "spun \(spinEventLoopInSlowHandler(milliseconds: milliseconds))\n"
         }
         blockEventLoopInSlowHandler(milliseconds: milliseconds)
-        return "blocked an event loop for \(milliseconds) ms\n"
+        return "the /slow handler blocked its thread for \(milliseconds) ms\n"
     }
 
 // The benchmark's routes: the same work, each under exactly one guard.
