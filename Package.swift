@@ -19,14 +19,17 @@ let package = Package(
         .library(name: "SafeTimers", targets: ["SafeTimers"]),
         .library(name: "SafeTimersTesting", targets: ["SafeTimersTesting"]),
         .library(name: "StallDetection", targets: ["StallDetection"]),
-        // Opt-in: StallDetection events to swift-log and swift-metrics. The only
-        // product with dependencies; the others use the toolchain alone.
+        // Opt-in: StallDetection events to swift-log and swift-metrics, and a
+        // swift-service-lifecycle `Service` that runs detectors. The only product
+        // with dependencies; the others use the toolchain alone.
         .library(name: "StallDetectionReporting", targets: ["StallDetectionReporting"]),
         .executable(name: "safetimers-demo", targets: ["safetimers-demo"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        // StallDetectionReporting's `StallDetectionService` (a `ServiceGroup` member).
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         // Tests only: SafeTimersTesting drives async-algorithms' `debounce` on its clock.
         // (Dependencies used only by test targets are not fetched by users.)
         .package(url: "https://github.com/apple/swift-async-algorithms", from: "1.1.4"),
@@ -44,6 +47,7 @@ let package = Package(
                 "SafeTimers", "StallDetection",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         .executableTarget(
@@ -67,6 +71,7 @@ let package = Package(
                 "StallDetectionReporting",
                 .product(name: "InMemoryLogging", package: "swift-log"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
     ],

@@ -68,3 +68,7 @@ final class WallInteractor: Sendable { func fetchWallPosts() {} }
 let interactor = WallInteractor()
 let queue = DispatchQueue(label: "examples")
 let manualScheduler = ManualTimerScheduler()
+/// Stands in for a SwiftNIO `EventLoop` (`execute` has NIO's signature); the
+/// package does not depend on NIO.
+final class EventLoopStandIn: Sendable { func execute(_ task: @escaping @Sendable () -> Void) { task() } }
+let eventLoop = EventLoopStandIn()

@@ -74,7 +74,8 @@ def main(modules):
                     code = "\n".join(l for l in code.split("\n") if not l.startswith("import "))
                     examples.append((os.path.relpath(path, ROOT), line, code))
     out = [
-        "import Dispatch", "import Foundation", "import Logging", "import Synchronization", "import Testing",
+        "import Dispatch", "import Foundation", "import Logging", "import ServiceLifecycle", "import Synchronization",
+        "import Testing",
         *[f"import {module}" for module in modules], "",
     ]
     for index, (path, line, code) in enumerate(examples):

@@ -36,6 +36,9 @@ final class DetectorCore: Sendable {
     private let heartbeatTicks: Int64
     /// Where sampling and symbolication run; never the target.
     private let detectorQueue: DispatchQueue
+    /// Where a custom target's `post` is called: not the detector queue, so that a
+    /// `post` that blocks cannot delay the detection of the stall it causes.
+    private let postQueue: DispatchQueue
     private let sampling: SamplingContext
 
     private struct State {
@@ -52,6 +55,8 @@ final class DetectorCore: Sendable {
         var overdueTimeout: Int64 = 0
         var observer: RunLoopObserverHandle?
         var lastAnsweringThread: Int32?
+        /// A custom target's probe was posted and has neither run nor been released.
+        var customProbeOutstanding = false
         /// The last moments the detector saw the process run (answers, firings).
         var lastObservation: Int64
         var lastContinueSeen: Int64 = 0
@@ -98,6 +103,7 @@ final class DetectorCore: Sendable {
         self.thresholdTicks = Monotonic.nanoseconds(threshold)
         self.heartbeatTicks = max(1_000_000, Monotonic.nanoseconds(heartbeat))
         self.detectorQueue = DispatchQueue(label: "StallDetector", qos: .userInitiated)
+        self.postQueue = DispatchQueue(label: "StallDetector.post", qos: .userInitiated)
         self.sampling = SamplingContext()
         let now = Monotonic.now()
         self.state = Locked(State(tracker: StallTracker(threshold: thresholdTicks, now: now), lastObservation: now))
@@ -174,6 +180,14 @@ final class DetectorCore: Sendable {
         case .mainRunLoop: return
         case .mainQueue: queue = .main
         case .queue(let watched): queue = watched
+        case .custom(_, let post):
+            startPostedProbe(&state, now: now, post: post)
+            return
+        case .cooperativePool:
+            startPostedProbe(&state, now: now) { probe in
+                Task.detached(priority: .medium) { probe() }
+            }
+            return
         }
         let probe = RepeatingTimer(interval: heartbeat, missedTicks: .skip, queue: queue, scheduler: scheduler) {
             [weak self] in
@@ -183,6 +197,46 @@ final class DetectorCore: Sendable {
         state.tracker.probeSent(at: now + heartbeatTicks)
         probe.start()
         state.probe = probe
+    }
+
+    /// A probe that `post` hands to an executor: the timer's firing calls `post` on
+    /// the post queue, and the probe answers when it runs.
+    private func startPostedProbe(
+        _ state: inout State, now: Int64, post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void
+    ) {
+        let probe = RepeatingTimer(
+            interval: heartbeat, missedTicks: .skip, queue: postQueue, scheduler: scheduler
+        ) { [weak self] in
+            self?.postCustomProbe(post)
+        }
+        state.probeGridStart = now
+        state.tracker.probeSent(at: now + heartbeatTicks)
+        probe.start()
+        state.probe = probe
+    }
+
+    /// Hands a custom target's `post` a new probe, unless one is outstanding (on
+    /// the post queue, without the lock: `post` is the user's code).
+    private func postCustomProbe(_ post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
+        let posting = state.withLock { state -> Bool in
+            guard state.lifecycle == .running, !state.customProbeOutstanding else { return false }
+            state.customProbeOutstanding = true
+            return true
+        }
+        guard posting else { return }
+        let probe = CustomProbe { [weak self] thread in
+            self?.customProbeFinished(ranOn: thread)
+        }
+        // A block of its own, after this timer handler has returned: cancelling the
+        // timer waits for a handler under way, and `stop()` must not wait for `post`.
+        postQueue.async { post(probe.closure) }
+    }
+
+    /// A custom probe ran on `thread` (an answer), or was released without running
+    /// (nil: the next heartbeat posts another; the answer is still owed).
+    private func customProbeFinished(ranOn thread: Int32?) {
+        state.withLock { $0.customProbeOutstanding = false }
+        if let thread { record(answerAt: Monotonic.now(), thread: thread) }
     }
 
     /// The next probe after an answer at `time`: the next point of the timer's grid.
@@ -338,7 +392,7 @@ final class DetectorCore: Sendable {
         // second look); the main run loop's culprit is the main thread by definition.
         let confirmed =
             decision.second || decision.suppressed || !target.usesHeartbeat
-            || StackShape.runsJob(reported.frames)
+            || target.isConfirmed(by: reported)
         // 2. Emit.
         let events = state.withLock { state -> [StallEvent] in
             guard state.lifecycle == .running, var stall = state.open, stall.id == decision.id else { return [] }
@@ -354,10 +408,17 @@ final class DetectorCore: Sendable {
             stall.phase = .reported
             var events: [StallEvent] = []
             if !stall.suppressed {
-                events.append(
-                    makeEvent(
-                        id: stall.id, phase: .started, duration: decision.duration, backtrace: reported,
-                        sampling: samplingTime))
+                var started = makeEvent(
+                    id: stall.id, phase: .started, duration: decision.duration, backtrace: reported,
+                    sampling: samplingTime)
+                if case .cooperativePool = target {
+                    started.poolBacktraces =
+                        [reported]
+                        + samples.sorted { $0.key < $1.key }.map(\.value).filter {
+                            $0.threadID != reported.threadID
+                        }
+                }
+                events.append(started)
             }
             if let ended = stall.endedWhileSampling {
                 state.open = nil
@@ -389,5 +450,20 @@ extension StallDetector.Target {
     var usesHeartbeat: Bool {
         if case .mainRunLoop = self { return false }
         return true
+    }
+
+    /// Whether a first sample confirms a heartbeat target's stall at once: a
+    /// dispatch queue's by a thread running a job; a custom executor's by the
+    /// thread that last ran a probe doing anything but waiting for work.
+    func isConfirmed(by sample: StallBacktrace) -> Bool {
+        switch self {
+        case .cooperativePool:
+            sample.unavailableReason == nil && StackShape.runsSwiftJob(sample.frames)
+        case .custom:
+            sample.unavailableReason == nil
+                && !SamplingContext.isIdle(sample, thread: Int32(truncatingIfNeeded: sample.threadID ?? 0))
+        default:
+            StackShape.runsJob(sample.frames)
+        }
     }
 }

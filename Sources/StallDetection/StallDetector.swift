@@ -25,6 +25,10 @@ import SafeTimers
 ///   the main queue and the detector notes when it runs. Works with a run loop,
 ///   `dispatchMain()`, an async `main` and the `MainActor` alike.
 /// - ``Target/queue(_:)``: the same heartbeat on any serial queue.
+/// - ``Target/custom(name:post:)``: the same heartbeat on any executor (a SwiftNIO
+///   `EventLoop`, say): you post the probe, the detector does the rest.
+/// - ``Target/cooperativePool``: the same heartbeat as a detached task: a stall is
+///   every thread of Swift concurrency's pool blocked.
 ///
 /// ## What is reported
 /// A stall is reported once: `.started` as soon as the target has been blocked for
@@ -72,13 +76,74 @@ public final class StallDetector: Sendable {
         case mainQueue
         /// Any serial dispatch queue, by heartbeat.
         case queue(DispatchQueue)
+        /// Any executor, by heartbeat: every heartbeat the detector hands `post` a
+        /// probe, a tiny closure that `post` must arrange to run on the executor (a
+        /// SwiftNIO `EventLoop`, an actor's executor, a thread of your own). A stall
+        /// is a probe that has not run for `threshold`; the report samples the
+        /// thread that last ran a probe.
+        ///
+        /// ```swift
+        /// // One detector per SwiftNIO event loop:
+        /// let detector = StallDetector(
+        ///     target: .custom(name: "event loop 0") { probe in eventLoop.execute(probe) },
+        ///     threshold: .milliseconds(100))
+        /// detector.start()
+        /// ```
+        ///
+        /// `post` is called on a private queue of the detector, never while the
+        /// detector holds a lock, with at most one probe outstanding. What `post`
+        /// does with the probe cannot hurt the detector:
+        /// - run it later on the executor: the intended use;
+        /// - run it at once, inside `post`: the probe answers at once (an executor
+        ///   that runs work inline is never blocked);
+        /// - run it more than once: only the first run counts;
+        /// - drop it (release it without running it, as a shut-down event loop
+        ///   does): the next heartbeat posts a new one; an executor that runs none
+        ///   for `threshold` is reported as stalled;
+        /// - keep it without running it: counts as a stall, as a blocked executor
+        ///   would; a probe run after ``StallDetector/stop()`` does nothing and holds
+        ///   the detector only weakly;
+        /// - block inside `post`: the detection runs elsewhere, so the stall is
+        ///   reported all the same; no further probe is posted until `post` returns.
+        ///
+        /// A `post` call already under way when ``StallDetector/stop()`` is called
+        /// may still post one probe; it does nothing when it runs.
+        ///
+        /// - Parameters:
+        ///   - name: What the reports call the target (``StallEvent/target``).
+        ///   - post: Hands the probe to the executor.
+        case custom(name: String, post: @Sendable (_ probe: @escaping @Sendable () -> Void) -> Void)
+        /// Swift concurrency's global executor: a stall is new work that waits
+        /// longer than `threshold` to start because every thread of the pool is
+        /// blocked (a synchronous wait, a lock, a long computation inside a task).
+        ///
+        /// ```swift
+        /// let detector = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+        /// detector.start()
+        /// ```
+        ///
+        /// Every heartbeat the detector starts a tiny detached task of medium
+        /// priority (the default) and notes when it runs. At `.started` every thread
+        /// running a Swift job is sampled: ``StallEvent/poolBacktraces`` holds them
+        /// all (the blocked threads are the culprits) and ``StallEvent/backtrace`` is
+        /// the first. A pool busy with short tasks is not stalled: the probe runs
+        /// between them. A backlog of queued tasks longer than `threshold` delays new
+        /// work just as much, and is reported.
+        ///
+        /// On Linux each task priority has its own pool of as many threads as there
+        /// are cores: the probe watches the medium-priority pool, which runs `Task {}`
+        /// started outside any task, `Task.detached {}` and async `main`.
+        case cooperativePool
 
-        /// "main run loop", "main queue", or "queue '<label>'".
+        /// "main run loop", "main queue", "queue '<label>'", or a custom target's
+        /// name.
         public var description: String {
             switch self {
             case .mainRunLoop: "main run loop"
             case .mainQueue: "main queue"
             case .queue(let queue): "queue '\(queue.label)'"
+            case .custom(let name, _): name
+            case .cooperativePool: "cooperative pool"
             }
         }
     }

@@ -41,6 +41,10 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// How long sampling and symbolicating the stack took: a `.started` event is
     /// delivered that long after the stall was detected.
     public let samplingTime: Duration
+    /// For ``StallDetector/Target/cooperativePool``: at `.started`, the stack of
+    /// every thread that was running a Swift job (the blocked pool threads), the
+    /// one in ``backtrace`` first. Empty otherwise.
+    public internal(set) var poolBacktraces: [StallBacktrace] = []
 
     /// A readable multi-line report.
     public var description: String {

@@ -169,6 +169,24 @@ enum ThreadState {
         return state == "S" || state == "D"
     }
 
+    /// Whether the thread sleeps in `epoll_wait` (an event loop parked), by the
+    /// system call number in `/proc/self/task/TID/syscall`; false when unknown
+    /// (and on other platforms).
+    static func isInEventWait(thread: Int32) -> Bool {
+        #if os(Linux) && (arch(x86_64) || arch(arm64))
+        guard let line = ProcFile.read("/proc/self/task/\(thread)/syscall"),
+            let first = line.split(separator: " ").first, let number = Int(first)
+        else { return false }
+        #if arch(x86_64)
+        return number == 232 || number == 281 || number == 441
+        #else
+        return number == 22 || number == 441
+        #endif
+        #else
+        return false
+        #endif
+    }
+
     /// Whether the thread sleeps in `epoll_wait` (not, say, on a lock): the system
     /// call number in `/proc/self/task/TID/syscall`. Where the number is unknown,
     /// whether it sleeps at all.

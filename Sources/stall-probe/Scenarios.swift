@@ -18,6 +18,10 @@ func report(_ event: StallEvent) {
     emit("EVENT \(event.id) \(event.phase.rawValue) \(milliseconds(event.duration)) \(text)")
     if event.phase == .started {
         emit("SAMPLING \(milliseconds(event.samplingTime))")
+        if !event.poolBacktraces.isEmpty {
+            let naming = event.poolBacktraces.filter { "\($0)".contains("uniquelyNamedPoolBlocker") }
+            emit("POOLTHREADS \(event.poolBacktraces.count) \(naming.count)")
+        }
         for (index, frame) in event.backtrace.frames.enumerated() {
             let location = frame.file.map { "\($0):\(frame.line ?? 0)" } ?? "-"
             emit(
@@ -66,6 +70,17 @@ func uniquelyNamedQueueBlocker(_ ms: Int) {
     emit("REAL \(milliseconds(ContinuousClock.now - start))")
 }
 
+/// Blocks a thread of the cooperative pool (in a task) for `ms` milliseconds.
+@inline(never)
+func uniquelyNamedPoolBlocker(_ ms: Int) {
+    let start = ContinuousClock.now
+    while ContinuousClock.now - start < .milliseconds(ms) {
+        let left = Duration.milliseconds(ms) - (ContinuousClock.now - start)
+        usleep(UInt32(max(1, milliseconds(left) * 1000)))
+    }
+    emit("REAL \(milliseconds(ContinuousClock.now - start))")
+}
+
 @inline(never)
 func uniquelyNamedMainThreadBlocker(_ ms: Int) {
     let start = ContinuousClock.now
@@ -74,9 +89,12 @@ func uniquelyNamedMainThreadBlocker(_ ms: Int) {
     emit("REAL \(milliseconds(ContinuousClock.now - start))")
 }
 
-func watch(_ detector: StallDetector, endedCount: Int, then finish: @escaping @Sendable () -> Void) {
+func watch(
+    _ detector: StallDetector, endedCount: Int, priority: TaskPriority? = nil,
+    then finish: @escaping @Sendable () -> Void
+) {
     detector.start()
-    Task.detached {
+    Task.detached(priority: priority) {
         var ended = 0
         for await event in detector.events {
             report(event)

@@ -20,7 +20,7 @@ import StallDetection
 let arguments = CommandLine.arguments.dropFirst()
 guard let scenario = arguments.first else {
     print(
-        "usage: stall-probe queue|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
+        "usage: stall-probe queue|custom|pool|pool-busy|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
     )
     print("       stall-probe matrix <case> queue|main|mainqueue [ms]   cases: \(matrixCases.keys.sorted())")
     print("       stall-probe repeat <count> [ms]")
@@ -35,6 +35,53 @@ case "queue":
     watch(detector, endedCount: 1, then: finishAndExit(detector))
     queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(number) }
     dispatchMain()
+
+case "custom":
+    // A private serial queue watched as a custom executor: the detector posts its
+    // probe through the closure, as it would to a SwiftNIO event loop.
+    let queue = DispatchQueue(label: "probe.custom")
+    let detector = StallDetector(
+        target: .custom(name: "custom executor") { probe in queue.async(execute: probe) },
+        threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(number) }
+    dispatchMain()
+
+case "pool":
+    // Every thread of the cooperative pool (medium priority: as many as cores)
+    // blocked for `number` ms. Events are read by a high-priority task, which runs
+    // on another pool on Linux, so that they are printed while the stall lasts.
+    let detector = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, priority: .high, then: finishAndExit(detector))
+    let width = ProcessInfo.processInfo.activeProcessorCount
+    emit("WIDTH \(width)")
+    DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+        for _ in 0..<width { Task.detached(priority: .medium) { uniquelyNamedPoolBlocker(number) } }
+    }
+    dispatchMain()
+
+case "pool-busy":
+    // The pool busy with many short tasks (2 ms each, in rounds of 50) for
+    // `number` seconds, awaited from the main thread (not a pool thread).
+    let detector = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+    detector.start()
+    Task.detached(priority: .high) { for await event in detector.events { report(event) } }
+    let end = ContinuousClock.now + .seconds(number)
+    var rounds = 0
+    while ContinuousClock.now < end {
+        let group = DispatchGroup()
+        for _ in 0..<50 {
+            group.enter()
+            Task.detached(priority: .medium) {
+                usleep(2_000)
+                group.leave()
+            }
+        }
+        group.wait()
+        rounds += 1
+    }
+    emit("ROUNDS \(rounds)")
+    finishAndExit(detector)()
 
 case "runloop", "mainqueue-runloop":
     let detector = StallDetector(

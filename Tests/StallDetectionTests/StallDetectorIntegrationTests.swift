@@ -42,6 +42,32 @@ struct StallDetectorIntegrationTests {
         expectOneStall(try ProbeRun.run(["queue", "600"]), function: "uniquelyNamedQueueBlocker")
     }
 
+    @Test("a custom executor (a private serial queue behind `post`) blocked 600 ms: same bounds as a queue")
+    func customExecutor() throws {
+        let run = try ProbeRun.run(["custom", "600"])
+        expectOneStall(run, function: "uniquelyNamedQueueBlocker")
+        #expect(run.started.first?.report.contains("custom executor") == true)
+    }
+
+    @Test("every cooperative pool thread blocked 600 ms: started on time, each pool stack names the blocker")
+    func cooperativePoolBlocked() throws {
+        let run = try ProbeRun.run(["pool", "600"])
+        expectOneStall(run, function: "uniquelyNamedPoolBlocker")
+        let width = Int(run.value("WIDTH").first ?? 0)
+        #expect(width >= 1)
+        // POOLTHREADS <sampled> <naming the blocker>
+        let pool = run.value("POOLTHREADS").map { Int($0) }
+        #expect(pool.count == 2 && pool[0] >= width && pool[1] == width, "\(run.lines)")
+    }
+
+    @Test("the cooperative pool busy with short tasks (rounds of 50 × 2 ms for 3 s) produces no event")
+    func cooperativePoolBusy() throws {
+        let run = try ProbeRun.run(["pool-busy", "3"])
+        #expect(run.exitStatus == 0)
+        #expect(run.events.isEmpty, "\(run.lines)")
+        #expect((run.value("ROUNDS").first ?? 0) > 20, "the pool did work")
+    }
+
     @Test("the main run loop blocked 600 ms, timed by the run-loop observer")
     func mainRunLoop() throws {
         expectOneStall(try ProbeRun.run(["runloop", "600"]), function: "uniquelyNamedMainThreadBlocker")

@@ -1,0 +1,37 @@
+import CStallCapture
+
+/// One probe handed to a ``StallDetector/Target/custom(name:post:)`` target's
+/// `post` closure: it reports its first run, and its release without a run.
+///
+/// The user's code decides what happens to the closure that wraps it: it may run
+/// it on the executor (the intended use), run it inline inside `post`, run it
+/// twice, drop it, or keep it forever. `outcome` is called exactly once: with the
+/// running thread's id at the first run, or with nil when the probe is released
+/// without ever having run. It holds the detector weakly, so a kept probe keeps
+/// nothing alive but itself.
+final class CustomProbe: Sendable {
+    private let hasRun = Locked(false)
+    private let outcome: @Sendable (_ thread: Int32?) -> Void
+
+    init(outcome: @escaping @Sendable (_ thread: Int32?) -> Void) {
+        self.outcome = outcome
+    }
+
+    /// The closure handed to `post`.
+    var closure: @Sendable () -> Void {
+        { [self] in run() }
+    }
+
+    private func run() {
+        let first = hasRun.withLock { hasRun in
+            defer { hasRun = true }
+            return !hasRun
+        }
+        if first { outcome(stallcapture_current_tid()) }
+    }
+
+    deinit {
+        // The last reference is gone, so nothing runs concurrently.
+        if !hasRun.withLock({ $0 }) { outcome(nil) }
+    }
+}
