@@ -46,7 +46,9 @@ if options.handlersOnEventLoops
 }
 let eventLoops = MultiThreadedEventLoopGroup.singleton
 
-let stallDetectors = EventLoopStallDetectors(
+// One stall detector per event loop, run by the application's service group: they
+// start with the server and stop after it on graceful shutdown.
+let stallService = makeEventLoopStallService(
     group: eventLoops, threshold: .milliseconds(options.stallThresholdMilliseconds),
     logger: Logger(label: "ServerExample.stalls"))
 
@@ -86,9 +88,9 @@ router.group("bench")
 let app = Application(
     router: router,
     configuration: .init(address: .hostname(options.host, port: options.port), serverName: "ServerExample"),
+    services: [stallService],
     eventLoopGroupProvider: .shared(eventLoops),
     logger: logger
 )
 // Runs until SIGTERM or SIGINT, then shuts down gracefully.
 try await app.runService()
-stallDetectors.stop()
