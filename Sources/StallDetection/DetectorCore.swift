@@ -13,6 +13,12 @@ import SafeTimers
 ///   With nothing stalled, the detector costs one timer firing and one tiny block
 ///   per heartbeat: the engine re-arms the repeating timer itself, and a kick only
 ///   moves a deadline (the engine moves its entry lazily, once per threshold).
+/// - Posted probes (`.custom`, `.cooperativePool`): the timer's handler runs on a
+///   private post queue and hands the user's `post` (or `Task.detached`) a
+///   ``CustomProbe`` in a block of its own, at most one outstanding; the probe
+///   answers when it runs and frees the slot when it runs or is released unrun.
+///   `post` is never called under the lock nor inside the timer's handler (whose
+///   cancel waits for it), so a blocking `post` cannot block `stop()`.
 /// - The main run loop: a run-loop observer records each activity and kicks the
 ///   watchdog while the loop is busy.
 /// - When the watchdog fires, the detector's queue asks ``StopWitness`` whether the
@@ -56,7 +62,7 @@ final class DetectorCore: Sendable {
         var observer: RunLoopObserverHandle?
         var lastAnsweringThread: Int32?
         /// A custom target's probe was posted and has neither run nor been released.
-        var customProbeOutstanding = false
+        var postedProbeOutstanding = false
         /// The last moments the detector saw the process run (answers, firings).
         var lastObservation: Int64
         var lastContinueSeen: Int64 = 0
@@ -207,7 +213,7 @@ final class DetectorCore: Sendable {
         let probe = RepeatingTimer(
             interval: heartbeat, missedTicks: .skip, queue: postQueue, scheduler: scheduler
         ) { [weak self] in
-            self?.postCustomProbe(post)
+            self?.postProbe(post)
         }
         state.probeGridStart = now
         state.tracker.probeSent(at: now + heartbeatTicks)
@@ -215,17 +221,17 @@ final class DetectorCore: Sendable {
         state.probe = probe
     }
 
-    /// Hands a custom target's `post` a new probe, unless one is outstanding (on
+    /// Hands `post` a new probe, unless one is outstanding (on
     /// the post queue, without the lock: `post` is the user's code).
-    private func postCustomProbe(_ post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
+    private func postProbe(_ post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
         let posting = state.withLock { state -> Bool in
-            guard state.lifecycle == .running, !state.customProbeOutstanding else { return false }
-            state.customProbeOutstanding = true
+            guard state.lifecycle == .running, !state.postedProbeOutstanding else { return false }
+            state.postedProbeOutstanding = true
             return true
         }
         guard posting else { return }
         let probe = CustomProbe { [weak self] thread in
-            self?.customProbeFinished(ranOn: thread)
+            self?.postedProbeFinished(ranOn: thread)
         }
         // A block of its own, after this timer handler has returned: cancelling the
         // timer waits for a handler under way, and `stop()` must not wait for `post`.
@@ -234,8 +240,8 @@ final class DetectorCore: Sendable {
 
     /// A custom probe ran on `thread` (an answer), or was released without running
     /// (nil: the next heartbeat posts another; the answer is still owed).
-    private func customProbeFinished(ranOn thread: Int32?) {
-        state.withLock { $0.customProbeOutstanding = false }
+    private func postedProbeFinished(ranOn thread: Int32?) {
+        state.withLock { $0.postedProbeOutstanding = false }
         if let thread { record(answerAt: Monotonic.now(), thread: thread) }
     }
 

@@ -13,7 +13,13 @@ func milliseconds(_ duration: Duration) -> Double {
     DeadlineArithmetic.milliseconds(duration)
 }
 
+/// Monotonic milliseconds, for `BEGIN` and `RECEIVED` lines (detection latency).
+func monotonicMilliseconds() -> Double {
+    Double(DispatchTime.now().uptimeNanoseconds) / 1e6
+}
+
 func report(_ event: StallEvent) {
+    if event.phase == .started { emit("RECEIVED \(monotonicMilliseconds())") }
     let text = Data(String(describing: event).utf8).base64EncodedString()
     emit("EVENT \(event.id) \(event.phase.rawValue) \(milliseconds(event.duration)) \(text)")
     if event.phase == .started {
@@ -60,6 +66,7 @@ func contextSwitches() -> Int {
 /// tests look for in the reported stack.
 @inline(never)
 func uniquelyNamedQueueBlocker(_ ms: Int) {
+    emit("BEGIN \(monotonicMilliseconds())")
     let start = ContinuousClock.now
     // Sleep until the deadline, resuming after signals (the stack sample
     // interrupts a sleep, as any signal does).
@@ -73,6 +80,7 @@ func uniquelyNamedQueueBlocker(_ ms: Int) {
 /// Blocks a thread of the cooperative pool (in a task) for `ms` milliseconds.
 @inline(never)
 func uniquelyNamedPoolBlocker(_ ms: Int) {
+    emit("BEGIN \(monotonicMilliseconds())")
     let start = ContinuousClock.now
     while ContinuousClock.now - start < .milliseconds(ms) {
         let left = Duration.milliseconds(ms) - (ContinuousClock.now - start)

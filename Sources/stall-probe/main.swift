@@ -8,6 +8,8 @@
 //   CPU <user+system ms>      the detector process' CPU time at the end
 //   WAKEUPS <n> <seconds>     context switches of the whole process over the measurement
 //   SLEEP <result> <ms>       what a `usleep` in a stalled thread returned, and how long it took
+//   BEGIN <ms> / RECEIVED <ms> monotonic time a blocker began / a .started event was received
+//   WIDTH <n>, POOLTHREADS <sampled> <naming the blocker>, ROUNDS <n>   cooperative-pool scenarios
 //   BASE <hex>                the executable's load address (matrix runs)
 //   FRAME <i> <hex address> <inlined 0|1> <uncertain 0|1> <image> <file:line or ->
 //                             each frame of a .started event
@@ -20,7 +22,7 @@ import StallDetection
 let arguments = CommandLine.arguments.dropFirst()
 guard let scenario = arguments.first else {
     print(
-        "usage: stall-probe queue|custom|pool|pool-busy|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
+        "usage: stall-probe queue|custom|pool [ms [threads]]|pool-busy|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
     )
     print("       stall-probe matrix <case> queue|main|mainqueue [ms]   cases: \(matrixCases.keys.sorted())")
     print("       stall-probe repeat <count> [ms]")
@@ -55,9 +57,13 @@ case "pool":
     watch(detector, endedCount: 1, priority: .high, then: finishAndExit(detector))
     let width = ProcessInfo.processInfo.activeProcessorCount
     emit("WIDTH \(width)")
+    // A third argument blocks that many threads instead (fewer than the width: no
+    // stall, the probe runs on a free thread); the helper then ends after 2 s.
+    let blocked = arguments.dropFirst(2).first.flatMap { Int($0) } ?? width
     DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
-        for _ in 0..<width { Task.detached(priority: .medium) { uniquelyNamedPoolBlocker(number) } }
+        for _ in 0..<blocked { Task.detached(priority: .medium) { uniquelyNamedPoolBlocker(number) } }
     }
+    if blocked < width { DispatchQueue.main.asyncAfter(deadline: .now() + 2, execute: finishAndExit(detector)) }
     dispatchMain()
 
 case "pool-busy":
@@ -159,20 +165,27 @@ case "burn":
     blackHole(spins)
     exit(0)
 
-case "idle", "overhead":
+case "idle", "overhead", "overhead-custom", "overhead-pool":
     // A detector on an idle queue for `number` seconds (tests stop and continue
-    // this process meanwhile; the overhead measurement reads the CPU line).
+    // this process meanwhile; the overhead measurement reads the CPU line). The
+    // same queue behind `.custom`, or the idle cooperative pool, for the others.
     let queue = DispatchQueue(label: "probe.idle")
     // The default heartbeat unless a third argument sets one (milliseconds).
     let heartbeat = arguments.dropFirst(2).first.flatMap { Int($0) }.map { Duration.milliseconds($0) }
-    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), heartbeat: heartbeat)
+    let target: StallDetector.Target =
+        switch scenario {
+        case "overhead-custom": .custom(name: "idle custom") { probe in queue.async(execute: probe) }
+        case "overhead-pool": .cooperativePool
+        default: .queue(queue)
+        }
+    let detector = StallDetector(target: target, threshold: .milliseconds(250), heartbeat: heartbeat)
     detector.start()
     Task.detached { for await event in detector.events { report(event) } }
     emit("READY")
     emit("HEARTBEAT \(milliseconds(detector.heartbeat))")
     // The detector's one-time warm-up (symbol tables loaded, and freed again when the
     // dispatch worker that loaded them retires, about 5 s later) is not overhead.
-    if scenario == "overhead" { usleep(8_000_000) }
+    if scenario.hasPrefix("overhead") { usleep(8_000_000) }
     let before = cpuMilliseconds()
     let switchesBefore = contextSwitches()
     // One sleep for the whole measurement (a stop and continue restart it): the

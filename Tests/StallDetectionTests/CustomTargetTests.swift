@@ -15,220 +15,243 @@ func customTargetBlocker(_ ms: UInt32, thread: Locked<Int32>) {
 }
 
 /// `.custom(name:post:)`: the intended use on a private serial queue, then every
-/// hostile `post` we could think of. Real time, generous bounds; each test ends
+/// hostile `post` we could think of. Real time, generous bounds (the hostile
+/// cases also run under ThreadSanitizer, for their races); each test ends
 /// with `stop()` returning and the stream finishing, so a deadlock hangs the test
 /// (and a leak shows in the weak reference).
-@Suite(
-    "StallDetector .custom(name:post:)", .serialized,
-    .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
-struct CustomTargetTests {
-    /// Collects the events of `detector` until the stream ends.
-    final class Collector: Sendable {
-        let events = Locked<[StallEvent]>([])
-        let task: Task<Void, Never>
+/// Waits (really, up to 20 s) until `condition` holds: a loaded machine may take
+/// long to sample a first stall, and `stop()` drops a sample under way.
+func waitUntil(_ condition: () -> Bool) async {
+    let deadline = Monotonic.now() + 20_000_000_000
+    while !condition(), Monotonic.now() < deadline { try? await Task.sleep(for: .milliseconds(10)) }
+}
 
-        init(_ detector: StallDetector) {
-            let events = self.events
-            task = Task.detached {
-                for await event in detector.events { events.withLock { $0.append(event) } }
-            }
-        }
+// Nested in the serialized in-process suite: no other in-process detector runs
+// meanwhile (the stop witness's thread is counted there).
+extension StallDetectorInProcessTests {
+    @Suite("StallDetector .custom(name:post:)", .serialized)
+    struct CustomTargetTests {
+        /// Collects the events of `detector` until the stream ends.
+        final class Collector: Sendable {
+            let events = Locked<[StallEvent]>([])
+            let task: Task<Void, Never>
 
-        /// Waits (really) until the stream ended; returns every event.
-        func finish() async -> [StallEvent] {
-            await task.value
-            return events.withLock { $0 }
-        }
-
-        var snapshot: [StallEvent] { events.withLock { $0 } }
-    }
-
-    @Test("a private serial queue behind `post` blocked 400 ms: started naming the function and its thread, ended")
-    func privateSerialQueue() async {
-        // The blocking job runs right after a probe, in the same block, as a
-        // request handler runs on the event-loop thread that ran the last probe.
-        // (A plain queue's jobs move between worker threads: see the stall-probe
-        // "custom" scenario.)
-        let queue = DispatchQueue(label: "test.custom.serial")
-        let blockNext = Locked(false)
-        let blocked = Locked<Int32>(0)
-        let detector = StallDetector(
-            target: .custom(name: "private queue") { probe in
-                queue.async {
-                    probe()
-                    if blockNext.withLock({ value in
-                        defer { value = false }
-                        return value
-                    }) {
-                        customTargetBlocker(400, thread: blocked)
-                    }
+            init(_ detector: StallDetector) {
+                let events = self.events
+                task = Task.detached {
+                    for await event in detector.events { events.withLock { $0.append(event) } }
                 }
-            },
-            threshold: .milliseconds(100), heartbeat: .milliseconds(10))
-        let collector = Collector(detector)
-        detector.start()
-        usleep(100_000)
-        blockNext.withLock { $0 = true }
-        usleep(600_000)
-        detector.stop()
-        let events = await collector.finish()
-        #expect(events.map(\.phase) == [.started, .ended], "\(events)")
-        guard let started = events.first, let ended = events.last else { return }
-        #expect(started.target == "private queue")
-        #expect(started.description.contains("customTargetBlocker"), "\(started)")
-        #expect(started.backtrace.threadID == UInt64(UInt32(bitPattern: blocked.withLock { $0 })))
-        #expect(started.duration < .milliseconds(300), "detected after \(started.duration)")
-        #expect(ended.duration > .milliseconds(300) && ended.duration < .milliseconds(600), "\(ended.duration)")
-    }
+            }
 
-    @Test("a `post` that runs the probe inline, on the detector's thread: never a stall, stop returns")
-    func inlinePost() async {
-        let posts = Locked(0)
-        let detector = StallDetector(
-            target: .custom(name: "inline") { probe in
-                posts.withLock { $0 += 1 }
-                probe()
-                probe()  // and again: only the first run counts
-            },
-            threshold: .milliseconds(20), heartbeat: .milliseconds(5))
-        let collector = Collector(detector)
-        detector.start()
-        usleep(300_000)
-        detector.stop()
-        #expect(await collector.finish().isEmpty)
-        #expect(posts.withLock { $0 } > 10)
-    }
+            /// Waits (really) until the stream ended; returns every event.
+            func finish() async -> [StallEvent] {
+                await task.value
+                return events.withLock { $0 }
+            }
 
-    @Test("a `post` that runs each probe twice, later: one answer each, a real stall still reported once")
-    func runTwice() async {
-        let queue = DispatchQueue(label: "test.custom.twice")
-        let detector = StallDetector(
-            target: .custom(name: "twice") { probe in
-                queue.async(execute: probe)
-                queue.asyncAfter(deadline: .now() + 0.05, execute: probe)
-            },
-            threshold: .milliseconds(100), heartbeat: .milliseconds(10))
-        let collector = Collector(detector)
-        detector.start()
-        usleep(100_000)
-        let blocked = Locked<Int32>(0)
-        queue.sync { customTargetBlocker(300, thread: blocked) }
-        usleep(150_000)
-        detector.stop()
-        let events = await collector.finish()
-        #expect(events.map(\.phase) == [.started, .ended], "\(events)")
-    }
+            var snapshot: [StallEvent] { events.withLock { $0 } }
+        }
 
-    @Test("a `post` that drops every probe: re-posted each heartbeat, reported as one stall, stop returns")
-    func dropEveryProbe() async {
-        let posts = Locked(0)
-        let detector = StallDetector(
-            target: .custom(name: "dropping") { _ in posts.withLock { $0 += 1 } },
-            threshold: .milliseconds(50), heartbeat: .milliseconds(10))
-        let collector = Collector(detector)
-        detector.start()
-        usleep(400_000)
-        detector.stop()
-        let events = await collector.finish()
-        #expect(events.map(\.phase) == [.started], "\(events)")
-        #expect(events.first?.backtrace.unavailableReason?.contains("no probe has run yet") == true)
-        // One post a heartbeat (40 in 400 ms), not a flood.
-        let count = posts.withLock { $0 }
-        #expect(count >= 5 && count <= 60, "\(count) posts")
-    }
-
-    @Test("a `post` that keeps every probe: one post, one stall; probes run after stop do nothing, keep nothing alive")
-    func keepForever() async {
-        let kept = Locked<[@Sendable () -> Void]>([])
-        weak var weakDetector: StallDetector?
-        do {
+        @Test(
+            "a private serial queue behind `post` blocked 400 ms: started naming the function and its thread, ended",
+            .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
+        func privateSerialQueue() async {
+            // The blocking job runs right after a probe, in the same block, as a
+            // request handler runs on the event-loop thread that ran the last probe.
+            // (A plain queue's jobs move between worker threads: see the stall-probe
+            // "custom" scenario.)
+            let queue = DispatchQueue(label: "test.custom.serial")
+            let blockNext = Locked(false)
+            let blocked = Locked<Int32>(0)
             let detector = StallDetector(
-                target: .custom(name: "hoarder") { probe in kept.withLock { $0.append(probe) } },
-                threshold: .milliseconds(50), heartbeat: .milliseconds(10))
-            weakDetector = detector
+                target: .custom(name: "private queue") { probe in
+                    queue.async {
+                        probe()
+                        if blockNext.withLock({ value in
+                            defer { value = false }
+                            return value
+                        }) {
+                            customTargetBlocker(400, thread: blocked)
+                        }
+                    }
+                },
+                threshold: .milliseconds(100), heartbeat: .milliseconds(10))
+            let collector = Collector(detector)
+            detector.start()
+            usleep(100_000)
+            blockNext.withLock { $0 = true }
+            await waitUntil { collector.snapshot.count >= 2 }
+            detector.stop()
+            let events = await collector.finish()
+            #expect(events.map(\.phase) == [.started, .ended], "\(events)")
+            guard let started = events.first, let ended = events.last else { return }
+            #expect(started.target == "private queue")
+            #expect(started.description.contains("customTargetBlocker"), "\(started)")
+            #expect(started.backtrace.threadID == UInt64(UInt32(bitPattern: blocked.withLock { $0 })))
+            #expect(started.duration >= .milliseconds(100), "detected after \(started.duration)")
+            #expect(ended.duration > .milliseconds(300) && ended.duration < .milliseconds(700), "\(ended.duration)")
+        }
+
+        @Test("a `post` that runs the probe inline, on the detector's thread: never a stall, stop returns")
+        func inlinePost() async {
+            let posts = Locked(0)
+            let detector = StallDetector(
+                target: .custom(name: "inline") { probe in
+                    posts.withLock { $0 += 1 }
+                    probe()
+                    probe()  // and again: only the first run counts
+                },
+                threshold: .milliseconds(20), heartbeat: .milliseconds(5))
             let collector = Collector(detector)
             detector.start()
             usleep(300_000)
             detector.stop()
+            #expect(await collector.finish().isEmpty)
+            #expect(posts.withLock { $0 } > 10)
+        }
+
+        @Test(
+            "a `post` that runs each probe twice, later: one answer each, a real stall still reported once",
+            .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
+        func runTwice() async {
+            let queue = DispatchQueue(label: "test.custom.twice")
+            let detector = StallDetector(
+                target: .custom(name: "twice") { probe in
+                    queue.async(execute: probe)
+                    queue.asyncAfter(deadline: .now() + 0.05, execute: probe)
+                },
+                threshold: .milliseconds(100), heartbeat: .milliseconds(10))
+            let collector = Collector(detector)
+            detector.start()
+            usleep(100_000)
+            let blocked = Locked<Int32>(0)
+            queue.sync { customTargetBlocker(300, thread: blocked) }
+            await waitUntil { collector.snapshot.count >= 2 }
+            usleep(100_000)
+            detector.stop()
+            let events = await collector.finish()
+            #expect(events.map(\.phase) == [.started, .ended], "\(events)")
+        }
+
+        @Test(
+            "a `post` that drops every probe: re-posted each heartbeat, reported as one stall, stop returns",
+            .disabled(if: underThreadSanitizer, "the first sample outlasts the test under ThreadSanitizer"))
+        func dropEveryProbe() async {
+            let posts = Locked(0)
+            let detector = StallDetector(
+                target: .custom(name: "dropping") { _ in posts.withLock { $0 += 1 } },
+                threshold: .milliseconds(50), heartbeat: .milliseconds(10))
+            let collector = Collector(detector)
+            detector.start()
+            usleep(400_000)
+            await waitUntil { !collector.snapshot.isEmpty }
+            detector.stop()
+            let events = await collector.finish()
+            #expect(events.map(\.phase) == [.started], "\(events)")
+            #expect(events.first?.backtrace.unavailableReason?.contains("no probe has run yet") == true)
+            // One post a heartbeat (40 in 400 ms), not a flood.
+            let count = posts.withLock { $0 }
+            #expect(count >= 5 && count <= 60, "\(count) posts")
+        }
+
+        @Test(
+            "a `post` that keeps every probe: one post, one stall; probes run after stop do nothing, keep nothing alive"
+        )
+        func keepForever() async {
+            let kept = Locked<[@Sendable () -> Void]>([])
+            weak var weakDetector: StallDetector?
+            do {
+                let detector = StallDetector(
+                    target: .custom(name: "hoarder") { probe in kept.withLock { $0.append(probe) } },
+                    threshold: .milliseconds(50), heartbeat: .milliseconds(10))
+                weakDetector = detector
+                let collector = Collector(detector)
+                detector.start()
+                await waitUntil { !collector.snapshot.isEmpty }
+                usleep(100_000)
+                detector.stop()
+                let events = await collector.finish()
+                #expect(events.map(\.phase) == [.started], "\(events)")
+            }
+            #expect(weakDetector == nil)
+            #expect(kept.withLock { $0.count } == 1, "one probe outstanding at a time")
+            for probe in kept.withLock({ $0 }) { probe() }
+            kept.withLock { $0.removeAll() }
+        }
+
+        @Test(
+            "a `post` that blocks until released: the stall is reported meanwhile, stop does not wait for `post`",
+            .disabled(if: underThreadSanitizer, "the first sample outlasts the test under ThreadSanitizer"))
+        func blockingPost() async {
+            let gate = DispatchSemaphore(value: 0)
+            let queue = DispatchQueue(label: "test.custom.blocking")
+            let detector = StallDetector(
+                target: .custom(name: "blocking post") { probe in
+                    gate.wait()
+                    queue.async(execute: probe)
+                },
+                threshold: .milliseconds(50), heartbeat: .milliseconds(10))
+            let collector = Collector(detector)
+            detector.start()
+            await waitUntil { !collector.snapshot.isEmpty }
+            #expect(collector.snapshot.map(\.phase) == [.started])
+            let stopped = Monotonic.now()
+            detector.stop()
+            #expect(Monotonic.now() - stopped < 200_000_000, "stop did not wait for `post`")
+            gate.signal()
             let events = await collector.finish()
             #expect(events.map(\.phase) == [.started], "\(events)")
         }
-        #expect(weakDetector == nil)
-        #expect(kept.withLock { $0.count } == 1, "one probe outstanding at a time")
-        for probe in kept.withLock({ $0 }) { probe() }
-        kept.withLock { $0.removeAll() }
-    }
 
-    @Test("a `post` that blocks until released: the stall is reported meanwhile, stop does not wait for `post`")
-    func blockingPost() async {
-        let gate = DispatchSemaphore(value: 0)
-        let queue = DispatchQueue(label: "test.custom.blocking")
-        let detector = StallDetector(
-            target: .custom(name: "blocking post") { probe in
-                gate.wait()
-                queue.async(execute: probe)
-            },
-            threshold: .milliseconds(50), heartbeat: .milliseconds(10))
-        let collector = Collector(detector)
-        detector.start()
-        usleep(300_000)
-        #expect(collector.snapshot.map(\.phase) == [.started])
-        let stopped = Monotonic.now()
-        detector.stop()
-        #expect(Monotonic.now() - stopped < 200_000_000, "stop did not wait for `post`")
-        gate.signal()
-        let events = await collector.finish()
-        #expect(events.map(\.phase) == [.started], "\(events)")
-    }
+        @Test("a `post` that stops the detector from inside: no deadlock, the stream ends")
+        func stopInsidePost() async {
+            let holder = Locked<StallDetector?>(nil)
+            let detector = StallDetector(
+                target: .custom(name: "self-stopping") { probe in
+                    holder.withLock { $0 }?.stop()
+                    probe()
+                },
+                threshold: .milliseconds(50), heartbeat: .milliseconds(10))
+            holder.withLock { $0 = detector }
+            let collector = Collector(detector)
+            detector.start()
+            #expect(await collector.finish().isEmpty)
+            holder.withLock { $0 = nil }
+        }
 
-    @Test("a `post` that stops the detector from inside: no deadlock, the stream ends")
-    func stopInsidePost() async {
-        let holder = Locked<StallDetector?>(nil)
-        let detector = StallDetector(
-            target: .custom(name: "self-stopping") { probe in
-                holder.withLock { $0 }?.stop()
-                probe()
-            },
-            threshold: .milliseconds(50), heartbeat: .milliseconds(10))
-        holder.withLock { $0 = detector }
-        let collector = Collector(detector)
-        detector.start()
-        #expect(await collector.finish().isEmpty)
-        holder.withLock { $0 = nil }
-    }
-
-    @Test("an idle event-loop thread parked in epoll_wait is recognised as idle")
-    func epollWaitIsIdle() throws {
-        #if os(Linux)
-        let epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
-        let wake = eventfd(0, Int32(EFD_CLOEXEC))
-        defer {
-            close(epoll)
-            close(wake)
+        @Test("an idle event-loop thread parked in epoll_wait is recognised as idle")
+        func epollWaitIsIdle() throws {
+            #if os(Linux)
+            let epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
+            let wake = eventfd(0, Int32(EFD_CLOEXEC))
+            defer {
+                close(epoll)
+                close(wake)
+            }
+            var event = epoll_event()
+            event.events = EPOLLIN.rawValue
+            event.data.fd = wake
+            epoll_ctl(epoll, EPOLL_CTL_ADD, wake, &event)
+            let tid = Locked<Int32>(0)
+            let loop = Thread {
+                tid.withLock { $0 = stallcapture_current_tid() }
+                var ready = epoll_event()
+                _ = epoll_wait(epoll, &ready, 1, -1)
+            }
+            loop.start()
+            while tid.withLock({ $0 }) == 0 || !ThreadState.isInEventWait(thread: tid.withLock { $0 }) {
+                usleep(1_000)
+            }
+            let context = SamplingContext()
+            let sample = context.backtrace(of: tid.withLock { $0 })
+            let confirmed = StallDetector.Target.custom(name: "loop") { _ in }.isConfirmed(by: sample)
+            let idle = SamplingContext.isIdle(sample, thread: tid.withLock { $0 })
+            var one: UInt64 = 1
+            _ = write(wake, &one, 8)
+            #expect(sample.unavailableReason == nil)
+            #expect(idle, "\(sample)")
+            #expect(!confirmed)
+            #endif
         }
-        var event = epoll_event()
-        event.events = EPOLLIN.rawValue
-        event.data.fd = wake
-        epoll_ctl(epoll, EPOLL_CTL_ADD, wake, &event)
-        let tid = Locked<Int32>(0)
-        let loop = Thread {
-            tid.withLock { $0 = stallcapture_current_tid() }
-            var ready = epoll_event()
-            _ = epoll_wait(epoll, &ready, 1, -1)
-        }
-        loop.start()
-        while tid.withLock({ $0 }) == 0 || !ThreadState.isWaitingInEpoll(thread: tid.withLock { $0 }) {
-            usleep(1_000)
-        }
-        let context = SamplingContext()
-        let sample = context.backtrace(of: tid.withLock { $0 })
-        let confirmed = StallDetector.Target.custom(name: "loop") { _ in }.isConfirmed(by: sample)
-        let idle = SamplingContext.isIdle(sample, thread: tid.withLock { $0 })
-        var one: UInt64 = 1
-        _ = write(wake, &one, 8)
-        #expect(sample.unavailableReason == nil)
-        #expect(idle, "\(sample)")
-        #expect(!confirmed)
-        #endif
     }
 }

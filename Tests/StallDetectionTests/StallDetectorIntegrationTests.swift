@@ -60,6 +60,15 @@ struct StallDetectorIntegrationTests {
         #expect(pool.count == 2 && pool[0] >= width && pool[1] == width, "\(run.lines)")
     }
 
+    @Test("all but one cooperative pool thread blocked 600 ms: new work still runs, no event")
+    func cooperativePoolPartlyBlocked() throws {
+        let run = try ProbeRun.run(["pool", "600", "1"])
+        #expect(run.exitStatus == 0)
+        #expect(Int(run.value("WIDTH").first ?? 0) >= 2, "needs a pool of 2 threads or more")
+        #expect(run.realMilliseconds.count == 1, "the blocker ran")
+        #expect(run.events.isEmpty, "\(run.lines)")
+    }
+
     @Test("the cooperative pool busy with short tasks (rounds of 50 × 2 ms for 3 s) produces no event")
     func cooperativePoolBusy() throws {
         let run = try ProbeRun.run(["pool-busy", "3"])
@@ -172,6 +181,12 @@ struct StallDetectorInProcessTests {
         #expect(ProcessFacts.threads().contains { $0.name == "StallStopWitnes" })
         detector.stop()
         detector.stop()  // idempotent
+        // The witness goes with the last detector: other suites' detectors, which
+        // run in parallel, may keep it a moment longer (a leak keeps it forever).
+        let deadline = Monotonic.now() + 20_000_000_000
+        while ProcessFacts.threads().contains(where: { $0.name == "StallStopWitnes" }), Monotonic.now() < deadline {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
         #expect(!ProcessFacts.threads().contains { $0.name == "StallStopWitnes" || $0.name == "StallDetector" })
         var count = 0
         for await _ in detector.events { count += 1 }
