@@ -64,12 +64,15 @@ router.group()
         "SafeTimers server example. Try /slow (blocks an event loop: see the stall report in the log).\n"
     }
     .get("/hash") { _, _ in "\(hashRequestWork(bytes: workBytes))\n" }
-    .get("/slow") { request, _ in
+    .get("/slow") { request, context in
         let milliseconds = request.uri.queryParameters.get("ms", as: Int.self) ?? 400
         if request.uri.queryParameters.get("mode") == "spin" {
-            return "spun \(spinEventLoopInSlowHandler(milliseconds: milliseconds))\n"
+            let hash = spinEventLoopInSlowHandler(milliseconds: milliseconds)
+            context.logger.info("the /slow handler returned after \(milliseconds) ms")
+            return "spun \(hash)\n"
         }
         blockEventLoopInSlowHandler(milliseconds: milliseconds)
+        context.logger.info("the /slow handler returned after \(milliseconds) ms")
         return "the /slow handler blocked its thread for \(milliseconds) ms\n"
     }
 
