@@ -80,7 +80,10 @@ public final class StallDetector: Sendable {
         /// probe, a tiny closure that `post` must arrange to run on the executor (a
         /// SwiftNIO `EventLoop`, an actor's executor, a thread of your own). A stall
         /// is a probe that has not run for `threshold`; the report samples the
-        /// thread that last ran a probe.
+        /// thread that last ran a probe. If that thread is waiting for work when
+        /// the stall is detected (a dispatch queue's jobs move between worker
+        /// threads), the first thread seen running a dispatch job is sampled
+        /// instead; before any probe has run, the stack is "unavailable".
         ///
         /// ```swift
         /// // One detector per SwiftNIO event loop:

@@ -21,12 +21,26 @@ func serviceTestBlocker(_ ms: UInt32) {
 /// shutdown hangs the test rather than passing it.
 @Suite("StallDetectionService in a ServiceGroup", .serialized)
 struct StallDetectionServiceTests {
-    /// A detector on a private queue, and a way to block that queue.
-    func makeDetector() -> (StallDetector, DispatchQueue) {
+    /// A detector on a private queue behind `.custom`, and a switch that makes the
+    /// queue's next probe block it for 400 ms (the probe's thread is then the
+    /// blocked one, so the first sample confirms the stall however busy the test
+    /// process is).
+    func makeDetector() -> (StallDetector, Locked<Bool>) {
         let queue = DispatchQueue(label: "test.service")
-        return (
-            StallDetector(target: .queue(queue), threshold: .milliseconds(100), heartbeat: .milliseconds(10)), queue
-        )
+        let blockNext = Locked(false)
+        let detector = StallDetector(
+            target: .custom(name: "service test queue") { probe in
+                queue.async {
+                    probe()
+                    let block = blockNext.withLock { value in
+                        defer { value = false }
+                        return value
+                    }
+                    if block { serviceTestBlocker(400) }
+                }
+            },
+            threshold: .milliseconds(100), heartbeat: .milliseconds(10))
+        return (detector, blockNext)
     }
 
     @Test(
@@ -34,24 +48,40 @@ struct StallDetectionServiceTests {
         .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
     func gracefulShutdown() async throws {
         let logs = InMemoryLogHandler()
-        let (detector, queue) = makeDetector()
+        let (detector, blockNext) = makeDetector()
         let service = StallDetectionService(
             detector: detector, reporter: StallReporter(logger: Logger(label: "stalls", factory: { _ in logs })))
         let group = ServiceGroup(services: [service], logger: Logger(label: "group", factory: { _ in logs }))
         let running = Task { try await group.run() }
         try await Task.sleep(for: .milliseconds(100))
-        queue.async { serviceTestBlocker(400) }
+        blockNext.withLock { $0 = true }
         // Until the stall has ended and been logged (a loaded machine may take long
         // to sample a first stall; shutting down drops a sample under way).
         let deadline = ContinuousClock.now + .seconds(20)
-        while !logs.entries.contains(where: { $0.metadata["stall.phase"] == "ended" }), ContinuousClock.now < deadline {
+        func blockerStallEnded() -> Bool {
+            let entries = logs.entries
+            guard
+                let id = entries.first(where: { $0.message.description.contains("serviceTestBlocker") })?
+                    .metadata["stall.id"]
+            else { return false }
+            return entries.contains { $0.level == .notice && $0.metadata["stall.id"] == id }
+        }
+        while !blockerStallEnded(), ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(10))
         }
         await group.triggerGracefulShutdown()
         try await running.value
-        let stalls = logs.entries.filter { $0.metadata["stall.phase"] != nil }
-        #expect(stalls.map(\.level) == [.warning, .notice], "\(logs.entries)")
-        #expect(stalls.first?.message.description.contains("serviceTestBlocker") == true)
+        // The blocker's stall: a warning naming it, then a notice with its id (a
+        // starved parallel test run may add short stalls of its own).
+        let warning = logs.entries.first {
+            $0.level == .warning && $0.message.description.contains("serviceTestBlocker")
+        }
+        #expect(warning?.metadata["stall.target"] == "service test queue", "\(logs.entries)")
+        #expect(
+            logs.entries.contains {
+                $0.level == .notice && $0.metadata["stall.id"] != nil
+                    && $0.metadata["stall.id"] == warning?.metadata["stall.id"]
+            })
         // The detector was stopped: its stream has ended and a second run returns at once.
         var after = 0
         for await _ in detector.events { after += 1 }
