@@ -1,0 +1,99 @@
+// A Hummingbird 2 server guarded by SafeTimers. See README.md beside Package.swift.
+//
+//   swift run ServerExample [--host 127.0.0.1] [--port 8080] [--stall-threshold-ms 100]
+//       [--watchdog-ms 100] [--request-timeout-ms 5000] [--work-bytes 14336]
+//       [--log-level info] [--executor eventloops|pool]
+//
+// Routes:
+//   GET /                    what this server is
+//   GET /slow?ms=400         blocks its event loop (mode=sleep, the default, or mode=spin)
+//   GET /hash                the per-request work, under both guards
+//   GET /bench/plain         the work, unguarded           } the routes bench.sh
+//   GET /bench/watchdog      under withWatchdog            } compares: each has
+//   GET /bench/delayed       under a DelayedWork timeout   } exactly one guard
+//   GET /bench/gcd           under a DispatchSourceTimer   }
+
+import Hummingbird
+import Logging
+import NIOCore
+import NIOPosix
+
+let options: ServerOptions
+do {
+    options = try ServerOptions(arguments: Array(CommandLine.arguments.dropFirst()))
+} catch {
+    print("ServerExample: \(error)\n\n\(ServerOptions.usage)")
+    exit(2)
+}
+
+LoggingSystem.bootstrap { label in
+    var handler = StreamLogHandler.standardOutput(label: label)
+    handler.logLevel = options.logLevel
+    return handler
+}
+let logger = Logger(label: "ServerExample")
+
+// Request handlers run on the event loops: NIO's loops become Swift concurrency's
+// global executor (one thread hop less per request, as many NIO servers run). So a
+// handler that blocks, blocks a loop, and every connection on that loop with it.
+// Must happen before any task starts. (With `--executor pool`, handlers run on Swift
+// concurrency's cooperative pool, Hummingbird's default: a blocking handler then
+// blocks a pool thread, which these event-loop detectors do not watch.)
+if options.handlersOnEventLoops
+    && !NIOSingletons.unsafeTryInstallSingletonPosixEventLoopGroupAsConcurrencyGlobalExecutor()
+{
+    logger.warning("could not run Swift concurrency on the event loops; handlers run on the cooperative pool")
+}
+let eventLoops = MultiThreadedEventLoopGroup.singleton
+
+// One stall detector per event loop, run by the application's service group: they
+// start with the server and stop after it on graceful shutdown.
+let stallService = makeEventLoopStallService(
+    group: eventLoops, threshold: .milliseconds(options.stallThresholdMilliseconds),
+    logger: Logger(label: "ServerExample.stalls"))
+
+let router = Router(context: ServerContext.self)
+let workBytes = options.workBytes
+
+// The application's routes: every request is guarded by a watchdog that logs slow
+// routes and by a hard request timeout.
+router.group()
+    .add(middleware: WatchdogMiddleware(milliseconds: options.watchdogMilliseconds))
+    .add(middleware: RequestTimeoutMiddleware(milliseconds: options.requestTimeoutMilliseconds))
+    .get("/") { _, _ in
+        "SafeTimers server example. Try /slow (blocks an event loop: see the stall report in the log).\n"
+    }
+    .get("/hash") { _, _ in "\(hashRequestWork(bytes: workBytes))\n" }
+    .get("/slow") { request, context in
+        let milliseconds = request.uri.queryParameters.get("ms", as: Int.self) ?? 400
+        if request.uri.queryParameters.get("mode") == "spin" {
+            let hash = spinEventLoopInSlowHandler(milliseconds: milliseconds)
+            context.logger.info("the /slow handler returned after \(milliseconds) ms")
+            return "spun \(hash)\n"
+        }
+        blockEventLoopInSlowHandler(milliseconds: milliseconds)
+        context.logger.info("the /slow handler returned after \(milliseconds) ms")
+        return "the /slow handler blocked its thread for \(milliseconds) ms\n"
+    }
+
+// The benchmark's routes: the same work, each under exactly one guard.
+router.group("bench").get("plain") { _, _ in "\(hashRequestWork(bytes: workBytes))\n" }
+router.group("bench")
+    .add(middleware: WatchdogMiddleware(milliseconds: options.watchdogMilliseconds))
+    .get("watchdog") { _, _ in "\(hashRequestWork(bytes: workBytes))\n" }
+router.group("bench")
+    .add(middleware: RequestTimeoutMiddleware(milliseconds: options.requestTimeoutMilliseconds))
+    .get("delayed") { _, _ in "\(hashRequestWork(bytes: workBytes))\n" }
+router.group("bench")
+    .add(middleware: DispatchTimerGuardMiddleware(milliseconds: options.watchdogMilliseconds))
+    .get("gcd") { _, _ in "\(hashRequestWork(bytes: workBytes))\n" }
+
+let app = Application(
+    router: router,
+    configuration: .init(address: .hostname(options.host, port: options.port), serverName: "ServerExample"),
+    services: [stallService],
+    eventLoopGroupProvider: .shared(eventLoops),
+    logger: logger
+)
+// Runs until SIGTERM or SIGINT, then shuts down gracefully.
+try await app.runService()
