@@ -127,7 +127,9 @@ final class SamplingContext: @unchecked Sendable {
             let others = ProcessFacts.threads().filter { id, name in
                 id != own && !candidates.contains(id) && !Self.ignoredThreadNames.contains(name)
             }.map(\.id)
-            if let found = sample(Array(others.prefix(48)), alone: false) { return (found, samples) }
+            if let found = sample(Self.sleepersFirst(Array(others.prefix(48))), alone: false) {
+                return (found, samples)
+            }
         }
         // An idle thread is never the blocked one: a thread that could not be
         // sampled (and says why) is the more honest answer.
@@ -158,7 +160,7 @@ final class SamplingContext: @unchecked Sendable {
         let others = ProcessFacts.threads().filter { id, name in
             id != own && id != lastAnswering && !Self.ignoredThreadNames.contains(name)
         }.map(\.id)
-        for thread in others.prefix(48) {
+        for thread in Self.sleepersFirst(Array(others.prefix(48))) {
             let backtrace = backtrace(of: thread)
             guard backtrace.unavailableReason == nil else { continue }
             samples[thread] = backtrace
@@ -191,6 +193,36 @@ final class SamplingContext: @unchecked Sendable {
     static func isIdle(_ sample: StallBacktrace, thread: Int32) -> Bool {
         if StackShape.looksIdle(sample.frames) { return true }
         return !StackShape.runsJob(sample.frames) && ThreadState.isInEventWait(thread: thread)
+    }
+
+    /// `threads` with those asleep in the kernel first, in their order, then the
+    /// running ones. A sleeping thread is read without a signal; a running one
+    /// gets a `SIGPROF`, which cuts short a long system call it is in (a big
+    /// `read` returns what it has), so bystanders are signalled only when no
+    /// sleeping thread turned out to run the job.
+    /// Among running threads, those that spent more of their time in user code
+    /// than in the kernel come first (a spinning job before a thread copying a big
+    /// `read`).
+    static func sleepersFirst(_ threads: [Int32]) -> [Int32] {
+        #if os(Linux)
+        var sleeping: [Int32] = []
+        var running: [(thread: Int32, inKernel: Bool)] = []
+        for thread in threads {
+            guard let stat = ProcFile.read("/proc/self/task/\(thread)/stat"),
+                let close = stat.lastIndex(of: ")")
+            else { continue }
+            // After the command: state (field 3), …, utime (14), stime (15).
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            guard fields.count > 12, fields[0] == "R" else {
+                sleeping.append(thread)
+                continue
+            }
+            running.append((thread, (Int(fields[12]) ?? 0) > (Int(fields[11]) ?? 0)))
+        }
+        return sleeping + running.filter { !$0.inKernel }.map(\.thread) + running.filter(\.inKernel).map(\.thread)
+        #else
+        return threads
+        #endif
     }
 
     /// Threads that are never the blocked one: detectors, the stop witness and

@@ -61,3 +61,46 @@ struct KernelSampleTests {
         }
     }
 }
+
+@Suite("Which threads are signalled")
+struct SignalOrderTests {
+    @Test("sleeping threads are tried before running ones; a running thread in user code before one in the kernel")
+    func sleepersFirst() throws {
+        let stop = Locked(false)
+        let ids = Locked<[String: Int32]>([:])
+        func start(_ name: String, _ body: @escaping @Sendable () -> Void) {
+            Thread {
+                ids.withLock { $0[name] = stallcapture_current_tid() }
+                while !stop.withLock({ $0 }) { body() }
+            }.start()
+        }
+        defer { stop.withLock { $0 = true } }
+        start("sleeper") { usleep(20_000) }
+        start("spinner") {
+            var x = 0
+            for i in 0..<1_000_000 { x &+= i }
+            blackHoleForTests(x)
+        }
+        start("reader") {
+            let descriptor = open("/dev/zero", O_RDONLY)
+            let buffer = UnsafeMutableRawPointer.allocate(byteCount: 64 << 20, alignment: 16)
+            _ = read(descriptor, buffer, 64 << 20)
+            buffer.deallocate()
+            close(descriptor)
+        }
+        for _ in 0..<200 where ids.withLock({ $0.count }) < 3 { usleep(5_000) }
+        usleep(300_000)  // let the running threads accumulate user and kernel time
+        let named = ids.withLock { $0 }
+        let (sleeper, spinner, reader) = (named["sleeper"]!, named["spinner"]!, named["reader"]!)
+        var ordered = false
+        // The states change from moment to moment: one ordering as expected is enough.
+        for _ in 0..<50 where !ordered {
+            let order = SamplingContext.sleepersFirst([reader, spinner, sleeper])
+            ordered = order == [sleeper, spinner, reader]
+            usleep(10_000)
+        }
+        #expect(ordered)
+    }
+}
+
+@inline(never) func blackHoleForTests(_ value: Int) { if value == 42 { print("") } }
