@@ -111,7 +111,10 @@ final class DetectorCore: Sendable {
         self.scheduler = scheduler
         self.thresholdTicks = Monotonic.nanoseconds(threshold)
         self.heartbeatTicks = max(1_000_000, Monotonic.nanoseconds(heartbeat))
-        self.detectorQueue = DispatchQueue(label: "StallDetector", qos: .userInitiated)
+        // User-interactive: on Darwin a lower QoS lets the system coalesce and
+        // delay the detector's wake-ups, which would make late looks (and, with
+        // the late-look rule, missed stalls) out of the detector's own lateness.
+        self.detectorQueue = DispatchQueue(label: "StallDetector", qos: .userInteractive)
         self.postQueue = DispatchQueue(label: "StallDetector.post", qos: .userInitiated)
         self.sampling = SamplingContext()
         let now = Monotonic.now()

@@ -224,7 +224,9 @@ public final class StallDetector: Sendable {
     public func start() { core.start() }
 
     /// Stops watching and ends ``events``. Idempotent. When it returns, the
-    /// detector's thread has exited and its run-loop observer is removed.
+    /// detector's timers are cancelled (no probe is posted and no sample taken
+    /// afterwards), its run-loop observer is removed and its fatal report file,
+    /// if any, is deleted. The detector has no thread of its own to wait for.
     public func stop() { core.stop() }
 
     /// The threshold in effect.
