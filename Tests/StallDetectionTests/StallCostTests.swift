@@ -32,8 +32,14 @@ extension StallDetectorIntegrationTests {
         func idleCost() throws {
             // The best of two runs: the machine is shared, and other processes' load
             // makes each wake-up of ours cost more CPU (caches, the hypervisor).
-            var best: (percent: Double, perHeartbeat: Double)?
-            for _ in 0..<2 {
+            // Per heartbeat: one firing of the probe timer on the scheduler thread and
+            // one wake-up of the watched queue's worker, plus the overdue watchdog's
+            // lazy re-arm (one every threshold): 2.1 measured. 2.4 fails when the
+            // detector's early look, moved back at every answer, leaves a stale
+            // shard target behind (2.6 before that was fixed).
+            var bestPercent = Double.infinity
+            var bestPerHeartbeat = Double.infinity
+            for _ in 0..<3 {
                 let run = try ProbeRun.run(["overhead", "20"], timeLimit: 90)
                 #expect(run.exitStatus == 0)
                 let cpu = try #require(run.value("CPU").first, "\(run.lines)")
@@ -42,12 +48,12 @@ extension StallDetectorIntegrationTests {
                 let percent = cpu / 20_000 * 100
                 let perHeartbeat = wakeUps / (20_000 / heartbeat)
                 print("idle: \(percent) % of a core, \(wakeUps / 20) wake-ups/s, \(perHeartbeat) per heartbeat")
-                if best == nil || percent < best!.percent { best = (percent, perHeartbeat) }
-                if percent <= 0.5 && perHeartbeat <= 4 { break }
+                bestPercent = min(bestPercent, percent)
+                bestPerHeartbeat = min(bestPerHeartbeat, perHeartbeat)
+                if bestPercent <= 0.5 && bestPerHeartbeat <= 2.4 { break }
             }
-            guard let best else { return }
-            #expect(best.percent <= 0.5, "\(best.percent) % of a core")
-            #expect(best.perHeartbeat <= 4, "\(best.perHeartbeat) wake-ups per heartbeat")
+            #expect(bestPercent <= 0.5, "\(bestPercent) % of a core")
+            #expect(bestPerHeartbeat <= 2.4, "\(bestPerHeartbeat) wake-ups per heartbeat")
         }
     }
 }

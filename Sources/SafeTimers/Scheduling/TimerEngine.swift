@@ -263,12 +263,23 @@ public final class TimerEngine: @unchecked Sendable {
         if isVirtual { return armVirtual(entry, at: deadline) }
         let (shard, node) = lockedShard(for: entry)
         let sequence = shard.nextSequence()
+        let published = shard.target.load(ordering: .relaxed)
+        let lowered = deadline < published
         if node >= 0 {
             shard.state.pointee.wheel.update(node: node, deadline: deadline, sequence: sequence)
+            if !lowered {
+                // A move to a later time (a rescheduled `DelayedWork`, the
+                // detector's early look moved at every answer): if it was the
+                // shard's earliest, the published target is raised to the new
+                // earliest, so that the scheduler thread does not wake at the
+                // old time for nothing. (Raising is always safe: a thread that
+                // read the old value wakes once, finds nothing due, sleeps again.)
+                let exact = shard.state.pointee.wheel.wakeUpTarget()
+                if exact > published { shard.target.store(exact, ordering: .sequentiallyConsistent) }
+            }
         } else {
             shard.state.pointee.wheel.insert(entry, deadline: deadline, sequence: sequence)
         }
-        let lowered = deadline < shard.target.load(ordering: .relaxed)
         if lowered { shard.target.store(deadline, ordering: .sequentiallyConsistent) }
         shard.lock.unlock()
         if !threadStarted.load(ordering: .sequentiallyConsistent) {
