@@ -8,20 +8,22 @@ import SafeTimers
 /// - Heartbeat targets: a `RepeatingTimer` whose handler is the probe: it runs *on*
 ///   the target queue, so the engine's firing is the post, and with
 ///   `MissedTickPolicy.skip` no new probe is posted while one is still queued or
-///   running (a blocked target gets one probe, not a pile). Each answer kicks one
-///   `Watchdog`, whose deadline is the moment the next probe would be overdue.
-///   With nothing stalled, the detector costs one timer firing and one tiny block
-///   per heartbeat: the engine re-arms the repeating timer itself, and a kick only
-///   moves a deadline (the engine moves its entry lazily, once per threshold).
+///   running (a blocked target gets one probe, not a pile). Each answer moves one
+///   `DelayedWork` (the overdue look) back to the moment the next probe would be
+///   overdue. With nothing stalled, the detector costs one timer firing and one
+///   tiny block per heartbeat: the engine re-arms the repeating timer itself, and
+///   a moved entry is never the engine's earliest (the next probe is earlier), so
+///   it costs no wake-up. (A `Watchdog` kick would re-arm lazily: a wake-up at
+///   each old deadline, four a second at the default threshold.)
 /// - Posted probes (`.custom`, `.cooperativePool`): the timer's handler runs on a
 ///   private post queue and hands the user's `post` (or `Task.detached`) a
 ///   ``CustomProbe`` in a block of its own, at most one outstanding; the probe
 ///   answers when it runs and frees the slot when it runs or is released unrun.
 ///   `post` is never called under the lock nor inside the timer's handler (whose
 ///   cancel waits for it), so a blocking `post` cannot block `stop()`.
-/// - The main run loop: a run-loop observer records each activity and kicks the
-///   watchdog while the loop is busy.
-/// - When the watchdog fires, the detector's queue asks ``StopWitness`` whether the
+/// - The main run loop: a run-loop observer records each activity and moves the
+///   overdue look while the loop is busy.
+/// - When the overdue look runs, the detector's queue asks ``StopWitness`` whether the
 ///   process was stopped meanwhile, asks the ``StallTracker`` whether the target is
 ///   stalled, and if so samples the blocked thread and emits `.started`. The answer
 ///   that finally comes emits `.ended`.
@@ -58,7 +60,7 @@ final class DetectorCore: Sendable {
         var probeGridStart: Int64 = 0
         /// The deadline at which the target is overdue; `overdueGeneration` tells a
         /// current firing from a stale one.
-        var overdue: Watchdog?
+        var overdue: DelayedWork?
         var overdueGeneration: UInt64 = 0
         var overdueTimeout: Int64 = 0
         var observer: RunLoopObserverHandle?
@@ -173,7 +175,7 @@ final class DetectorCore: Sendable {
     }
 
     func stop() {
-        let taken = state.withLock { state -> (RepeatingTimer?, Watchdog?, RunLoopObserverHandle?, Bool) in
+        let taken = state.withLock { state -> (RepeatingTimer?, DelayedWork?, RunLoopObserverHandle?, Bool) in
             let wasRunning = state.lifecycle == .running
             state.lifecycle = .stopped
             defer {
@@ -185,7 +187,7 @@ final class DetectorCore: Sendable {
         }
         let (probe, overdue, observer, wasRunning) = taken
         probe?.cancel()
-        overdue?.invalidate()
+        overdue?.cancel()
         observer?.remove()
         profiler.stop()
         if wasRunning {
@@ -275,39 +277,43 @@ final class DetectorCore: Sendable {
         return state.probeGridStart + (elapsed / heartbeatTicks + 1) * heartbeatTicks
     }
 
-    private func makeOverdue(_ state: inout State, timeout: Int64) -> Watchdog {
+    private func makeOverdue(_ state: inout State, timeout: Int64) -> DelayedWork {
         state.overdueGeneration &+= 1
         state.overdueTimeout = timeout
         let generation = state.overdueGeneration
-        return Watchdog(timeout: .nanoseconds(timeout), queue: detectorQueue, scheduler: scheduler) { [weak self] in
+        return DelayedWork.schedule(after: .nanoseconds(timeout), on: detectorQueue, scheduler: scheduler) {
+            [weak self] in
             self?.overdue(generation: generation)
         }
     }
 
-    /// Keeps the overdue deadline `overdueTimeout` from now: a kick, or a new
-    /// watchdog when the current one fired or has another timeout. Returns the
-    /// replaced watchdog, to be released after the lock.
-    private func rearmOverdue(_ state: inout State) -> Watchdog? {
-        if let current = state.overdue, state.overdueTimeout == overdueTimeout {
-            current.kick()
-            if !current.hasFired { return nil }
+    /// Keeps the overdue deadline `overdueTimeout` from now: the pending look
+    /// moved back, or a new one when the current one ran or has another timeout.
+    /// Returns the replaced look, to be cancelled after the lock.
+    private func rearmOverdue(_ state: inout State) -> DelayedWork? {
+        if let current = state.overdue, state.overdueTimeout == overdueTimeout,
+            current.reschedule(after: .nanoseconds(overdueTimeout))
+        {
+            return nil
         }
         let replaced = state.overdue
         state.overdue = makeOverdue(&state, timeout: overdueTimeout)
         return replaced
     }
 
-    /// Releases a replaced watchdog on the detector queue: its `deinit` waits for a
-    /// handler that runs there, and the target's thread must never wait for that.
-    private func releaseOnDetectorQueue(_ watchdog: Watchdog?) {
-        guard let watchdog else { return }
-        detectorQueue.async { withExtendedLifetime(watchdog) {} }
+    /// Cancels a replaced look on the detector queue: a cancel waits for a
+    /// running look, which runs there, and the target's thread must never wait
+    /// for that. (Cancelled, not just released: a `DelayedWork` still runs when
+    /// its handle goes.)
+    private func releaseOnDetectorQueue(_ work: DelayedWork?) {
+        guard let work else { return }
+        detectorQueue.async { _ = work.cancel() }
     }
 
     // MARK: Facts from the target
 
     private func record(answerAt time: Int64, thread: Int32) {
-        var replaced: Watchdog?
+        var replaced: DelayedWork?
         var settled = false
         let ended = state.withLock { state -> StallEvent? in
             guard state.lifecycle == .running else { return nil }
@@ -326,7 +332,7 @@ final class DetectorCore: Sendable {
     }
 
     private func record(activityAt time: Int64, idle: Bool) {
-        var replaced: Watchdog?
+        var replaced: DelayedWork?
         var settled = false
         let ended = state.withLock { state -> StallEvent? in
             guard state.lifecycle == .running else { return nil }
@@ -376,7 +382,7 @@ final class DetectorCore: Sendable {
         //    the witness to record a continue it has not had the CPU to record yet.)
         let since = state.withLock { $0.lastContinueSeen }
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
-        var replaced: Watchdog?
+        var replaced: DelayedWork?
         var stalledLook = false
         let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool, second: Bool)? in
             guard state.lifecycle == .running, generation == state.overdueGeneration else { return nil }
@@ -417,8 +423,9 @@ final class DetectorCore: Sendable {
             state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
             return (id, duration, suppressed, false)
         }
-        // The replaced watchdog is released here, on the detector queue, after the lock.
-        withExtendedLifetime(replaced) {}
+        // The replaced look is cancelled here, on the detector queue, after the lock
+        // (the one running now, this one, returns at once).
+        _ = replaced?.cancel()
         if stalledLook { profiler.refreshFatalReport(now: now) }
         guard let decision else { return }
         let sampleStart = Monotonic.now()

@@ -209,7 +209,7 @@ struct StallDetectorInProcessTests {
             reportsWhileDebugged: reportsWhileDebugged, isTraced: { traced })
         detector.start()
         usleep(100_000)
-        queue.sync { _ = usleep(400_000) }
+        queue.sync { _ = usleep(900_000) }  // long enough to be sampled on a loaded machine
         usleep(100_000)
         detector.stop()
         var events: [StallEvent] = []
