@@ -644,9 +644,8 @@ public final class TimerEngine: @unchecked Sendable {
                 return
             }
             let now = MonotonicClock.nanoseconds() &- origin
-            // Entries carried over from the last round (see below) come first, so
-            // that among equal deadlines they keep their place before what their
-            // shard gives now.
+            // Entries carried over from the last round (see below) are merged
+            // with what the shards give now.
             let carried = batch.count
             var firstShard = -1
             var fromSeveralShards = carried > 0
@@ -671,13 +670,12 @@ public final class TimerEngine: @unchecked Sendable {
             }
             if !batch.isEmpty {
                 if fromSeveralShards {
-                    // Deadline order across shards; among equal deadlines, the order
-                    // in which the entries were taken (a shard gives its own in
-                    // arming order). `sort` is not documented as stable: the
-                    // position breaks ties.
-                    batch = batch.enumerated().sorted {
-                        ($0.element.deadline, $0.offset) < ($1.element.deadline, $1.offset)
-                    }.map(\.element)
+                    // Deadline order across shards; among equal deadlines, sequence
+                    // order, which is a shard's own order (its sequences increase
+                    // with its armings, and an entry it gives later at the same
+                    // deadline was armed later or sat behind in its wheel); between
+                    // shards it is merely a total order. In place: no allocation.
+                    batch.sort { ($0.deadline, $0.sequence) < ($1.deadline, $1.sequence) }
                 }
                 // Fire up to the cut; what is due later waits for the next round,
                 // which takes the rest of the limited shard first (its target is now).
