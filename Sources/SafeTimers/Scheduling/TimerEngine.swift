@@ -12,9 +12,9 @@ import Musl
 /// and either a real clock with one tickless thread (``SystemTimerScheduler``) or
 /// a virtual clock advanced by hand (`ManualTimerScheduler` in `SafeTimersTesting`).
 ///
-/// Both kinds share the wheel, the ordering rules (deadline, then arming order)
-/// and the arm/disarm paths, so what a test proves under virtual time is the code
-/// that runs in production.
+/// Both kinds share the wheel, the ordering rules within a wheel (deadline, then
+/// arming order) and the arm/disarm paths, so what a test proves under virtual
+/// time is the code that runs in production.
 ///
 /// Time is kept as `Int64` nanoseconds since the engine was created ("ticks").
 ///
@@ -37,10 +37,17 @@ import Musl
 /// consistent, and the wake-up itself is made under the thread's lock, which it
 /// holds until it waits. The fast path of an arming writes only its shard.
 ///
-/// Among entries due at the same instant, arming order holds within a shard
-/// (one thread's armings); entries armed by different threads at the same
-/// instant fire in an unspecified order. A manual engine has one shard, so
-/// virtual time orders everything exactly.
+/// Order: entries fire in deadline order across all shards; each wake-up merges
+/// what it takes from the shards by deadline, and a shard that gives its batch
+/// limit holds back, for the next round, whatever another shard gave that is due
+/// later than the last entry the limited shard gave. Among entries due at the
+/// same instant, arming order holds within a shard only (sequence numbers are
+/// per shard: an engine-global one would be a shared write on every arming),
+/// which covers the entries one thread armed, since an entry stays in the shard
+/// it was armed into until it fires or is cancelled. Ties between shards (entries
+/// armed by different threads, or an entry first armed by another thread and
+/// re-armed by this one) fire in an unspecified order. A manual engine has one
+/// shard, so virtual time orders everything exactly.
 ///
 /// `@unchecked Sendable` invariant: every mutable stored value lives in the
 /// `State` that `state` points to, read and written only while `lock` is held,
@@ -206,7 +213,12 @@ public final class TimerEngine: @unchecked Sendable {
     /// The current time as a `Duration` since the engine was created.
     public var now: Duration { .nanoseconds(nowTicks) }
 
-    /// How many entries are armed.
+    /// How many entries are armed (entries the scheduler thread has taken out to
+    /// fire are no longer counted).
+    ///
+    /// - Complexity: O(number of shards): takes every shard's lock in turn (not
+    ///   all at once), so while other threads arm and cancel, the sum is not a
+    ///   snapshot of one instant.
     public var pendingCount: Int {
         shards.reduce(0) { total, shard in total + shard.lock.withLock { shard.state.pointee.wheel.count } }
     }
@@ -627,7 +639,7 @@ public final class TimerEngine: @unchecked Sendable {
         ThreadIdentity.minimizeTimerSlack()
         lock.withLock { state.pointee.schedulerThreadID = ThreadIdentity.currentKernelThreadID() }
         while true {
-            if retired.load(ordering: .sequentiallyConsistent) && isEmpty {
+            if retired.load(ordering: .sequentiallyConsistent) && batch.isEmpty && isEmpty {
                 // Nothing armed and nobody left to arm through the scheduler: end
                 // the thread; a primitive that arms again starts a new one. An
                 // arming that saw the thread still running is caught by the second
@@ -643,27 +655,49 @@ public final class TimerEngine: @unchecked Sendable {
                 return
             }
             let now = MonotonicClock.nanoseconds() &- origin
+            // Entries carried over from the last round (see below) are merged
+            // with what the shards give now.
+            let carried = batch.count
             var firstShard = -1
-            var fromSeveralShards = false
+            var fromSeveralShards = carried > 0
+            // What a shard that hit the batch limit still holds is due no earlier
+            // than the last entry taken from it: nothing later than the earliest
+            // such deadline may fire in this round.
+            var cut = Int64.max
             for shard in shards where shard.target.load(ordering: .sequentiallyConsistent) <= now {
                 shard.lock.lock()
                 let before = batch.count
                 while batch.count - before < Self.batchLimit, let fired = shard.state.pointee.wheel.popDue(now: now) {
                     batch.append(fired)
                 }
-                let target = batch.count - before == Self.batchLimit ? now : shard.state.pointee.wheel.wakeUpTarget()
+                let limited = batch.count - before == Self.batchLimit
+                let target = limited ? now : shard.state.pointee.wheel.wakeUpTarget()
                 shard.target.store(target, ordering: .sequentiallyConsistent)
                 shard.lock.unlock()
+                if limited { cut = min(cut, batch[batch.count - 1].deadline) }
                 if batch.count > before {
                     if firstShard < 0 { firstShard = shard.number } else { fromSeveralShards = true }
                 }
             }
             if !batch.isEmpty {
-                if fromSeveralShards { batch.sort { $0.deadline < $1.deadline } }
-                for fired in batch {
+                if fromSeveralShards {
+                    // Deadline order across shards; among equal deadlines, sequence
+                    // order, which is a shard's own order (its sequences increase
+                    // with its armings, and an entry it gives later at the same
+                    // deadline was armed later or sat behind in its wheel); between
+                    // shards it is merely a total order. In place: no allocation.
+                    batch.sort { ($0.deadline, $0.sequence) < ($1.deadline, $1.sequence) }
+                }
+                // Fire up to the cut; what is due later waits for the next round,
+                // which takes the rest of the limited shard first (its target is now).
+                var firing = batch.count
+                if cut != Int64.max {
+                    firing = batch.firstIndex { $0.deadline > cut } ?? batch.count
+                }
+                for fired in batch[..<firing] {
                     fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
                 }
-                batch.removeAll(keepingCapacity: true)
+                batch.removeFirst(firing)
                 continue
             }
             lock.lock()

@@ -63,8 +63,10 @@ import Musl
 /// | ended | owner | idle (next generation) |
 /// | abandoned | job | handler returned: idle (next generation) |
 ///
-/// `@unchecked Sendable` invariant: `handler` and `queue` are written only by
-/// the owner thread while the phase is idle, and read by another thread only
+/// `@unchecked Sendable` invariant: `handler` and `queue` are written by the
+/// owner thread while the phase is idle (after an acquiring read of it: the job
+/// of an abandoned section clears them, then hands the slot back with a
+/// releasing store), and read by another thread only
 /// after it moved the phase out of active (claimed) or delivered (running) with
 /// an acquiring compare-and-swap of the same generation; the owner never writes
 /// them again before it has seen the phase return to ended or been handed back
@@ -134,8 +136,10 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     /// running): the caller then takes the ordinary path.
     @usableFromInline
     func enter(timeout: Duration, queue: DispatchQueue?, onTimeout: @escaping @Sendable () -> Void) -> UInt64? {
-        // Only the owner moves the phase out of idle, so a relaxed read suffices.
-        let current = word.load(ordering: .relaxed)
+        // Acquiring: the phase may have been moved back to idle by another
+        // thread (the job that hands an abandoned slot back clears `handler` and
+        // `queue` first), and those writes must happen before ours below.
+        let current = word.load(ordering: .acquiring)
         guard current & Self.phaseMask == Phase.idle.rawValue else { return nil }
         let deadline = deadline(after: timeout)
         handler = onTimeout
@@ -318,16 +322,36 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
         return slot
     }
 
-    /// The thread-specific key; its destructor releases a thread's slot when the
-    /// thread ends (an armed entry keeps it alive until it fires).
+    /// The owner thread is ending: no section can run on this slot again, so
+    /// its engine entry is disarmed (otherwise it would stay armed until its
+    /// deadline, forever for a timeout too long to represent, and keep the slot).
+    ///
+    /// The scheduler thread may be firing the entry at the same time: clearing
+    /// the arming sequence under `arming` makes a firing that has not yet taken
+    /// that lock a stale one, and a firing that took it first finds the phase
+    /// not active (no section runs on an ending thread) and arms nothing. A
+    /// handler of an abandoned section still holds the slot through its job.
+    func ownerEnded() {
+        arming.withLock { sequence in
+            sequence = 0
+            armedAt.store(0, ordering: .sequentiallyConsistent)
+            engine.disarm(self)
+        }
+    }
+
+    /// The thread-specific key; its destructor disarms a thread's slot and
+    /// releases it when the thread ends.
     private static let key: pthread_key_t = {
         var key = pthread_key_t()
         let result = pthread_key_create(&key) { raw in
             #if canImport(Darwin)
-            Unmanaged<WatchdogSlot>.fromOpaque(raw).release()
+            let slot = Unmanaged<WatchdogSlot>.fromOpaque(raw)
             #else
-            if let raw { Unmanaged<WatchdogSlot>.fromOpaque(raw).release() }
+            guard let raw else { return }
+            let slot = Unmanaged<WatchdogSlot>.fromOpaque(raw)
             #endif
+            slot._withUnsafeGuaranteedRef { $0.ownerEnded() }
+            slot.release()
         }
         precondition(result == 0, "pthread_key_create failed: \(result)")
         return key

@@ -12,7 +12,17 @@ import Dispatch
 ///
 /// The watchdog is invalidated when `body` returns or throws, so `onTimeout`
 /// never begins after `withWatchdog` has returned; if it was already running on
-/// another thread, `withWatchdog` waits for it to return.
+/// another thread, `withWatchdog` waits for it to return, with one exception:
+/// when that wait would close a cycle of waits (`onTimeout` itself waits for
+/// the code that called `withWatchdog`, say it cancels the `DelayedWork` whose
+/// handler runs the section), `withWatchdog` returns without waiting, and
+/// `onTimeout` is still running, to return later.
+///
+/// An overrun is reported only if `onTimeout` *begins* before the section
+/// ends: when `body` returns after `timeout` but before the delivered
+/// `onTimeout` has started on `queue` (a busy queue, say), the report is
+/// dropped and `onTimeout` never runs. So a report means "still running when
+/// the handler began", never "took longer than `timeout`" after the fact.
 ///
 /// - Parameters:
 ///   - timeout: How long `body` may take. Zero or negative: report as soon as
