@@ -106,6 +106,35 @@ struct StackUnwinder {
         return CallSite.target(ofCallBefore: address, readWord: readWord)
     }
 
+    /// Between two records of the chain: when the outer record's call does not
+    /// lead to `inner`'s function, a function without a frame record of its own
+    /// (a frameless Swift function in a library, such as
+    /// `DispatchSemaphore.wait(wallTimeout:)`) lies between, and its caller's
+    /// return address is one of the words in between: each word whose call
+    /// provably leads to the current inner frame becomes a frame, innermost first.
+    private func fillFramelessGap(
+        from first: Int, to end: Int, before outer: UInt, inner: inout UInt, into bySlot: inout [Int: RawFrame]
+    ) {
+        guard first < end else { return }
+        // The outer call is proven to lead to the inner frame, or cannot be
+        // checked (through a register): a gap is then only filled by a word whose
+        // own call provably leads to the inner frame.
+        func outerReaches(_ inner: UInt) -> Bool {
+            guard case .known(let outerTarget) = target(ofCallBefore: outer) else { return false }
+            return call(from: outer, to: outerTarget, reaches: inner)
+        }
+        guard !outerReaches(inner) else { return }
+        for index in first..<end where bySlot[index] == nil {
+            let candidate = copy.words[index]
+            guard isReturnAddress(candidate), case .known(let target) = target(ofCallBefore: candidate),
+                call(from: candidate, to: target, reaches: inner)
+            else { continue }
+            bySlot[index] = RawFrame(address: candidate, isUncertain: false)
+            inner = candidate
+            if outerReaches(inner) { return }
+        }
+    }
+
     /// How many words of frame records beyond the copy may be read from memory
     /// (two a frame: 8,192 frames).
     static let readsBeyondCopy = 16_384
@@ -167,11 +196,17 @@ struct StackUnwinder {
         while var framePointer = anchor {
             var lastSlot = scanFrom
             var complete = false
+            var firstRecord = true
             while let saved = chainWord(at: framePointer),
                 let returnAddress = chainWord(at: framePointer + Self.wordSize),
                 returnAddress != 0, isText(returnAddress)
             {
                 let returnSlot = slot(of: framePointer) + 1
+                if !firstRecord && copy.unwound.isEmpty && returnSlot - 1 <= words.count {
+                    fillFramelessGap(
+                        from: lastSlot + 1, to: returnSlot - 1, before: returnAddress, inner: &inner, into: &bySlot)
+                }
+                firstRecord = false
                 if bySlot[returnSlot] == nil {
                     bySlot[returnSlot] = RawFrame(address: returnAddress, isUncertain: false)
                 }

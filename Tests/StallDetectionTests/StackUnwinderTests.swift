@@ -257,6 +257,38 @@ struct StackUnwinderTests {
         StackFrame(address: address, function: name, file: "/a.swift", line: line, image: "App", isUncertain: false)
     }
 
+    @Test("a caller of a frameless function (no frame record of its own) between two records is kept")
+    func framelessFunctionsCaller() {
+        // G (pc) has a record whose return address is in F; F keeps no record
+        // (`DispatchSemaphore.wait(wallTimeout:)`), so G's saved frame pointer is
+        // user's: the next record is user's, returning into a thunk that called it
+        // through a register. user's own return address into F's caller sits in
+        // between, in no record.
+        let pc: UInt = 0x1800_0040  // in G
+        let inF: UInt = 0x1700_0120  // F starts at 0x1700_0100
+        let inUser: UInt = 0x1000_0110  // user called F
+        let inThunk: UInt = 0x1000_0500  // the thunk called user through a register
+        let root: UInt = 0x1000_0600
+        var stack = Stack()
+        stack.push(0x41)  // G's locals
+        let gRecord = stack.address
+        let userRecord = gRecord + 6 * 8
+        stack.push(userRecord)  // G's record: saved frame pointer (user's: F kept none)…
+        stack.push(inF)  // …and its return address, into F
+        stack.push(0x42)  // F's locals
+        stack.push(inUser)  // user's call of F
+        stack.push(0x43)  // user's locals
+        stack.push(0x44)
+        #expect(stack.address == userRecord)
+        _ = pushChain(&stack, returns: [inThunk, root])
+        let calls: [UInt: CallSite.Target] = [
+            inF: .known(0x1800_0000), inUser: .known(0x1700_0100), inThunk: .unknown, root: .unknown,
+        ]
+        let frames = unwind(stack, pc: pc, fp: gRecord, calls: calls)
+        #expect(frames.map(\.address) == [pc, inF, inUser, inThunk, root])
+        #expect(frames.allSatisfy { !$0.isUncertain })
+    }
+
     @Test("a chain deeper than the copy is followed through memory to the thread's root")
     func chainBeyondTheCopy() {
         var stack = Stack()
