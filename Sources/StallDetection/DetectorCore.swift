@@ -367,7 +367,11 @@ final class DetectorCore: Sendable {
         }
         state.open = nil
         if stall.suppressed { return nil }
-        let confirmed = thread.flatMap { stall.samples[$0] } ?? stall.reported
+        // The sample of the thread that answered, unless it was idle then (a
+        // `queue.sync` caller blocks, a worker answers): never an idle stack in
+        // place of the one `.started` reported.
+        let answered = thread.flatMap { stall.samples[$0] }.flatMap { StackShape.looksIdle($0.frames) ? nil : $0 }
+        let confirmed = answered ?? stall.reported
         return makeEvent(id: id, phase: .ended, duration: duration, backtrace: confirmed, sampling: stall.sampling)
     }
 
@@ -478,7 +482,10 @@ final class DetectorCore: Sendable {
             if let ended = stall.endedWhileSampling {
                 state.open = nil
                 if !stall.suppressed {
-                    let confirmed = ended.thread.flatMap { samples[$0] } ?? reported
+                    let answered = ended.thread.flatMap { samples[$0] }.flatMap {
+                        StackShape.looksIdle($0.frames) ? nil : $0
+                    }
+                    let confirmed = answered ?? reported
                     events.append(
                         makeEvent(
                             id: stall.id, phase: .ended, duration: ended.duration, backtrace: confirmed,

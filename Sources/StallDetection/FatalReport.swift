@@ -30,14 +30,31 @@ extension StallDetector {
     /// stack sampled when the stall was detected, and the duration, profile and
     /// activities as last written (the file is refreshed a few times a second while
     /// a stall lasts). A file that is not such a report (corrupt, truncated, empty,
-    /// written by something else, larger than 16 MB) gives nil and is removed too;
-    /// it never traps. Call it before starting a detector with the same path.
+    /// written by something else, larger than 16 MB, a FIFO, a symbolic link)
+    /// gives nil and is removed too (a directory is left alone); it never traps
+    /// and never blocks. Call it before starting a detector with the same path.
+    ///
+    /// One path per detector: two detectors given the same path overwrite each
+    /// other's report, and the first stall to end removes it.
     ///
     /// - Parameter path: The path given as `fatalReportPath`.
     /// - Returns: The stall the previous run died in, or nil.
     public static func takeFatalStallReport(at path: String) -> StallEvent? {
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
-        guard descriptor >= 0 else { return nil }
+        // Not blocking on a FIFO (or a device) put at the path: only a regular
+        // file is read. Anything else gives nil and is removed too, except a
+        // directory, which is left alone.
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW)
+        guard descriptor >= 0 else {
+            if errno == ELOOP { unlink(path) }  // a symbolic link: removed, its target untouched
+            return nil
+        }
+        var status = stat()
+        guard fstat(descriptor, &status) == 0, status.st_mode & S_IFMT == S_IFREG else {
+            let isDirectory = fstat(descriptor, &status) == 0 && status.st_mode & S_IFMT == S_IFDIR
+            close(descriptor)
+            if !isDirectory { unlink(path) }
+            return nil
+        }
         var bytes: [UInt8] = []
         var readable = true
         var buffer = [UInt8](repeating: 0, count: 65_536)

@@ -175,8 +175,11 @@ final class SamplingContext: @unchecked Sendable {
         let own = stallcapture_current_tid()
         var samples: [Int32: StallBacktrace] = [:]
         var first: StallBacktrace?
+        // The main thread is never a pool thread (it runs an async `main` or the
+        // main actor's jobs with the same frames).
+        let mainThread = ProcessFacts.mainThreadID
         let threads = ProcessFacts.threads().filter { id, name in
-            id != own && !Self.ignoredThreadNames.contains(name)
+            id != own && id != mainThread && !Self.ignoredThreadNames.contains(name)
         }.map(\.id)
         for thread in threads.prefix(48) {
             let backtrace = backtrace(of: thread)

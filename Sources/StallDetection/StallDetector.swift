@@ -135,7 +135,14 @@ public final class StallDetector: Sendable {
         ///
         /// On Linux each task priority has its own pool of as many threads as there
         /// are cores: the probe watches the medium-priority pool, which runs `Task {}`
-        /// started outside any task, `Task.detached {}` and async `main`.
+        /// started outside any task, `Task.detached {}` and async `main`. The main
+        /// thread is never sampled as a pool thread.
+        ///
+        /// Read this detector's ``StallDetector/events`` from outside the pool (a
+        /// `Thread`, or a task on a task executor of its own): a task of the blocked
+        /// pool gets the `.started` event only once the pool frees up. Pair it with
+        /// `fatalReportPath:`, which is written from the detector's own queue and so
+        /// survives a pool that never recovers.
         case cooperativePool
 
         /// "main run loop", "main queue", "queue '<label>'", or a custom target's

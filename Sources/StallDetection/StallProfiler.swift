@@ -258,7 +258,7 @@ final class StallProfiler: Sendable {
         var found: Int32?
         if let known {
             let sampled = sampling.backtrace(of: known)
-            if sampled.unavailableReason == nil, !target.usesHeartbeat || runsJob(sampled.frames) {
+            if sampled.unavailableReason == nil, keeps(sampled.frames) {
                 backtrace = sampled
                 found = known
             }
@@ -268,7 +268,7 @@ final class StallProfiler: Sendable {
             // detector's queue, and `.started` finds the thread anyway.
             let (chosen, _) = sampling.sampleBlockedThread(
                 target: target, lastAnswering: lastAnswering(), candidatesOnly: !reported)
-            if chosen.unavailableReason == nil, !target.usesHeartbeat || runsJob(chosen.frames),
+            if chosen.unavailableReason == nil, keeps(chosen.frames),
                 let id = chosen.threadID
             {
                 backtrace = chosen
@@ -316,6 +316,14 @@ final class StallProfiler: Sendable {
         else { return nil }
         state.session?.stall?.lastWrite = now
         return stall.event.inProgress(duration: now - stall.start, profile: profile)
+    }
+
+    /// Whether a sample of the blocked thread counts: a queue's or the pool's
+    /// thread must be running a job; a custom executor's thread (an event loop,
+    /// which runs no dispatch job) must only not be waiting for work.
+    private func keeps(_ frames: [StackFrame]) -> Bool {
+        if case .custom = target { return !StackShape.looksIdle(frames) }
+        return !target.usesHeartbeat || runsJob(frames)
     }
 
     /// ``StackShape/runsJob(_:)``, with what the frames at each address say

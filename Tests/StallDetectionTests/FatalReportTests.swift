@@ -144,6 +144,20 @@ struct FatalReportTests {
         #expect(FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) && isDirectory.boolValue)
     }
 
+    @Test("a FIFO at the path: nil at once (no blocking open), and removed; a symbolic link: removed, its target kept")
+    func fifoAndLink() throws {
+        let path = Self.temporaryPath()
+        #expect(mkfifo(path, 0o600) == 0)
+        #expect(StallDetector.takeFatalStallReport(at: path) == nil)
+        #expect(!exists(path))
+        let target = Self.temporaryPath()
+        write(Array("not a report".utf8), to: target)
+        defer { unlink(target) }
+        #expect(symlink(target, path) == 0)
+        #expect(StallDetector.takeFatalStallReport(at: path) == nil)
+        #expect(!exists(path) && exists(target))
+    }
+
     @Test("a writer whose directory does not exist writes nothing and does not crash")
     func unwritable() {
         let writer = FatalReportWriter(path: "/nonexistent-\(UUID())/report.json")
