@@ -54,6 +54,15 @@ protocol GatedPrimitive: TimerEntry, InvocationTarget {
     var storage: StateLock<LockedMachine<Machine>> { get }
     var engine: TimerEngine { get }
     var executor: HandlerExecutor { get }
+    /// Runs `body` with the engine, without counting a reference to it where
+    /// the primitive does not (see `DelayedWork.withEngine(_:)`).
+    func withEngine<Result>(_ body: (TimerEngine) -> Result) -> Result
+}
+
+extension GatedPrimitive {
+    /// The engine as the primitive holds it.
+    @inline(__always)
+    func withEngine<Result>(_ body: (TimerEngine) -> Result) -> Result { body(engine) }
 }
 
 extension GatedPrimitive {
@@ -75,11 +84,11 @@ extension GatedPrimitive {
         case .keep:
             break
         case .arm(let deadline):
-            locked.armed = engine.arm(self, at: deadline)
+            locked.armed = withEngine { $0.arm(self, at: deadline) }
         case .disarm:
             if locked.armed != 0 {
                 locked.armed = 0
-                engine.disarm(self)
+                withEngine { _ = $0.disarm(self) }
             }
         }
     }
@@ -91,7 +100,7 @@ extension GatedPrimitive {
         if effects.wake { InvocationParking.wakeAll() }
         if let tag = effects.deliver {
             let executor = effects.deliverOnMainActor && !isRecording ? HandlerExecutor.mainActor : self.executor
-            executor.deliver(self, tag: tag, engine: engine)
+            withEngine { executor.deliver(self, tag: tag, engine: $0) }
         }
         if let ticket = effects.waitFor { storage.wait(for: ticket) }
     }
