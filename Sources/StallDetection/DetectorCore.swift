@@ -287,6 +287,16 @@ final class DetectorCore: Sendable {
         }
     }
 
+    /// The stack an `.ended` event shows: the sample of the thread that answered,
+    /// unless it was idle then (a `queue.sync` caller blocks, a worker answers);
+    /// never an idle stack in place of the one `.started` reported.
+    private static func endedBacktrace(
+        answeredBy thread: Int32?, samples: [Int32: StallBacktrace], reported: StallBacktrace
+    ) -> StallBacktrace {
+        guard let thread, let sample = samples[thread], !StackShape.looksIdle(sample.frames) else { return reported }
+        return sample
+    }
+
     /// Keeps the overdue deadline `overdueTimeout` from now: the pending look
     /// moved back, or a new one when the current one ran or has another timeout.
     /// Returns the replaced look, to be cancelled after the lock.
@@ -367,11 +377,7 @@ final class DetectorCore: Sendable {
         }
         state.open = nil
         if stall.suppressed { return nil }
-        // The sample of the thread that answered, unless it was idle then (a
-        // `queue.sync` caller blocks, a worker answers): never an idle stack in
-        // place of the one `.started` reported.
-        let answered = thread.flatMap { stall.samples[$0] }.flatMap { StackShape.looksIdle($0.frames) ? nil : $0 }
-        let confirmed = answered ?? stall.reported
+        let confirmed = Self.endedBacktrace(answeredBy: thread, samples: stall.samples, reported: stall.reported)
         return makeEvent(id: id, phase: .ended, duration: duration, backtrace: confirmed, sampling: stall.sampling)
     }
 
@@ -482,10 +488,7 @@ final class DetectorCore: Sendable {
             if let ended = stall.endedWhileSampling {
                 state.open = nil
                 if !stall.suppressed {
-                    let answered = ended.thread.flatMap { samples[$0] }.flatMap {
-                        StackShape.looksIdle($0.frames) ? nil : $0
-                    }
-                    let confirmed = answered ?? reported
+                    let confirmed = Self.endedBacktrace(answeredBy: ended.thread, samples: samples, reported: reported)
                     events.append(
                         makeEvent(
                             id: stall.id, phase: .ended, duration: ended.duration, backtrace: confirmed,

@@ -49,8 +49,9 @@ extension StallDetector {
             return nil
         }
         var status = stat()
-        guard fstat(descriptor, &status) == 0, status.st_mode & S_IFMT == S_IFREG else {
-            let isDirectory = fstat(descriptor, &status) == 0 && status.st_mode & S_IFMT == S_IFDIR
+        let kind = fstat(descriptor, &status) == 0 ? status.st_mode & S_IFMT : 0
+        guard kind == S_IFREG else {
+            let isDirectory = kind == S_IFDIR
             close(descriptor)
             if !isDirectory { unlink(path) }
             return nil

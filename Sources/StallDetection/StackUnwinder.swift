@@ -119,8 +119,9 @@ struct StackUnwinder {
         // The outer call is proven to lead to the inner frame, or cannot be
         // checked (through a register): a gap is then only filled by a word whose
         // own call provably leads to the inner frame.
+        let outerTarget = target(ofCallBefore: outer)
         func outerReaches(_ inner: UInt) -> Bool {
-            guard case .known(let outerTarget) = target(ofCallBefore: outer) else { return false }
+            guard case .known(let outerTarget) = outerTarget else { return false }
             return call(from: outer, to: outerTarget, reaches: inner)
         }
         guard !outerReaches(inner) else { return }
