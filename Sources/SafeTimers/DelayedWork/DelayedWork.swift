@@ -57,17 +57,55 @@ public final class DelayedWork: Sendable {
     /// work; nil for the shared scheduler's engine.
     private let engineOwner: TimerEngine?
 
-    private init(
-        executor: HandlerExecutor, engine: TimerEngine, retainingEngine: Bool, work: @escaping @Sendable () -> Void
-    ) {
+    /// Made without its work: ``arm(_:work:at:)`` installs it under the lock it
+    /// takes anyway (building the machine with the closure in it copied the
+    /// machine into the lock and counted a reference to the closure twice).
+    private init(executor: HandlerExecutor, engine: TimerEngine, retainingEngine: Bool) {
         self.executor = executor
         self.engineReference = Unmanaged.passUnretained(engine)
         self.engineOwner = retainingEngine ? engine : nil
-        self.storage = StateLock(LockedMachine(machine: DelayedWorkStateMachine(work: work)))
+        self.storage = StateLock(LockedMachine(machine: DelayedWorkStateMachine()))
+    }
+
+    /// Installs `work` and arms the new item at `deadline` (ticks).
+    ///
+    ///
+    /// The closure captures `self` and `engine` as `Unmanaged` values and borrows
+    /// them: both outlive the call, and captured references (strong or
+    /// `unowned(unsafe)`) were retained and released around the arming, the
+    /// shared engine's count being one cache line written by every thread.
+    @inline(__always)
+    private func arm(_ engine: TimerEngine, work: @escaping @Sendable () -> Void, at deadline: Int64) {
+        let item = Unmanaged.passUnretained(self)
+        let engine = Unmanaged.passUnretained(engine)
+        storage.withLock { locked in
+            locked.machine.install(work)
+            locked.armed = engine._withUnsafeGuaranteedRef { engine in
+                item._withUnsafeGuaranteedRef { engine.arm($0, at: deadline) }
+            }
+        }
     }
 
     /// ``SystemTimerScheduler/shared``'s engine, which is never released.
-    static let sharedEngine = SystemTimerScheduler.shared.engine
+    static var sharedEngine: TimerEngine { sharedEngineReference.takeUnretainedValue() }
+
+    /// The shared engine's address (0 until the first look). An `Atomic` global
+    /// is initialized statically, so the default path reads it with one load and
+    /// counts no reference; a lazy `static let` calls `swift_once` at every read
+    /// on Linux, and reading a class reference from it retains the engine (one
+    /// cache line written by every thread that schedules).
+    private static let sharedEngineAddress = Atomic<UInt>(0)
+
+    @inline(__always)
+    private static var sharedEngineReference: Unmanaged<TimerEngine> {
+        let address = sharedEngineAddress.load(ordering: .acquiring)
+        if _fastPath(address != 0) {
+            return Unmanaged.fromOpaque(UnsafeRawPointer(bitPattern: address)!)
+        }
+        let engine = Unmanaged.passUnretained(SystemTimerScheduler.shared.engine)
+        sharedEngineAddress.store(UInt(bitPattern: engine.toOpaque()), ordering: .releasing)
+        return engine
+    }
 
     /// Schedules `work` to run once on `queue` after `delay`.
     ///
@@ -90,7 +128,9 @@ public final class DelayedWork: Sendable {
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
         guard let scheduler else {
-            return schedule(after: delay, executor: .on(queue), sharedEngine: sharedEngine, work)
+            return sharedEngineReference._withUnsafeGuaranteedRef {
+                schedule(after: delay, executor: .on(queue), sharedEngine: $0, work)
+            }
         }
         return schedule(after: delay, executor: .on(queue), scheduler: scheduler, work)
     }
@@ -165,10 +205,8 @@ public final class DelayedWork: Sendable {
         engine: TimerEngine,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        let item = DelayedWork(
-            executor: executor, engine: engine, retainingEngine: engine !== sharedEngine, work: work)
-        let ticks = deadline(engine)
-        item.storage.withLock { $0.armed = engine.arm(item, at: ticks) }
+        let item = DelayedWork(executor: executor, engine: engine, retainingEngine: engine !== sharedEngine)
+        item.arm(engine, work: work, at: deadline(engine))
         return item
     }
 
@@ -179,9 +217,8 @@ public final class DelayedWork: Sendable {
         sharedEngine engine: TimerEngine,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        let item = DelayedWork(executor: executor, engine: engine, retainingEngine: false, work: work)
-        let ticks = DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay)
-        item.storage.withLock { $0.armed = engine.arm(item, at: ticks) }
+        let item = DelayedWork(executor: executor, engine: engine, retainingEngine: false)
+        item.arm(engine, work: work, at: DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay))
         return item
     }
 

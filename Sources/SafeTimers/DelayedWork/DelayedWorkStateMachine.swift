@@ -19,6 +19,15 @@ struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
         self.work = work
     }
 
+    /// A pending machine whose work ``install(_:)`` gives it before anything else
+    /// reaches it (``DelayedWork`` does so under its lock, before arming).
+    init() {}
+
+    /// Gives a machine made with ``init()`` its work.
+    mutating func install(_ work: @escaping @Sendable () -> Void) {
+        self.work = work
+    }
+
     /// Whether the work is still held (for leak tests).
     var holdsWork: Bool { work != nil }
 

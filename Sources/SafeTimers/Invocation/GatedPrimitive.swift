@@ -68,11 +68,16 @@ extension GatedPrimitive {
 extension GatedPrimitive {
     /// Applies `input` to the machine under the lock, performing its timer
     /// command there too; returns the rest of its effects.
+    ///
+    /// The closure borrows `self` through an `Unmanaged` value: a captured
+    /// reference was retained and released around the lock (two atomic writes
+    /// per call, a third of a `DelayedWork` cancel's).
     @inline(__always)
     func transition(_ input: (inout Machine) -> MachineEffects) -> MachineEffects {
-        storage.withLock { locked -> MachineEffects in
+        let primitive = Unmanaged.passUnretained(self)
+        return storage.withLock { locked -> MachineEffects in
             let effects = input(&locked.machine)
-            apply(effects.timer, to: &locked)
+            primitive._withUnsafeGuaranteedRef { $0.apply(effects.timer, to: &locked) }
             return effects
         }
     }
@@ -138,11 +143,12 @@ extension GatedPrimitive {
     /// `input` handles the deadline (lock held), and its effects are completed.
     @inline(__always)
     func fired(sequence: UInt64, _ input: (inout Machine) -> MachineEffects) {
+        let primitive = Unmanaged.passUnretained(self)
         let effects = storage.withLock { locked -> MachineEffects? in
             guard locked.armed == sequence else { return nil }
             locked.armed = 0
             let effects = input(&locked.machine)
-            apply(effects.timer, to: &locked)
+            primitive._withUnsafeGuaranteedRef { $0.apply(effects.timer, to: &locked) }
             return effects
         }
         if let effects { complete(effects) }

@@ -34,6 +34,16 @@ package struct StateLock<Value: ~Copyable>: ~Copyable, Sendable {
     package borrowing func withLock<Result: ~Copyable, Failure: Error>(
         _ body: (inout sending Value) throws(Failure) -> sending Result
     ) throws(Failure) -> sending Result {
+        if _fastPath(!ThreadSanitizerAnnotations.mayBeActive) { return try mutex.withLock(body) }
+        return try withAnnotatedLock(body)
+    }
+
+    /// ``withLock(_:)`` in a process that may run under ThreadSanitizer.
+    @inline(never)
+    private borrowing func withAnnotatedLock<Result: ~Copyable, Failure: Error>(
+        _ body: (inout sending Value) throws(Failure) -> sending Result
+    ) throws(Failure) -> sending Result {
+        ThreadSanitizerAnnotations.look()
         guard let annotations = ThreadSanitizerAnnotations.functions else { return try mutex.withLock(body) }
         // The mutex's own address keys the annotations: reading it is no access
         // to the protected value, so TSan sees none before the acquire.
@@ -57,6 +67,21 @@ enum ThreadSanitizerAnnotations {
 
     /// Whether this process runs under ThreadSanitizer.
     static var isActive: Bool { functions != nil }
+
+    /// 0 until the first look, then 1 without ThreadSanitizer and 2 with it. An
+    /// `Atomic` global is initialized statically, so reading it is one load;
+    /// reading ``functions`` (a lazy global) calls `swift_once` every time on
+    /// Linux, which was two calls per `DelayedWork` schedule and cancel.
+    private static let known = Atomic<Int>(0)
+
+    /// False once this process is known to run without ThreadSanitizer.
+    @inline(__always)
+    static var mayBeActive: Bool { known.load(ordering: .relaxed) != 1 }
+
+    /// Looks once (``withLock(_:)``'s slow path).
+    static func look() {
+        if known.load(ordering: .relaxed) == 0 { known.store(functions == nil ? 1 : 2, ordering: .relaxed) }
+    }
 
     static let functions: Functions? = {
         let process = UnsafeMutableRawPointer(bitPattern: 0)

@@ -16,7 +16,8 @@ import Musl
 /// once in `init` and freed once in `deinit`, never moved; every access goes through
 /// the pthread calls, which are thread-safe by contract.
 package final class ConditionLock: @unchecked Sendable {
-    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    /// The mutex (a shard of an engine locks it directly, see `TimerEngine.Shard`).
+    let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
 
     /// Creates an unlocked lock.

@@ -90,29 +90,33 @@ public final class TimerEngine: @unchecked Sendable {
 
     /// A lock and a wheel. See "Shards" above.
     ///
-    /// `@unchecked Sendable` invariant: `state` is read and written only while
-    /// `lock` is held; `target` is atomic; the rest is immutable.
-    final class Shard: @unchecked Sendable {
-        /// Keeps `target` off the cache line of whatever was allocated before.
-        private let leadingPad: (Int64, Int64, Int64, Int64, Int64, Int64, Int64, Int64) = (0, 0, 0, 0, 0, 0, 0, 0)
-        /// Nothing in this shard is due before this time (ticks).
-        let target = Atomic<Int64>(DeadlineArithmetic.never)
-        let lock: ConditionLock
+    /// A trivial value of pointers: fetching a shard from the engine counts no
+    /// reference (a class here had every arming and cancel retain and release
+    /// its shard, two more atomic writes per call). The engine owns what the
+    /// pointers point to (``ShardMemory``) and frees it in its `deinit`.
+    ///
+    /// `state` is read and written only while the lock is held; `target` is
+    /// atomic; the rest is immutable.
+    struct Shard {
+        /// Nothing in this shard is due before this time (ticks). On a cache line
+        /// (two, against adjacent-line prefetching) of its own.
+        let target: UnsafeMutablePointer<Atomic<Int64>>
+        /// The shard's lock (the engine's own lock for a manual engine's one shard).
+        let mutex: UnsafeMutablePointer<pthread_mutex_t>
         let state: UnsafeMutablePointer<ShardState>
         let number: Int
-        /// Keeps `target` off the cache line of whatever is allocated next.
-        private let trailingPad: (Int64, Int64, Int64, Int64, Int64, Int64, Int64, Int64) = (0, 0, 0, 0, 0, 0, 0, 0)
 
-        init(number: Int, lock: ConditionLock) {
-            self.number = number
-            self.lock = lock
-            state = .allocate(capacity: 1)
-            state.initialize(to: ShardState(wheel: TimerWheel(slotTag: number << TimerEngine.shardShift)))
-        }
+        @inline(__always)
+        func lock() { pthread_mutex_lock(mutex) }
 
-        deinit {
-            state.deinitialize(count: 1)
-            state.deallocate()
+        @inline(__always)
+        func unlock() { pthread_mutex_unlock(mutex) }
+
+        @inline(__always)
+        func withLock<Result>(_ body: () throws -> Result) rethrows -> Result {
+            lock()
+            defer { unlock() }
+            return try body()
         }
 
         /// The next arming's sequence number (lock held): increasing within the
@@ -122,6 +126,29 @@ public final class TimerEngine: @unchecked Sendable {
         func nextSequence() -> UInt64 {
             state.pointee.lastSequence &+= 1
             return state.pointee.lastSequence &<< TimerEngine.shardBits | UInt64(number)
+        }
+    }
+
+    /// What a ``Shard`` points to, owned by the engine.
+    private struct ShardMemory {
+        let lock: ConditionLock
+        let shard: Shard
+
+        init(number: Int, lock: ConditionLock) {
+            self.lock = lock
+            let target = UnsafeMutableRawPointer.allocate(byteCount: 128, alignment: 128)
+                .bindMemory(to: Atomic<Int64>.self, capacity: 1)
+            target.initialize(to: Atomic(DeadlineArithmetic.never))
+            let state = UnsafeMutablePointer<ShardState>.allocate(capacity: 1)
+            state.initialize(to: ShardState(wheel: TimerWheel(slotTag: number << TimerEngine.shardShift)))
+            shard = Shard(target: target, mutex: lock.mutex, state: state, number: number)
+        }
+
+        func free() {
+            shard.state.deinitialize(count: 1)
+            shard.state.deallocate()
+            shard.target.deinitialize(count: 1)
+            UnsafeMutableRawPointer(shard.target).deallocate()
         }
     }
 
@@ -135,6 +162,8 @@ public final class TimerEngine: @unchecked Sendable {
     /// The shards, in memory allocated once: an `Array` here would have every
     /// arming thread write the array's reference count, one cache line for all.
     private let shards: UnsafeMutableBufferPointer<Shard>
+    /// What the shards point to (their locks are kept alive here).
+    private let shardMemory: [ShardMemory]
     /// The calling thread's shard (see ``ThreadShard``).
     @inline(__always)
     private var threadShard: Shard { shards[ThreadShard.current() & (shards.count &- 1)] }
@@ -184,11 +213,10 @@ public final class TimerEngine: @unchecked Sendable {
         state = .allocate(capacity: 1)
         state.initialize(to: State())
         let count = virtual ? 1 : Self.realTimeShardCount
+        let lock = self.lock
+        shardMemory = (0..<count).map { ShardMemory(number: $0, lock: virtual ? lock : ConditionLock()) }
         shards = .allocate(capacity: count)
-        for number in 0..<count {
-            (shards.baseAddress! + number).initialize(
-                to: Shard(number: number, lock: virtual ? lock : ConditionLock()))
-        }
+        _ = shards.initialize(from: shardMemory.map(\.shard))
     }
 
     deinit {
@@ -198,6 +226,7 @@ public final class TimerEngine: @unchecked Sendable {
         for shard in shards { entries += shard.state.pointee.wheel.removeAll() }
         _ = shards.deinitialize()
         shards.deallocate()
+        for memory in shardMemory { memory.free() }
         state.deinitialize(count: 1)
         state.deallocate()
         _ = entries
@@ -220,7 +249,7 @@ public final class TimerEngine: @unchecked Sendable {
     ///   all at once), so while other threads arm and cancel, the sum is not a
     ///   snapshot of one instant.
     public var pendingCount: Int {
-        shards.reduce(0) { total, shard in total + shard.lock.withLock { shard.state.pointee.wheel.count } }
+        shards.reduce(0) { total, shard in total + shard.withLock { shard.state.pointee.wheel.count } }
     }
 
     /// How many shards keep this engine's entries (1 for a manual engine).
@@ -243,19 +272,19 @@ public final class TimerEngine: @unchecked Sendable {
     /// its primitive serializes) puts it into a shard, so once the lock is held
     /// and the slot still names the shard, it stays there.
     @inline(__always)
-    private func lockedShard(for entry: any TimerEntry) -> (Shard, Int32) {
+    private func lockedShard<Entry: TimerEntry>(for entry: Entry) -> (Shard, Int32) {
         while true {
             let slot = entry.timerSlot
             let shard = slot >= 0 ? shards[slot &>> Self.shardShift] : threadShard
-            shard.lock.lock()
+            shard.lock()
             let current = entry.timerSlot
             if current == slot {
                 return (shard, current >= 0 ? Int32(truncatingIfNeeded: current) : -1)
             }
-            if current < 0 && shard === threadShard {
+            if current < 0 && shard.number == threadShard.number {
                 return (shard, -1)
             }
-            shard.lock.unlock()
+            shard.unlock()
         }
     }
 
@@ -271,11 +300,11 @@ public final class TimerEngine: @unchecked Sendable {
     ///   takes the lock of one shard only, and wakes the scheduler thread only
     ///   when `deadline` is earlier than the time it sleeps until.
     @discardableResult
-    func arm(_ entry: any TimerEntry, at deadline: Int64) -> UInt64 {
+    func arm<Entry: TimerEntry>(_ entry: Entry, at deadline: Int64) -> UInt64 {
         if isVirtual { return armVirtual(entry, at: deadline) }
         let (shard, node) = lockedShard(for: entry)
         let sequence = shard.nextSequence()
-        let published = shard.target.load(ordering: .relaxed)
+        let published = shard.target.pointee.load(ordering: .relaxed)
         let lowered = deadline < published
         if node >= 0 {
             shard.state.pointee.wheel.update(node: node, deadline: deadline, sequence: sequence)
@@ -287,13 +316,13 @@ public final class TimerEngine: @unchecked Sendable {
                 // old time for nothing. (Raising is always safe: a thread that
                 // read the old value wakes once, finds nothing due, sleeps again.)
                 let exact = shard.state.pointee.wheel.wakeUpTarget()
-                if exact > published { shard.target.store(exact, ordering: .sequentiallyConsistent) }
+                if exact > published { shard.target.pointee.store(exact, ordering: .sequentiallyConsistent) }
             }
         } else {
             shard.state.pointee.wheel.insert(entry, deadline: deadline, sequence: sequence)
         }
-        if lowered { shard.target.store(deadline, ordering: .sequentiallyConsistent) }
-        shard.lock.unlock()
+        if lowered { shard.target.pointee.store(deadline, ordering: .sequentiallyConsistent) }
+        shard.unlock()
         if !threadStarted.load(ordering: .sequentiallyConsistent) {
             startThreadIfNeeded()
         } else if lowered && deadline < sleepingUntil.load(ordering: .sequentiallyConsistent) {
@@ -346,12 +375,16 @@ public final class TimerEngine: @unchecked Sendable {
     /// - Complexity: O(1) in the number of armed entries; takes the lock of the
     ///   shard that holds the entry only.
     @discardableResult
-    func disarm(_ entry: any TimerEntry) -> Bool {
+    func disarm<Entry: TimerEntry>(_ entry: Entry) -> Bool {
         guard entry.timerSlot >= 0 else { return false }
         let (shard, node) = lockedShard(for: entry)
-        let removed = node >= 0 ? shard.state.pointee.wheel.remove(node: node) : nil
+        var removed: (any TimerEntry)? = nil
+        if node >= 0 {
+            removed = shard.state.pointee.wheel.removeKeepingSlot(node: node)
+            entry.timerSlot = -1
+        }
         let emptied = shard.state.pointee.wheel.count == 0
-        shard.lock.unlock()
+        shard.unlock()
         if emptied && !isVirtual && retired.load(ordering: .relaxed) {
             lock.withLock { lock.signal() }  // a retired engine's thread may end now
         }
@@ -580,7 +613,7 @@ public final class TimerEngine: @unchecked Sendable {
     public var nextDeadline: Int64? {
         var earliest: Int64? = nil
         for shard in shards {
-            if let deadline = shard.lock.withLock({ shard.state.pointee.wheel.earliestDeadline() }) {
+            if let deadline = shard.withLock({ shard.state.pointee.wheel.earliestDeadline() }) {
                 earliest = min(earliest ?? deadline, deadline)
             }
         }
@@ -602,9 +635,9 @@ public final class TimerEngine: @unchecked Sendable {
         lock.unlock()
         var dropped: [any TimerEntry] = []
         for shard in shards {
-            shard.lock.lock()
+            shard.lock()
             dropped += shard.state.pointee.wheel.removeAll()
-            shard.lock.unlock()
+            shard.unlock()
         }
         _ = (dropped, deliveries)  // released outside the locks
     }
@@ -630,7 +663,7 @@ public final class TimerEngine: @unchecked Sendable {
 
     /// Whether every shard is empty (takes each shard's lock in turn).
     private var isEmpty: Bool {
-        shards.allSatisfy { shard in shard.lock.withLock { shard.state.pointee.wheel.count == 0 } }
+        shards.allSatisfy { shard in shard.withLock { shard.state.pointee.wheel.count == 0 } }
     }
 
     private func runSchedulerThread() {
@@ -664,16 +697,16 @@ public final class TimerEngine: @unchecked Sendable {
             // than the last entry taken from it: nothing later than the earliest
             // such deadline may fire in this round.
             var cut = Int64.max
-            for shard in shards where shard.target.load(ordering: .sequentiallyConsistent) <= now {
-                shard.lock.lock()
+            for shard in shards where shard.target.pointee.load(ordering: .sequentiallyConsistent) <= now {
+                shard.lock()
                 let before = batch.count
                 while batch.count - before < Self.batchLimit, let fired = shard.state.pointee.wheel.popDue(now: now) {
                     batch.append(fired)
                 }
                 let limited = batch.count - before == Self.batchLimit
                 let target = limited ? now : shard.state.pointee.wheel.wakeUpTarget()
-                shard.target.store(target, ordering: .sequentiallyConsistent)
-                shard.lock.unlock()
+                shard.target.pointee.store(target, ordering: .sequentiallyConsistent)
+                shard.unlock()
                 if limited { cut = min(cut, batch[batch.count - 1].deadline) }
                 if batch.count > before {
                     if firstShard < 0 { firstShard = shard.number } else { fromSeveralShards = true }
@@ -706,12 +739,12 @@ public final class TimerEngine: @unchecked Sendable {
                 return
             }
             var earliest = DeadlineArithmetic.never
-            for shard in shards { earliest = min(earliest, shard.target.load(ordering: .relaxed)) }
+            for shard in shards { earliest = min(earliest, shard.target.pointee.load(ordering: .relaxed)) }
             sleepingUntil.store(earliest, ordering: .sequentiallyConsistent)
             // The second look (see "Shards"): an arming that lowered a target
             // before it could see `sleepingUntil` is seen here.
             var again = DeadlineArithmetic.never
-            for shard in shards { again = min(again, shard.target.load(ordering: .sequentiallyConsistent)) }
+            for shard in shards { again = min(again, shard.target.pointee.load(ordering: .sequentiallyConsistent)) }
             let absolute = DeadlineArithmetic.adding(earliest, to: origin)
             if again < earliest || earliest <= MonotonicClock.nanoseconds() &- origin {
                 sleepingUntil.store(Int64.min, ordering: .sequentiallyConsistent)
@@ -745,13 +778,29 @@ public final class TimerEngine: @unchecked Sendable {
 enum ThreadShard {
     private static let next = Atomic<Int>(0)
 
-    /// The thread-specific key holding the thread's number + 1 (0: none yet).
-    private static let key: pthread_key_t = {
+    /// The thread-specific key + 1 (0 until it is made). An `Atomic` global is
+    /// initialized statically: reading it is one load, where a lazy `static let`
+    /// calls `swift_once` at every arming on Linux.
+    private static let keyPlusOne = Atomic<Int>(0)
+
+    @inline(__always)
+    private static var key: pthread_key_t {
+        let stored = keyPlusOne.load(ordering: .acquiring)
+        return _fastPath(stored != 0) ? pthread_key_t(truncatingIfNeeded: stored &- 1) : makeKey()
+    }
+
+    /// Makes the key; when two threads race, the first stored key is kept and
+    /// the other deleted.
+    private static func makeKey() -> pthread_key_t {
         var key = pthread_key_t()
         let result = pthread_key_create(&key, nil)
         precondition(result == 0, "pthread_key_create failed: \(result)")
-        return key
-    }()
+        let (exchanged, original) = keyPlusOne.compareExchange(
+            expected: 0, desired: Int(key) &+ 1, ordering: .acquiringAndReleasing)
+        if exchanged { return key }
+        pthread_key_delete(key)
+        return pthread_key_t(truncatingIfNeeded: original &- 1)
+    }
 
     /// The calling thread's number.
     @inline(__always)

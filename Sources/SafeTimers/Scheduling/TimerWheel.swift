@@ -95,9 +95,12 @@ struct TimerWheel: ~Copyable {
 
     /// Arms `entry`, which must not be armed, and records its node in it.
     ///
+    /// Generic so that, for a concrete entry type, recording the node is a plain
+    /// store (through an existential it costs a retain and a release).
+    ///
     /// - Complexity: O(1) (O(log k) for the k entries due in the current granule).
     @inline(__always)
-    mutating func insert(_ entry: any TimerEntry, deadline: Int64, sequence: UInt64) {
+    mutating func insert<Entry: TimerEntry>(_ entry: Entry, deadline: Int64, sequence: UInt64) {
         let index = slab.allocate()
         let node = slab[index]
         node.pointee.deadline = deadline
@@ -122,15 +125,26 @@ struct TimerWheel: ~Copyable {
     /// Disarms the entry in node `index` and hands it back, so that the caller
     /// can drop the engine's reference outside its lock.
     ///
+    /// The entry still names the node: the caller, which holds the lock, sets its
+    /// ``TimerEntry/timerSlot`` to -1 (as a plain store when it knows the entry's
+    /// type; see ``remove(node:)``).
+    ///
     /// - Complexity: as ``insert(_:deadline:sequence:)``.
     @inline(__always)
-    mutating func remove(node index: Int32) -> (any TimerEntry)? {
+    mutating func removeKeepingSlot(node index: Int32) -> (any TimerEntry)? {
         let node = slab[index]
         unlink(index, node)
         let entry = node.pointee.entry.take()
-        entry?.timerSlot = -1
         slab.free(index)
         count -= 1
+        return entry
+    }
+
+    /// Disarms the entry in node `index`, marks it unarmed, and hands it back.
+    @inline(__always)
+    mutating func remove(node index: Int32) -> (any TimerEntry)? {
+        let entry = removeKeepingSlot(node: index)
+        entry?.timerSlot = -1
         return entry
     }
 
