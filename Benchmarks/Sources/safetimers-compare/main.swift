@@ -1,7 +1,8 @@
 // The side-by-side comparison: `swift run -c release safetimers-compare`.
 // `--quick` runs fewer iterations and smaller scales (for CI smoke runs).
 // `--scaling` runs only the single-thread costs and the 1/2/4/8-thread throughput
-// rows; `--lateness` only the lateness rows.
+// rows; `--lateness` only the lateness rows; `--footprint` only the bytes per
+// pending DelayedWork.
 
 import Dispatch
 import Foundation
@@ -33,6 +34,14 @@ if CommandLine.arguments.contains("--activities") {
 if CommandLine.arguments.contains("--profile-arm-cancel") {
     // A long loop of one operation, for `perf record`.
     print(ArmCancel.delayedWork(pending: 0, iterations: 2_000_000), "ns/op")
+    exit(0)
+}
+
+if CommandLine.arguments.contains("--footprint") {
+    // Only the bytes per pending DelayedWork (and kept after cancel).
+    _ = Footprint.delayedWork(count: 1_000)  // one-time allocations (thread ids, the first slab chunk)
+    let (perItem, kept) = Footprint.delayedWork(count: footprintCount)
+    print("DelayedWork: \(format(perItem, decimals: 1)) B per pending item, \(format(kept, decimals: 1)) B kept after cancel")
     exit(0)
 }
 
@@ -79,6 +88,7 @@ if CommandLine.arguments.contains("--scaling") {
 print("SafeTimers side-by-side benchmark (\(quick ? "quick" : "full") run)")
 
 // Memory first, while the allocator holds nothing else of ours.
+_ = Footprint.delayedWork(count: 1_000)  // one-time allocations (thread ids, the first slab chunk)
 let safeMemory = Footprint.delayedWork(count: footprintCount)
 let asyncAfterMemory = Footprint.asyncAfter(count: footprintCount)
 let sourceMemory = Footprint.dispatchSource(count: footprintCount)

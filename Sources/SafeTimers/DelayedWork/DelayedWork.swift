@@ -44,27 +44,32 @@ public final class DelayedWork: Sendable {
     let storage: StateLock<LockedMachine<DelayedWorkStateMachine>>
     private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
-    /// The scheduler's engine, not reference-counted here: `engineOwner` keeps a
-    /// private scheduler's engine alive; the shared scheduler's lives as long as
-    /// the process. (Counting references to the shared engine would make every
-    /// thread that schedules work write one cache line, shared by all, twice per
-    /// item.)
+    /// The scheduler's engine, counted by hand: retained in `init` and released
+    /// in `deinit` unless it is the shared scheduler's, which lives as long as
+    /// the process (so that releasing a private scheduler never drops this work,
+    /// and so that the shared engine's count, one cache line all threads would
+    /// write twice per item, is never touched). One field, not a reference and an
+    /// owner: every pending item carries it.
     private let engineReference: Unmanaged<TimerEngine>
     /// The engine (a strong reference for the caller; the hot paths use
     /// ``withEngine(_:)``, which counts none).
     var engine: TimerEngine { engineReference.takeUnretainedValue() }
-    /// The engine, kept so that releasing a private scheduler never drops this
-    /// work; nil for the shared scheduler's engine.
-    private let engineOwner: TimerEngine?
 
     /// Made without its work: ``arm(_:work:at:)`` installs it under the lock it
     /// takes anyway (building the machine with the closure in it copied the
     /// machine into the lock and counted a reference to the closure twice).
-    private init(executor: HandlerExecutor, engine: TimerEngine, retainingEngine: Bool) {
+    ///
+    /// The engine comes as an `Unmanaged` value: an initializer takes its
+    /// arguments owned, so passing the engine itself retained and released it.
+    private init(executor: HandlerExecutor, engine reference: Unmanaged<TimerEngine>) {
         self.executor = executor
-        self.engineReference = Unmanaged.passUnretained(engine)
-        self.engineOwner = retainingEngine ? engine : nil
+        if reference.toOpaque() != Self.sharedEngineReference.toOpaque() { _ = reference.retain() }
+        self.engineReference = reference
         self.storage = StateLock(LockedMachine(machine: DelayedWorkStateMachine()))
+    }
+
+    deinit {
+        if engineReference.toOpaque() != Self.sharedEngineReference.toOpaque() { engineReference.release() }
     }
 
     /// Installs `work` and arms the new item at `deadline` (ticks).
@@ -97,7 +102,7 @@ public final class DelayedWork: Sendable {
     private static let sharedEngineAddress = Atomic<UInt>(0)
 
     @inline(__always)
-    private static var sharedEngineReference: Unmanaged<TimerEngine> {
+    static var sharedEngineReference: Unmanaged<TimerEngine> {
         let address = sharedEngineAddress.load(ordering: .acquiring)
         if _fastPath(address != 0) {
             return Unmanaged.fromOpaque(UnsafeRawPointer(bitPattern: address)!)
@@ -205,7 +210,7 @@ public final class DelayedWork: Sendable {
         engine: TimerEngine,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        let item = DelayedWork(executor: executor, engine: engine, retainingEngine: engine !== sharedEngine)
+        let item = DelayedWork(executor: executor, engine: Unmanaged.passUnretained(engine))
         item.arm(engine, work: work, at: deadline(engine))
         return item
     }
@@ -217,7 +222,7 @@ public final class DelayedWork: Sendable {
         sharedEngine engine: TimerEngine,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        let item = DelayedWork(executor: executor, engine: engine, retainingEngine: false)
+        let item = DelayedWork(executor: executor, engine: Unmanaged.passUnretained(engine))
         item.arm(engine, work: work, at: DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay))
         return item
     }

@@ -11,9 +11,11 @@
 ///
 /// Other inputs are no-ops.
 struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
-    private(set) var state = DelayedWork.State.pending
+    // Declared in this order so that `state` fills the gate's last byte of
+    // alignment padding: every pending `DelayedWork` carries one of these.
     private var work: (@Sendable () -> Void)?
     var gate = InvocationGate()
+    private(set) var state = DelayedWork.State.pending
 
     init(work: @escaping @Sendable () -> Void) {
         self.work = work

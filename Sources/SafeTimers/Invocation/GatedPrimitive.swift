@@ -28,10 +28,11 @@ struct MachineEffects {
 /// A primitive's state machine and the engine arming it answers to, as kept
 /// under the primitive's lock.
 struct LockedMachine<Machine: GatedStateMachine>: GatedStateMachine {
-    var machine: Machine
     /// The sequence number of the engine arming that is current; 0 when disarmed.
-    /// A firing of an older arming is ignored.
+    /// A firing of an older arming is ignored. (First, so that a machine whose
+    /// size is not a multiple of 8 leaves its tail padding to what follows.)
     var armed: UInt64 = 0
+    var machine: Machine
 
     var gate: InvocationGate {
         get { machine.gate }

@@ -26,43 +26,63 @@
 /// Thread ids are plain values (``ThreadIdentity/current()`` in production,
 /// made-up ones in the interleaving explorer), so the gate is deterministic and
 /// can be driven through every interleaving.
+///
+/// Kept in 15 bytes, since every pending primitive carries one: tags and the
+/// count of ended invocations are 32-bit and wrap (a revoked delivery whose tag
+/// comes round again after 2^32 deliveries would at most begin the one that is
+/// queued then, which the gate admits anyway; tickets compare counts by wrapping
+/// difference), and thread ids are ``ThreadIdentity/current()`` numbers, which
+/// fit in 32 bits.
 struct InvocationGate: Sendable, Hashable {
-    /// The tag that may begin, if an invocation is queued.
-    private(set) var queued: UInt64?
-    /// The last tag handed out.
-    private var lastTag: UInt64 = 0
     /// The thread running the handler; 0 when none runs.
-    private(set) var runner: UInt = 0
-    /// Invocations ended, ever.
-    private(set) var ended: UInt64 = 0
+    private var runningThread: UInt32 = 0
+    /// The last tag handed out.
+    private var lastTag: UInt32 = 0
+    /// Invocations ended, ever (wrapping).
+    private var endedCount: UInt32 = 0
     /// Threads waiting in a cancel for the running invocation to end.
-    private(set) var waiters = 0
+    private var waiterCount: UInt16 = 0
+    /// Whether `lastTag` is queued.
+    private var isQueued = false
+
+    /// The tag that may begin, if an invocation is queued.
+    var queued: UInt64? { isQueued ? UInt64(lastTag) : nil }
+
+    /// The thread running the handler; 0 when none runs.
+    var runner: UInt { UInt(runningThread) }
+
+    /// Invocations ended, ever (wrapping at 2^32).
+    var ended: UInt64 { UInt64(endedCount) }
+
+    /// Threads waiting in a cancel for the running invocation to end.
+    var waiters: Int { Int(waiterCount) }
 
     /// Whether nothing is in flight: no invocation queued, none running.
-    var isIdle: Bool { queued == nil && runner == 0 }
+    var isIdle: Bool { !isQueued && runningThread == 0 }
 
     /// Whether a handler invocation is running.
-    var isRunning: Bool { runner != 0 }
+    var isRunning: Bool { runningThread != 0 }
 
     /// Queues a new invocation and returns its tag, or nil when one is already in
     /// flight (the caller then owes it, by its own rules).
     mutating func deliver() -> UInt64? {
         guard isIdle else { return nil }
         lastTag &+= 1
-        queued = lastTag
-        return lastTag
+        isQueued = true
+        return UInt64(lastTag)
     }
 
     /// Makes the queued invocation, if any, never begin.
     mutating func revoke() {
-        queued = nil
+        isQueued = false
     }
 
     /// The executor reached `tag` on `thread`: returns whether it may run.
+    /// `thread` must be below 2^32 and not 0 (``ThreadIdentity/current()`` is).
     mutating func begin(tag: UInt64, thread: UInt) -> Bool {
-        guard queued == tag, runner == 0 else { return false }
-        queued = nil
-        runner = thread
+        guard isQueued, UInt64(lastTag) == tag, runningThread == 0 else { return false }
+        isQueued = false
+        runningThread = UInt32(truncatingIfNeeded: thread)
         return true
     }
 
@@ -70,30 +90,32 @@ struct InvocationGate: Sendable, Hashable {
     /// which case the caller wakes the waiters (``InvocationParking/wakeAll()``)
     /// once it has released its lock.
     mutating func end() -> Bool {
-        runner = 0
-        ended &+= 1
-        return waiters > 0
+        runningThread = 0
+        endedCount &+= 1
+        return waiterCount > 0
     }
 
     /// If the handler runs on a thread other than `thread`, registers a waiter and
     /// returns the ticket it waits for; nil when there is nothing to wait for.
+    /// (Also nil for a 65,536th thread waiting at once for one handler: it
+    /// returns without waiting rather than overflow the count.)
     mutating func waitTicket(thread: UInt) -> WaitTicket? {
-        guard runner != 0, runner != thread else { return nil }
-        waiters += 1
-        return WaitTicket(ended: ended &+ 1, runner: runner)
+        guard runningThread != 0, UInt(runningThread) != thread, waiterCount < UInt16.max else { return nil }
+        waiterCount += 1
+        return WaitTicket(ended: endedCount &+ 1, runner: UInt(runningThread))
     }
 
     /// Whether the invocation a ticket waits for has ended.
-    func hasPassed(_ ticket: WaitTicket) -> Bool { ended >= ticket.ended }
+    func hasPassed(_ ticket: WaitTicket) -> Bool { Int32(bitPattern: endedCount &- ticket.ended) >= 0 }
 
     /// A waiter stopped waiting.
-    mutating func leave() { waiters -= 1 }
+    mutating func leave() { waiterCount -= 1 }
 }
 
 /// What a cancel waits for: the invocation that runs on `runner` to end (the
-/// gate's count of ended invocations to reach `ended`).
+/// gate's count of ended invocations to reach `ended`, wrapping).
 struct WaitTicket: Sendable, Hashable {
-    let ended: UInt64
+    let ended: UInt32
     let runner: UInt
 }
 

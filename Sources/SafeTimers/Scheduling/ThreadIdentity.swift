@@ -1,3 +1,5 @@
+import Synchronization
+
 #if canImport(Darwin)
 import Darwin
 #elseif canImport(Glibc)
@@ -34,14 +36,49 @@ package enum ThreadIdentity {
         #endif
     }
 
-    /// An id of the current thread, comparable with `==` among live threads.
+    /// An id of the current thread, comparable with `==` among live threads:
+    /// a number given to each thread at its first call, counting from 1, below
+    /// 2^32 (so that a primitive keeps the thread running its handler in four
+    /// bytes). Numbers are never reused while fewer than 2^32 threads have asked
+    /// for one; `pthread_self()` values are reused as soon as a thread ends.
     @inline(__always)
     package static func current() -> UInt {
-        #if canImport(Darwin)
-        return UInt(bitPattern: pthread_self())
-        #else
-        return UInt(pthread_self())
-        #endif
+        let stored = UInt(bitPattern: pthread_getspecific(numberKey))
+        return _fastPath(stored != 0) ? stored : assignNumber()
+    }
+
+    /// The last number given out.
+    private static let lastNumber = Atomic<UInt32>(0)
+
+    /// The thread-specific key + 1 (0 until it is made). An `Atomic` global is
+    /// initialized statically, so reading it is one load (a lazy `static let`
+    /// calls `swift_once` at every read on Linux).
+    private static let numberKeyPlusOne = Atomic<Int>(0)
+
+    @inline(__always)
+    private static var numberKey: pthread_key_t {
+        let stored = numberKeyPlusOne.load(ordering: .acquiring)
+        return _fastPath(stored != 0) ? pthread_key_t(truncatingIfNeeded: stored &- 1) : makeNumberKey()
+    }
+
+    /// Makes the key; when two threads race, the first stored key is kept and the
+    /// other deleted.
+    private static func makeNumberKey() -> pthread_key_t {
+        var key = pthread_key_t()
+        let result = pthread_key_create(&key, nil)
+        precondition(result == 0, "pthread_key_create failed: \(result)")
+        let (exchanged, original) = numberKeyPlusOne.compareExchange(
+            expected: 0, desired: Int(key) &+ 1, ordering: .acquiringAndReleasing)
+        if exchanged { return key }
+        pthread_key_delete(key)
+        return pthread_key_t(truncatingIfNeeded: original &- 1)
+    }
+
+    private static func assignNumber() -> UInt {
+        var number = lastNumber.wrappingAdd(1, ordering: .relaxed).newValue
+        if number == 0 { number = lastNumber.wrappingAdd(1, ordering: .relaxed).newValue }
+        pthread_setspecific(numberKey, UnsafeRawPointer(bitPattern: UInt(number)))
+        return UInt(number)
     }
 
     /// Whether the current thread is the process's main thread.

@@ -378,7 +378,7 @@ public final class TimerEngine: @unchecked Sendable {
     func disarm<Entry: TimerEntry>(_ entry: Entry) -> Bool {
         guard entry.timerSlot >= 0 else { return false }
         let (shard, node) = lockedShard(for: entry)
-        var removed: (any TimerEntry)? = nil
+        var removed = TimerEntryReference.none
         if node >= 0 {
             removed = shard.state.pointee.wheel.removeKeepingSlot(node: node)
             entry.timerSlot = -1
@@ -388,9 +388,11 @@ public final class TimerEngine: @unchecked Sendable {
         if emptied && !isVirtual && retired.load(ordering: .relaxed) {
             lock.withLock { lock.signal() }  // a retired engine's thread may end now
         }
-        // `removed` (and with it possibly the last reference to the entry) is
+        // The engine's reference (possibly the last one to the entry) is
         // released here, outside the lock.
-        return removed != nil
+        let wasArmed = !removed.isNone
+        removed.release()
+        return wasArmed
     }
 
     // MARK: Sleepers
@@ -776,42 +778,9 @@ public final class TimerEngine: @unchecked Sendable {
 /// the thread's id would put two of two threads in one shard a quarter of the
 /// time). An engine takes the number modulo its shard count.
 enum ThreadShard {
-    private static let next = Atomic<Int>(0)
-
-    /// The thread-specific key + 1 (0 until it is made). An `Atomic` global is
-    /// initialized statically: reading it is one load, where a lazy `static let`
-    /// calls `swift_once` at every arming on Linux.
-    private static let keyPlusOne = Atomic<Int>(0)
-
+    /// The calling thread's number: its ``ThreadIdentity/current()`` number,
+    /// which threads are given in the order they first ask (one thread-specific
+    /// read serves both).
     @inline(__always)
-    private static var key: pthread_key_t {
-        let stored = keyPlusOne.load(ordering: .acquiring)
-        return _fastPath(stored != 0) ? pthread_key_t(truncatingIfNeeded: stored &- 1) : makeKey()
-    }
-
-    /// Makes the key; when two threads race, the first stored key is kept and
-    /// the other deleted.
-    private static func makeKey() -> pthread_key_t {
-        var key = pthread_key_t()
-        let result = pthread_key_create(&key, nil)
-        precondition(result == 0, "pthread_key_create failed: \(result)")
-        let (exchanged, original) = keyPlusOne.compareExchange(
-            expected: 0, desired: Int(key) &+ 1, ordering: .acquiringAndReleasing)
-        if exchanged { return key }
-        pthread_key_delete(key)
-        return pthread_key_t(truncatingIfNeeded: original &- 1)
-    }
-
-    /// The calling thread's number.
-    @inline(__always)
-    static func current() -> Int {
-        let stored = Int(bitPattern: pthread_getspecific(key))
-        return stored != 0 ? stored &- 1 : assign()
-    }
-
-    private static func assign() -> Int {
-        let number = next.add(1, ordering: .relaxed).oldValue & 0xFFFF
-        pthread_setspecific(key, UnsafeRawPointer(bitPattern: number &+ 1))
-        return number
-    }
+    static func current() -> Int { Int(bitPattern: ThreadIdentity.current() &- 1) }
 }

@@ -1,10 +1,13 @@
-/// Where the engine keeps what it knows about one armed entry.
+/// Where the engine keeps what it knows about one armed entry: 32 bytes, two to
+/// a cache line (every pending timer has one).
 ///
 /// A node never moves while its entry is armed: the entry stores the node's
-/// number (``TimerEntry/timerSlot``), so disarming goes straight to it.
+/// number (``TimerEntry/timerSlot``), so disarming goes straight to it. Where the
+/// node is (near heap, a bucket, the parked list) is not stored: it follows from
+/// its deadline and the wheel's position (see ``TimerWheel``).
 struct TimerNode {
-    /// The deadline in ticks.
-    var deadline: Int64 = 0
+    /// The deadline in ticks; ``unusedDeadline`` while the node is free.
+    var deadline: Int64 = TimerNode.unusedDeadline
     /// The arming's sequence number: orders equal deadlines, and tells an entry
     /// whether a firing belongs to its current arming.
     var sequence: UInt64 = 0
@@ -14,14 +17,12 @@ struct TimerNode {
     /// In a wheel bucket or the parked list: the previous node (-1 at the head).
     /// In the near heap: the node's position there.
     var prev: Int32 = -1
-    /// A wheel bucket (0 or more), or one of the negative markers below.
-    var location: Int32 = TimerNode.unused
-    /// The armed entry; the engine keeps it alive while it is armed.
-    var entry: (any TimerEntry)? = nil
+    /// The armed entry, counted: the engine keeps it alive while it is armed.
+    var entry = TimerEntryReference.none
 
-    static let inNearHeap: Int32 = -1
-    static let parked: Int32 = -2
-    static let unused: Int32 = -3
+    /// The deadline of a free node, which no arming has (the wheel raises an
+    /// armed deadline of `Int64.min` by one tick).
+    static let unusedDeadline = Int64.min
 }
 
 /// Stable storage for ``TimerNode``s, in chunks that are never moved or freed
@@ -72,7 +73,7 @@ struct TimerNodeSlab: ~Copyable {
     @inline(__always)
     mutating func free(_ index: Int32) {
         let node = self[index]
-        node.pointee.location = TimerNode.unused
+        node.pointee.deadline = TimerNode.unusedDeadline
         node.pointee.next = freeHead
         freeHead = index
         inUse -= 1
@@ -96,7 +97,7 @@ struct TimerNodeSlab: ~Copyable {
     /// Every node in use, for draining and for invariant checks.
     func forEachUsed(_ body: (Int32, UnsafeMutablePointer<TimerNode>) -> Void) {
         for (chunkNumber, chunk) in chunks.enumerated() {
-            for offset in 0..<Self.chunkSize where chunk[offset].location != TimerNode.unused {
+            for offset in 0..<Self.chunkSize where chunk[offset].deadline != TimerNode.unusedDeadline {
                 body(Int32(chunkNumber << Self.chunkShift + offset), chunk + offset)
             }
         }

@@ -103,9 +103,9 @@ struct TimerWheel: ~Copyable {
     mutating func insert<Entry: TimerEntry>(_ entry: Entry, deadline: Int64, sequence: UInt64) {
         let index = slab.allocate()
         let node = slab[index]
-        node.pointee.deadline = deadline
+        node.pointee.deadline = max(deadline, TimerNode.unusedDeadline + 1)
         node.pointee.sequence = sequence
-        node.pointee.entry = entry
+        node.pointee.entry = TimerEntryReference(retaining: entry)
         entry.timerSlot = slotTag | Int(index)
         place(index, node)
         count += 1
@@ -117,7 +117,7 @@ struct TimerWheel: ~Copyable {
     mutating func update(node index: Int32, deadline: Int64, sequence: UInt64) {
         let node = slab[index]
         unlink(index, node)
-        node.pointee.deadline = deadline
+        node.pointee.deadline = max(deadline, TimerNode.unusedDeadline + 1)
         node.pointee.sequence = sequence
         place(index, node)
     }
@@ -131,10 +131,11 @@ struct TimerWheel: ~Copyable {
     ///
     /// - Complexity: as ``insert(_:deadline:sequence:)``.
     @inline(__always)
-    mutating func removeKeepingSlot(node index: Int32) -> (any TimerEntry)? {
+    mutating func removeKeepingSlot(node index: Int32) -> TimerEntryReference {
         let node = slab[index]
         unlink(index, node)
-        let entry = node.pointee.entry.take()
+        let entry = node.pointee.entry
+        node.pointee.entry = .none
         slab.free(index)
         count -= 1
         return entry
@@ -143,9 +144,10 @@ struct TimerWheel: ~Copyable {
     /// Disarms the entry in node `index`, marks it unarmed, and hands it back.
     @inline(__always)
     mutating func remove(node index: Int32) -> (any TimerEntry)? {
-        let entry = removeKeepingSlot(node: index)
-        entry?.timerSlot = -1
-        return entry
+        var reference = removeKeepingSlot(node: index)
+        guard !reference.isNone else { return nil }
+        reference.setTimerSlot(-1)
+        return reference.take()
     }
 
     /// Disarms everything and hands the entries back (to be released outside the lock).
@@ -208,7 +210,7 @@ struct TimerWheel: ~Copyable {
             nextBucketDeadline = max(start, bucketMinimum[level << Self.levelBits | slot])
         }
         guard let first = near.first else { return nextBucketDeadline }
-        let leeway = slab[first.node].pointee.entry?.leewayTicks ?? 0
+        let leeway = slab[first.node].pointee.entry.leewayTicks
         guard leeway > 0 else { return min(first.deadline, nextBucketDeadline) }
         var target = min(DeadlineArithmetic.adding(leeway, to: first.deadline), nextBucketDeadline)
         for index in 1..<min(near.count, 5) { target = min(target, near[index].deadline) }
@@ -221,39 +223,57 @@ struct TimerWheel: ~Copyable {
     private mutating func place(_ index: Int32, _ node: UnsafeMutablePointer<TimerNode>) {
         let deadline = node.pointee.deadline
         if deadline == DeadlineArithmetic.never {
-            node.pointee.location = TimerNode.parked
             link(index, node, head: heads + Self.parkedList)
             parkedCount += 1
             return
         }
         let granule = deadline >> Self.granuleShift
         if granule <= wheelTime {
-            node.pointee.location = TimerNode.inNearHeap
             insertNear(NearElement(deadline: deadline, sequence: node.pointee.sequence, node: index))
             return
         }
-        let difference = UInt64(bitPattern: granule ^ wheelTime)
-        let level = (63 - difference.leadingZeroBitCount) / Self.levelBits
-        let slot = Int(truncatingIfNeeded: granule >> Int64(level * Self.levelBits)) & (Self.bucketsPerLevel - 1)
+        let (level, slot) = bucket(ofGranule: granule)
         let bucket = level << Self.levelBits | slot
-        node.pointee.location = Int32(bucket)
         bucketMinimum[bucket] = heads[bucket] < 0 ? deadline : min(bucketMinimum[bucket], deadline)
         link(index, node, head: heads + bucket)
         occupied[level] |= 1 << UInt64(slot)
         wheelCount += 1
     }
 
+    /// The level and slot of the bucket that holds a wheel entry due in
+    /// `granule` (which is after `wheelTime`): the level is the highest base-64
+    /// digit where the two differ, the slot that digit of `granule`.
+    @inline(__always)
+    private func bucket(ofGranule granule: Int64) -> (level: Int, slot: Int) {
+        let difference = UInt64(bitPattern: granule ^ wheelTime)
+        let level = (63 - difference.leadingZeroBitCount) / Self.levelBits
+        let slot = Int(truncatingIfNeeded: granule >> Int64(level * Self.levelBits)) & (Self.bucketsPerLevel - 1)
+        return (level, slot)
+    }
+
+    /// Where an armed node is: the parked list (-2), the near heap (-1) or a
+    /// bucket (level × 64 + slot). Not stored in the node: it follows from the
+    /// deadline and the wheel's position, which only cascading moves, and
+    /// cascading places every entry of the bucket it empties again.
+    @inline(__always)
+    private func location(of node: UnsafeMutablePointer<TimerNode>) -> Int {
+        let deadline = node.pointee.deadline
+        if deadline == DeadlineArithmetic.never { return -2 }
+        let granule = deadline >> Self.granuleShift
+        if granule <= wheelTime { return -1 }
+        let (level, slot) = bucket(ofGranule: granule)
+        return level << Self.levelBits | slot
+    }
+
     @inline(__always)
     private mutating func unlink(_ index: Int32, _ node: UnsafeMutablePointer<TimerNode>) {
-        let location = node.pointee.location
-        switch location {
-        case TimerNode.inNearHeap:
+        switch location(of: node) {
+        case -1:
             removeNear(at: Int(node.pointee.prev))
-        case TimerNode.parked:
+        case -2:
             unlink(index, node, head: heads + Self.parkedList)
             parkedCount -= 1
-        default:
-            let bucket = Int(location)
+        case let bucket:
             unlink(index, node, head: heads + bucket)
             if heads[bucket] < 0 {
                 occupied[bucket >> Self.levelBits] &= ~(1 << UInt64(bucket & (Self.bucketsPerLevel - 1)))
@@ -370,42 +390,54 @@ struct TimerWheel: ~Copyable {
 
     /// Checks every structural invariant; for tests. Returns the first violation.
     func invariantViolation() -> String? {
+        // Where each node actually is, from the lists and the heap; then every
+        // node in use must be there, and nowhere else, and that place must be
+        // the one its deadline and the wheel's position name.
+        var actual: [Int32: Int] = [:]
+        for list in 0...Self.parkedList {
+            var previous: Int32 = -1
+            var index = heads[list]
+            if list < Self.parkedList {
+                let marked = occupied[list >> Self.levelBits] & (1 << UInt64(list & (Self.bucketsPerLevel - 1))) != 0
+                if marked != (index >= 0) {
+                    return "bucket \(list >> Self.levelBits)/\(list & 63) is marked \(marked ? "occupied" : "empty") but is not"
+                }
+            }
+            while index >= 0 {
+                if actual[index] != nil { return "node \(index) is linked twice" }
+                actual[index] = list == Self.parkedList ? -2 : list
+                if slab[index].pointee.prev != previous { return "node \(index) has a wrong previous link" }
+                previous = index
+                index = slab[index].pointee.next
+            }
+        }
+        for (position, element) in near.enumerated() {
+            if actual[element.node] != nil { return "node \(element.node) is in the near heap and a list" }
+            actual[element.node] = -1
+            if slab[element.node].pointee.prev != Int32(position) {
+                return "node \(element.node) has a wrong near-heap position \(slab[element.node].pointee.prev)"
+            }
+        }
         var seen = 0
         var problem: String? = nil
         slab.forEachUsed { index, node in
             guard problem == nil else { return }
             seen += 1
             let value = node.pointee
-            guard let entry = value.entry else {
+            if value.entry.isNone {
                 problem = "node \(index) is in use without an entry"
                 return
             }
-            if entry.timerSlot != slotTag | Int(index) {
-                problem = "entry in node \(index) believes it is in node \(entry.timerSlot)"
+            if value.entry.timerSlot != slotTag | Int(index) {
+                problem = "entry in node \(index) believes it is in node \(value.entry.timerSlot)"
             }
-            switch value.location {
-            case TimerNode.inNearHeap:
-                let position = Int(value.prev)
-                if position >= near.count || near[position].node != index {
-                    problem = "node \(index) has a wrong near-heap position \(position)"
-                } else if value.deadline >> Self.granuleShift > wheelTime {
-                    problem = "node \(index) is in the near heap but due after the wheel's position"
-                }
-            case TimerNode.parked:
-                if value.deadline != DeadlineArithmetic.never { problem = "node \(index) is parked with a deadline" }
-            default:
-                let granule = value.deadline >> Self.granuleShift
-                let level = Int(value.location) >> Self.levelBits
-                let slot = Int(value.location) & (Self.bucketsPerLevel - 1)
-                if granule <= wheelTime {
-                    problem = "node \(index) is in the wheel but due at or before its position"
-                } else if (63 - UInt64(bitPattern: granule ^ wheelTime).leadingZeroBitCount) / Self.levelBits != level
-                    || Int(truncatingIfNeeded: granule >> Int64(level * Self.levelBits)) & 63 != slot
-                {
-                    problem = "node \(index) is in bucket \(level)/\(slot), which is not where it belongs"
-                } else if occupied[level] & (1 << UInt64(slot)) == 0 {
-                    problem = "bucket \(level)/\(slot) holds node \(index) but is marked empty"
-                }
+            guard let place = actual[index] else {
+                problem = "node \(index) is in use but in no list and not in the near heap"
+                return
+            }
+            let expected = location(of: node)
+            if place != expected {
+                problem = "node \(index) is in place \(place), but its deadline belongs in \(expected)"
             }
         }
         if let problem { return problem }
