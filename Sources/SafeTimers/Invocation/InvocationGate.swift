@@ -45,6 +45,16 @@ struct InvocationGate: Sendable, Hashable {
     /// Whether `lastTag` is queued.
     private var isQueued = false
 
+    /// A gate with nothing in flight.
+    init() {}
+
+    /// Tests: a gate whose tag and ended counts start at `lastTag` and `ended`
+    /// (near their wrap, say).
+    init(lastTag: UInt32, ended: UInt32) {
+        self.lastTag = lastTag
+        self.endedCount = ended
+    }
+
     /// The tag that may begin, if an invocation is queued.
     var queued: UInt64? { isQueued ? UInt64(lastTag) : nil }
 

@@ -1,0 +1,162 @@
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@testable @_spi(SchedulerImplementation) import SafeTimers
+
+/// The sizes that make a pending `DelayedWork` 160 bytes (handle 96, closure
+/// context 32, wheel node 32), and the wrap-around rules that the small fields
+/// rely on. A size that grows fails here before a benchmark notices.
+@Suite("Compact layout")
+struct CompactLayoutTests {
+    @Test("a wheel node is 32 bytes, a gate 15, a DelayedWork's locked state 40")
+    func sizes() {
+        #expect(MemoryLayout<TimerNode>.stride == 32)
+        #expect(MemoryLayout<TimerEntryReference>.size == 8)
+        #expect(MemoryLayout<InvocationGate>.size <= 15)
+        #expect(MemoryLayout<LockedMachine<DelayedWorkStateMachine>>.size <= 40)
+    }
+
+    #if os(Linux)
+    @Test("a DelayedWork handle fits a 96-byte allocation (88 usable bytes)")
+    func handleAllocation() {
+        let work = DelayedWork.schedule(after: .seconds(3600)) {}
+        defer { work.cancel() }
+        // `malloc.h` is not in Swift's Glibc module: look the function up.
+        typealias UsableSize = @convention(c) (UnsafeMutableRawPointer?) -> Int
+        guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "malloc_usable_size") else {
+            Issue.record("malloc_usable_size not found")
+            return
+        }
+        let usableSize = unsafeBitCast(symbol, to: UsableSize.self)
+        let usable = usableSize(Unmanaged.passUnretained(work).toOpaque())
+        #expect(usable <= 88, "a DelayedWork now takes \(usable) usable bytes")
+    }
+    #endif
+
+    @Test("tags wrap at 2^32: the gate still admits exactly the queued one")
+    func tagsWrap() {
+        var gate = InvocationGate(lastTag: UInt32.max - 1, ended: 0)
+        var tags: [UInt64] = []
+        for _ in 0..<4 {
+            let tag = gate.deliver()!
+            tags.append(tag)
+            let second = gate.deliver()
+            #expect(second == nil)  // one in flight
+            let wrongTag = gate.begin(tag: tag &+ 1, thread: 9)
+            let began = gate.begin(tag: tag, thread: 9)
+            let again = gate.begin(tag: tag, thread: 9)  // never twice
+            #expect(!wrongTag && began && !again)
+            _ = gate.end()
+        }
+        #expect(tags == [UInt64(UInt32.max), 0, 1, 2])
+    }
+
+    @Test("a wait ticket taken just before the ended count wraps is passed by the end after it")
+    func ticketsWrap() {
+        for start in [UInt32.max - 1, UInt32.max, 0] {
+            var gate = InvocationGate(lastTag: 0, ended: start)
+            let tag = gate.deliver()!
+            let began = gate.begin(tag: tag, thread: 3)
+            #expect(began)
+            let ticket = gate.waitTicket(thread: 4)!
+            #expect(ticket.runner == 3)
+            #expect(!gate.hasPassed(ticket))
+            let waited = gate.end()
+            #expect(waited)  // a waiter is registered
+            #expect(gate.hasPassed(ticket))
+            gate.leave()
+            #expect(gate.waiters == 0)
+        }
+    }
+
+    @Test("a cancel on the handler's own thread gets no ticket; other threads do, one each")
+    func tickets() {
+        var gate = InvocationGate()
+        let tag = gate.deliver()!
+        let began = gate.begin(tag: tag, thread: 5)
+        #expect(began)
+        let own = gate.waitTicket(thread: 5)
+        #expect(own == nil)
+        for thread in 6..<10 {
+            let ticket = gate.waitTicket(thread: UInt(thread))
+            #expect(ticket != nil)
+        }
+        #expect(gate.waiters == 4)
+    }
+
+    @Test("thread numbers: nonzero, below 2^32, stable on a thread, distinct across live threads")
+    func threadNumbers() async {
+        let mine = ThreadIdentity.current()
+        #expect(mine != 0 && mine <= UInt(UInt32.max))
+        #expect(ThreadIdentity.current() == mine)
+        let numbers = StateLock<[UInt]>([])
+        let ready = Atomic<Int>(0)
+        let threads = 16
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            let finished = Atomic<Int>(0)
+            for _ in 0..<threads {
+                NamedThread.start(name: "numbers") {
+                    let number = ThreadIdentity.current()
+                    numbers.withLock { $0.append(number) }
+                    // Stay alive until every thread has its number, so none is reused.
+                    ready.add(1, ordering: .relaxed)
+                    while ready.load(ordering: .relaxed) < threads { sched_yield() }
+                    #expect(ThreadIdentity.current() == number)
+                    if finished.add(1, ordering: .relaxed).newValue == threads { done.resume() }
+                }.detach()
+            }
+        }
+        let all = numbers.withLock { $0 }
+        #expect(Set(all + [mine]).count == threads + 1)
+        #expect(all.allSatisfy { $0 != 0 && $0 <= UInt(UInt32.max) })
+    }
+
+    @Test("an entry reference counts exactly one reference, for tagged and boxed entries")
+    func entryReferences() {
+        weak var boxedEntry: RecordingEntry?
+        weak var taggedEntry: DelayedWork?
+        do {
+            let entry = RecordingEntry("boxed")
+            boxedEntry = entry
+            var reference = TimerEntryReference(retaining: entry)
+            #expect(reference.timerSlot == -1)
+            reference.setTimerSlot(42)
+            #expect(entry.timerSlot == 42)
+            let taken = reference.take()
+            #expect(reference.isNone)
+            #expect(taken as AnyObject === entry)
+        }
+        #expect(boxedEntry == nil)
+        do {
+            let engine = TimerEngine(virtual: true)
+            let work = DelayedWork.schedule(atTicks: { _ in DeadlineArithmetic.never }, executor: .globalQueue, engine: engine) {}
+            taggedEntry = work
+            var reference = TimerEntryReference(retaining: work)
+            #expect(reference.bits & 7 == 1)
+            #expect(reference.leewayTicks == 0)
+            reference.release()
+            #expect(reference.isNone)
+            work.cancel()
+        }
+        #expect(taggedEntry == nil)
+    }
+
+    @Test("a deadline of Int64.min is armed one tick later, fires first, and keeps the wheel sound")
+    func minimumDeadline() {
+        var wheel = TimerWheel()
+        let first = RecordingEntry("min")
+        let second = RecordingEntry("zero")
+        wheel.insert(second, deadline: 0, sequence: 1)
+        wheel.insert(first, deadline: Int64.min, sequence: 2)
+        #expect(wheel.invariantViolation() == nil)
+        let fired = wheel.popDue(now: 0)
+        #expect(fired?.deadline == Int64.min + 1)
+        #expect((fired?.entry as? RecordingEntry)?.name == "min")
+        #expect(wheel.invariantViolation() == nil)
+        _ = wheel.removeAll()
+    }
+}
