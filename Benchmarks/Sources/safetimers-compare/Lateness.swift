@@ -31,10 +31,11 @@ enum Lateness {
         private let done = Atomic<Int>(0)
         private let finished = DispatchSemaphore(value: 0)
 
-        init(count: Int, start: Int64) {
+        /// `burst`: every timer is due at the same instant, 1 s after the start.
+        init(count: Int, start: Int64, burst: Bool = false) {
             samples = .allocate(capacity: count)
             samples.initialize(repeating: Self.notFired)
-            let step = 1_000_000_000 / Int64(count)
+            let step = burst ? 0 : 1_000_000_000 / Int64(count)
             deadlines = (0..<count).map { start + 1_000_000_000 + Int64($0) * step }
         }
 
@@ -63,8 +64,8 @@ enum Lateness {
         }
     }
 
-    static func delayedWork(count: Int) -> Percentiles {
-        let recorder = Recorder(count: count, start: monotonicNanoseconds())
+    static func delayedWork(count: Int, burst: Bool = false) -> Percentiles {
+        let recorder = Recorder(count: count, start: monotonicNanoseconds(), burst: burst)
         let works = (0..<count).map { index in
             DelayedWork.schedule(after: .nanoseconds(recorder.delay(index))) { recorder.fired(index) }
         }
@@ -72,8 +73,8 @@ enum Lateness {
         return recorder.wait()
     }
 
-    static func asyncAfter(count: Int) -> Percentiles {
-        let recorder = Recorder(count: count, start: monotonicNanoseconds())
+    static func asyncAfter(count: Int, burst: Bool = false) -> Percentiles {
+        let recorder = Recorder(count: count, start: monotonicNanoseconds(), burst: burst)
         for index in 0..<count {
             DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(recorder.delay(index)))) {
                 recorder.fired(index)
@@ -82,8 +83,8 @@ enum Lateness {
         return recorder.wait()
     }
 
-    static func dispatchSource(count: Int) -> Percentiles {
-        let recorder = Recorder(count: count, start: monotonicNanoseconds())
+    static func dispatchSource(count: Int, burst: Bool = false) -> Percentiles {
+        let recorder = Recorder(count: count, start: monotonicNanoseconds(), burst: burst)
         let sources = (0..<count).map { index -> DispatchSourceTimer in
             let source = DispatchSource.makeTimerSource(queue: .global())
             source.setEventHandler { recorder.fired(index) }
@@ -107,11 +108,11 @@ enum Lateness {
         return recorder.wait()
     }
 
-    static func nio(count: Int) -> Percentiles {
+    static func nio(count: Int, burst: Bool = false) -> Percentiles {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         defer { try? group.syncShutdownGracefully() }
         let loop = group.next()
-        let recorder = Recorder(count: count, start: monotonicNanoseconds())
+        let recorder = Recorder(count: count, start: monotonicNanoseconds(), burst: burst)
         try! loop.submit {
             for index in 0..<count {
                 loop.scheduleTask(in: .nanoseconds(recorder.delay(index))) { recorder.fired(index) }

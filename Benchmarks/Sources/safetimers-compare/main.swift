@@ -55,6 +55,15 @@ if latenessOnly {
         results.append(("asyncAfter", count, Lateness.asyncAfter(count: count)))
     }
     printLatenessTable(results)
+    var burstResults: [(String, Int, Lateness.Percentiles)] = []
+    for _ in 0..<2 {
+        burstResults.append(("SafeTimers DelayedWork", 10_000, Lateness.delayedWork(count: 10_000, burst: true)))
+        burstResults.append(("swift-nio scheduleTask", 10_000, Lateness.nio(count: 10_000, burst: true)))
+        burstResults.append(("asyncAfter", 10_000, Lateness.asyncAfter(count: 10_000, burst: true)))
+        burstResults.append(("DispatchSourceTimer", 10_000, Lateness.dispatchSource(count: 10_000, burst: true)))
+    }
+    print("\nBurst (all due at one instant):")
+    printLatenessTable(burstResults)
     exit(0)
 }
 
@@ -173,6 +182,21 @@ for count in quick ? [1_000] : [1_000, 100_000] {
     }
 }
 
+// A burst: 10k timers due at one instant (where batched delivery matters).
+var burstRows: [(String, Int, Lateness.Percentiles)] = []
+let burstCount = quick ? 1_000 : 10_000
+let safeBurst = Lateness.delayedWork(count: burstCount, burst: true)
+burstRows.append(("SafeTimers DelayedWork", burstCount, safeBurst))
+for (name, run) in [
+    ("asyncAfter", { Lateness.asyncAfter(count: burstCount, burst: true) }),
+    ("DispatchSourceTimer", { Lateness.dispatchSource(count: burstCount, burst: true) }),
+    ("swift-nio scheduleTask", { Lateness.nio(count: burstCount, burst: true) }),
+] as [(String, () -> Lateness.Percentiles)] {
+    let result = run()
+    burstRows.append((name, burstCount, result))
+    add("burst of \(burstCount / 1000)k due at once, last handler", name, safeBurst.max, result.max, "µs")
+}
+
 // Labelling work for stall reports: StallDetector.withActivity around a call, on
 // one thread (goal: at most 20 ns).
 add(
@@ -209,6 +233,9 @@ printTable(rows)
 print("")
 print("Firing lateness (µs after the deadline; timers due evenly 1–2 s after arming):")
 printLatenessTable(latenessRows)
+print("")
+print("Burst lateness (µs after the deadline; every timer due at the same instant, 1 s after arming):")
+printLatenessTable(burstRows)
 print("")
 print(
     "SafeTimers scheduler-thread wake-ups/s with \(idleCount / 1000)k timers 1 h out: \(format(safeIdle.engineWakeUps, decimals: 2))"

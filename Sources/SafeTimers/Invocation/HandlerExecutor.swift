@@ -29,8 +29,16 @@ enum HandlerExecutor: Sendable {
     /// is otherwise enqueued on the main actor (it never traps). Otherwise the
     /// invocation goes to the queue, or to the main actor through a task, which
     /// works under a run loop, `dispatchMain()` and an async `main` alike.
+    ///
+    /// On the scheduler thread of a real-time engine, while it fires a round of
+    /// due entries, the invocation is collected instead, and goes out with the
+    /// others due together for the same destination (see ``DeliveryBatch``).
     @inline(__always)
     func deliver(_ target: some InvocationTarget, tag: UInt64, engine: TimerEngine) {
+        if _slowPath(engine.deliveryBatch.isCollectingHere) {
+            engine.deliveryBatch.add(target, tag: tag, executor: self)
+            return
+        }
         switch self {
         case .queue(let queue):
             if engine.isVirtual {

@@ -173,6 +173,9 @@ public final class TimerEngine: @unchecked Sendable {
     /// it), otherwise the time it sleeps until (`never` when untimed). Written
     /// with `lock` held; read by armings without it.
     private let sleepingUntil = Atomic<Int64>(Int64.min)
+    /// Handler deliveries the scheduler thread collects while it fires a round
+    /// (never opened on a manual engine).
+    let deliveryBatch = DeliveryBatch()
     /// Whether a scheduler thread runs (or is being started) for this engine.
     private let threadStarted = Atomic<Bool>(false)
     /// The scheduler object is gone: a real engine's thread ends once nothing
@@ -729,9 +732,11 @@ public final class TimerEngine: @unchecked Sendable {
                 if cut != Int64.max {
                     firing = batch.firstIndex { $0.deadline > cut } ?? batch.count
                 }
+                deliveryBatch.open()
                 for fired in batch[..<firing] {
                     fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
                 }
+                deliveryBatch.close()
                 batch.removeFirst(firing)
                 continue
             }

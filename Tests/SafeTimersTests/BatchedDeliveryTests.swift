@@ -1,0 +1,121 @@
+import Dispatch
+import Foundation
+import Synchronization
+import Testing
+
+@testable @_spi(SchedulerImplementation) import SafeTimers
+
+/// Batched delivery: firings due together for one destination reach it in one
+/// hop per 16 handlers, in deadline order, and a blocking handler holds up only
+/// its own group. Real time, generous bounds, a private scheduler each (so that
+/// the hop count is this test's alone); run under ThreadSanitizer too.
+@Suite("Batched delivery (real time)")
+struct BatchedDeliveryTests {
+    /// What ran, in order.
+    private final class Ran: Sendable {
+        private let order = StateLock<[Int]>([])
+        func record(_ index: Int) { order.withLock { $0.append(index) } }
+        var all: [Int] { order.withLock { $0 } }
+    }
+
+    private final class Flag: Sendable {
+        let value = Atomic<Bool>(false)
+    }
+
+    /// Waits up to 10 s for `condition`.
+    private func eventually(_ condition: @Sendable () -> Bool) async -> Bool {
+        let end = Date().addingTimeInterval(10)
+        while !condition() {
+            if Date() > end { return false }
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        return true
+    }
+
+    @Test("200 works due together on a serial queue: all run, in arming order, in at most 13 hops")
+    func serialQueue() async {
+        let scheduler = SystemTimerScheduler()
+        let queue = DispatchQueue(label: "batched.serial")
+        let ran = Ran()
+        let deadline = scheduler.clock.now.advanced(by: .milliseconds(300))
+        let works = (0..<200).map { index in
+            DelayedWork.schedule(at: deadline, on: queue, scheduler: scheduler) { ran.record(index) }
+        }
+        #expect(await eventually { ran.all.count == 200 })
+        #expect(ran.all == Array(0..<200))
+        // 200 / 16 = 12.5: 13 hops when one round fires them all (a round split
+        // by a wake-up in the middle of the arming could add one more).
+        #expect(scheduler.engine.deliveryBatch.carriedCount == 200)
+        #expect(scheduler.engine.deliveryBatch.hopCount <= 14)
+        withExtendedLifetime(works) {}
+    }
+
+    @Test("a handler blocking on the global queue holds up only the 15 after it in its group")
+    func blockingHandler() async {
+        let scheduler = SystemTimerScheduler()
+        let ran = Ran()
+        let othersDone = DispatchSemaphore(value: 0)
+        let released = Flag()
+        let deadline = scheduler.clock.now.advanced(by: .milliseconds(300))
+        let count = 48
+        let works = (0..<count).map { index in
+            DelayedWork.schedule(at: deadline, scheduler: scheduler) {
+                if index == 0 {
+                    // Block until every work of the other groups has run.
+                    let done = othersDone.wait(timeout: .now() + 10) == .success
+                    released.value.store(done, ordering: .relaxed)
+                }
+                ran.record(index)
+                if index >= DeliveryBatch.handlersPerHop && ran.all.filter({ $0 >= DeliveryBatch.handlersPerHop }).count
+                    == count - DeliveryBatch.handlersPerHop
+                {
+                    othersDone.signal()
+                }
+            }
+        }
+        #expect(await eventually { ran.all.count == count })
+        let wasReleased = released.value.load(ordering: .relaxed)
+        #expect(wasReleased, "the blocked handler's group held up the others")
+        withExtendedLifetime(works) {}
+    }
+
+    @Test("a work cancelled after its round collected it never runs; cancel says it prevented the run")
+    func cancelAfterCollection() async {
+        // Block the serial queue so that collected handlers wait in it, then
+        // cancel half of them: those never run.
+        let scheduler = SystemTimerScheduler()
+        let queue = DispatchQueue(label: "batched.cancel")
+        let gate = DispatchSemaphore(value: 0)
+        queue.async { _ = gate.wait(timeout: .now() + 10) }
+        let ran = Ran()
+        let deadline = scheduler.clock.now.advanced(by: .milliseconds(100))
+        let works = (0..<40).map { index in
+            DelayedWork.schedule(at: deadline, on: queue, scheduler: scheduler) { ran.record(index) }
+        }
+        #expect(await eventually { scheduler.engine.deliveryBatch.hopCount >= 3 })
+        var prevented = 0
+        for index in stride(from: 1, to: 40, by: 2) where works[index].cancel() { prevented += 1 }
+        #expect(prevented == 20)
+        gate.signal()
+        #expect(await eventually { ran.all.count == 20 })
+        try? await Task.sleep(for: .milliseconds(50))
+        #expect(ran.all == Array(stride(from: 0, to: 40, by: 2)))
+    }
+
+    @Test("30 main-actor works due together all run on the main actor, in order")
+    @MainActor
+    func mainActor() async {
+        let scheduler = SystemTimerScheduler()
+        let ran = Ran()
+        let deadline = scheduler.clock.now.advanced(by: .milliseconds(200))
+        let works = (0..<30).map { index in
+            DelayedWork.schedule(at: deadline, scheduler: scheduler) { @MainActor in
+                MainActor.assertIsolated()
+                ran.record(index)
+            }
+        }
+        #expect(await eventually { ran.all.count == 30 })
+        #expect(ran.all == Array(0..<30))
+        withExtendedLifetime(works) {}
+    }
+}
