@@ -43,41 +43,40 @@ package enum ThreadIdentity {
     /// for one; `pthread_self()` values are reused as soon as a thread ends.
     @inline(__always)
     package static func current() -> UInt {
-        let stored = UInt(bitPattern: pthread_getspecific(numberKey))
-        return _fastPath(stored != 0) ? stored : assignNumber()
+        let number = UInt(bitPattern: pthread_getspecific(numberKey.key))
+        return _fastPath(number != 0) ? number : assignNumber()
+    }
+
+    /// The calling thread's shard number (see `TimerEngine`'s shards): given at
+    /// a thread's first arming, in the order threads first arm, so that threads
+    /// that arm spread over the shards evenly. (Deriving it from ``current()``,
+    /// which GCD workers and every canceller ask for too, put two arming threads
+    /// in one shard about a time in four.)
+    @inline(__always)
+    static func shard() -> Int {
+        let shardPlusOne = Int(bitPattern: pthread_getspecific(shardKey.key))
+        return _fastPath(shardPlusOne != 0) ? shardPlusOne &- 1 : assignShard()
+    }
+
+    /// The last shard number given out.
+    private static let lastShard = Atomic<Int>(-1)
+    private static let shardKey = LazyThreadKey()
+
+    private static func assignShard() -> Int {
+        let shard = lastShard.wrappingAdd(1, ordering: .relaxed).newValue & 0xFFFF
+        pthread_setspecific(shardKey.key, UnsafeRawPointer(bitPattern: shard &+ 1))
+        return shard
     }
 
     /// The last number given out.
     private static let lastNumber = Atomic<UInt32>(0)
 
-    /// The thread-specific key + 1 (0 until it is made). An `Atomic` global is
-    /// initialized statically, so reading it is one load (a lazy `static let`
-    /// calls `swift_once` at every read on Linux).
-    private static let numberKeyPlusOne = Atomic<Int>(0)
-
-    @inline(__always)
-    private static var numberKey: pthread_key_t {
-        let stored = numberKeyPlusOne.load(ordering: .acquiring)
-        return _fastPath(stored != 0) ? pthread_key_t(truncatingIfNeeded: stored &- 1) : makeNumberKey()
-    }
-
-    /// Makes the key; when two threads race, the first stored key is kept and the
-    /// other deleted.
-    private static func makeNumberKey() -> pthread_key_t {
-        var key = pthread_key_t()
-        let result = pthread_key_create(&key, nil)
-        precondition(result == 0, "pthread_key_create failed: \(result)")
-        let (exchanged, original) = numberKeyPlusOne.compareExchange(
-            expected: 0, desired: Int(key) &+ 1, ordering: .acquiringAndReleasing)
-        if exchanged { return key }
-        pthread_key_delete(key)
-        return pthread_key_t(truncatingIfNeeded: original &- 1)
-    }
+    private static let numberKey = LazyThreadKey()
 
     private static func assignNumber() -> UInt {
         var number = lastNumber.wrappingAdd(1, ordering: .relaxed).newValue
         if number == 0 { number = lastNumber.wrappingAdd(1, ordering: .relaxed).newValue }
-        pthread_setspecific(numberKey, UnsafeRawPointer(bitPattern: UInt(number)))
+        pthread_setspecific(numberKey.key, UnsafeRawPointer(bitPattern: UInt(number)))
         return UInt(number)
     }
 
@@ -131,5 +130,35 @@ package enum ThreadIdentity {
         let setTimerSlack: Int32 = 29  // PR_SET_TIMERSLACK
         _ = prctl(setTimerSlack, 1, 0, 0, 0)
         #endif
+    }
+}
+
+/// A `pthread_key_t` made at its first use, without a destructor.
+///
+/// The key + 1 sits in an `Atomic` (0 until it is made): an `Atomic` global is
+/// initialized statically, so reading it is one load, where a lazy `static let`
+/// calls `swift_once` at every read on Linux.
+struct LazyThreadKey: ~Copyable, Sendable {
+    private let keyPlusOne = Atomic<Int>(0)
+
+    init() {}
+
+    @inline(__always)
+    var key: pthread_key_t {
+        let stored = keyPlusOne.load(ordering: .acquiring)
+        return _fastPath(stored != 0) ? pthread_key_t(truncatingIfNeeded: stored &- 1) : make()
+    }
+
+    /// Makes the key; when two threads race, the first stored key is kept and the
+    /// other deleted.
+    private func make() -> pthread_key_t {
+        var key = pthread_key_t()
+        let result = pthread_key_create(&key, nil)
+        precondition(result == 0, "pthread_key_create failed: \(result)")
+        let (exchanged, original) = keyPlusOne.compareExchange(
+            expected: 0, desired: Int(key) &+ 1, ordering: .acquiringAndReleasing)
+        if exchanged { return key }
+        pthread_key_delete(key)
+        return pthread_key_t(truncatingIfNeeded: original &- 1)
     }
 }

@@ -77,18 +77,26 @@ struct TimerWheel: ~Copyable {
 
     init(slotTag: Int = 0) {
         self.slotTag = slotTag
-        heads = .allocate(capacity: Self.parkedList + 1)
+        // On cache lines of their own, so that two shards' wheels, made one
+        // after another, never share one.
+        heads = Self.allocateLines(Int32.self, count: Self.parkedList + 1)
         heads.initialize(repeating: -1, count: Self.parkedList + 1)
-        occupied = .allocate(capacity: Self.levelCount)
+        occupied = Self.allocateLines(UInt64.self, count: Self.levelCount)
         occupied.initialize(repeating: 0, count: Self.levelCount)
-        bucketMinimum = .allocate(capacity: Self.parkedList)
+        bucketMinimum = Self.allocateLines(Int64.self, count: Self.parkedList)
         bucketMinimum.initialize(repeating: DeadlineArithmetic.never, count: Self.parkedList)
     }
 
     deinit {
-        heads.deallocate()
-        occupied.deallocate()
-        bucketMinimum.deallocate()
+        UnsafeMutableRawPointer(heads).deallocate()
+        UnsafeMutableRawPointer(occupied).deallocate()
+        UnsafeMutableRawPointer(bucketMinimum).deallocate()
+    }
+
+    /// Memory for `count` values, 128-byte aligned and rounded up to 128 bytes.
+    private static func allocateLines<T>(_ type: T.Type, count: Int) -> UnsafeMutablePointer<T> {
+        let bytes = (MemoryLayout<T>.stride * count + 127) & ~127
+        return UnsafeMutableRawPointer.allocate(byteCount: bytes, alignment: 128).bindMemory(to: T.self, capacity: count)
     }
 
     // MARK: Arming and disarming
