@@ -6,8 +6,9 @@ import Testing
 @testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// Batched delivery: firings due together for one destination reach it in one
-/// hop per 16 handlers, in deadline order, and a blocking handler holds up only
-/// its own group. Real time, generous bounds, a private scheduler each (so that
+/// hop per 16 handlers, in deadline order; a hop's handlers left unclaimed for a
+/// millisecond are taken over by a helper block, so a blocking handler holds up
+/// nobody for long and waiting for a handler of one's own hop is no deadlock. Real time, generous bounds, a private scheduler each (so that
 /// the hop count is this test's alone); run under ThreadSanitizer too.
 @Suite("Batched delivery (real time)")
 struct BatchedDeliveryTests {
@@ -50,7 +51,7 @@ struct BatchedDeliveryTests {
         withExtendedLifetime(works) {}
     }
 
-    @Test("a handler blocking on the global queue holds up only the 15 after it in its group")
+    @Test("a handler blocking on the global queue does not hold up the others, not even those of its own hop")
     func blockingHandler() async {
         let scheduler = SystemTimerScheduler()
         let ran = Ran()
@@ -61,22 +62,36 @@ struct BatchedDeliveryTests {
         let works = (0..<count).map { index in
             DelayedWork.schedule(at: deadline, scheduler: scheduler) {
                 if index == 0 {
-                    // Block until every work of the other groups has run.
-                    let done = othersDone.wait(timeout: .now() + 10) == .success
-                    released.value.store(done, ordering: .relaxed)
+                    // Block until every other work has run (the 15 of its own hop
+                    // included: a helper block takes them over).
+                    released.value.store(othersDone.wait(timeout: .now() + 10) == .success, ordering: .relaxed)
                 }
                 ran.record(index)
-                if index >= DeliveryBatch.handlersPerHop && ran.all.filter({ $0 >= DeliveryBatch.handlersPerHop }).count
-                    == count - DeliveryBatch.handlersPerHop
-                {
-                    othersDone.signal()
-                }
+                if index != 0 && ran.all.filter({ $0 != 0 }).count == count - 1 { othersDone.signal() }
             }
         }
         #expect(await eventually { ran.all.count == count })
         let wasReleased = released.value.load(ordering: .relaxed)
-        #expect(wasReleased, "the blocked handler's group held up the others")
+        #expect(wasReleased, "the blocked handler held up handlers of its hop until it returned")
+        #expect(scheduler.engine.deliveryBatch.helperCount >= 1)
         withExtendedLifetime(works) {}
+    }
+
+    @Test("a handler that waits for a later handler of its own hop is not a deadlock")
+    func waitsForSameHop() async {
+        let scheduler = SystemTimerScheduler()
+        let signalled = DispatchSemaphore(value: 0)
+        let waited = Flag()
+        let deadline = scheduler.clock.now.advanced(by: .milliseconds(200))
+        let first = DelayedWork.schedule(at: deadline, scheduler: scheduler) {
+            waited.value.store(signalled.wait(timeout: .now() + 10) == .success, ordering: .relaxed)
+        }
+        let second = DelayedWork.schedule(at: deadline, scheduler: scheduler) { signalled.signal() }
+        #expect(await eventually { first.state == .completed && second.state == .completed })
+        let didWait = waited.value.load(ordering: .relaxed)
+        #expect(didWait)
+        #expect(scheduler.engine.deliveryBatch.carriedCount == 2)
+        #expect(scheduler.engine.deliveryBatch.hopCount == 1)
     }
 
     @Test("a work cancelled after its round collected it never runs; cancel says it prevented the run")

@@ -16,6 +16,7 @@ enum ClockSleeps {
     /// Bytes per task suspended in a 1-hour sleep on the clock `sleep` uses,
     /// with every task asleep (measured after 1 s), then after cancelling them.
     static func bytesPerSleepingTask(count: Int, _ sleep: @escaping @Sendable () async -> Void) -> (Double, Double) {
+        Parallel.settle()  // what earlier rows left to GCD frees memory meanwhile
         var tasks: [Task<Void, Never>] = []
         tasks.reserveCapacity(count)
         let before = allocatedBytes()

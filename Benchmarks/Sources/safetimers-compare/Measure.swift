@@ -32,6 +32,7 @@ func allocatedBytes() -> Int {
 func memoryPerItem<Item>(
     count: Int, make: (Int) -> Item, release: ([Item]) -> Void
 ) -> (perItem: Double, keptPerItem: Double) {
+    Parallel.settle()  // what earlier rows left to GCD frees memory meanwhile
     var items: [Item] = []
     items.reserveCapacity(count)
     let before = allocatedBytes()

@@ -7,27 +7,39 @@ import Synchronization
 ///
 /// A hop carries at most ``handlersPerHop`` handlers, run one after another in
 /// deadline order; a destination's hop leaves as soon as it is full, and the
-/// rest when the round ends. So:
-/// - on a serial queue, handlers run in the order they would have run with a
-///   hop each (hops are enqueued in deadline order);
-/// - on a concurrent queue (the global queue, the default), a burst of firings
-///   still spreads over the queue's threads, in groups of up to 16; a handler
-///   that blocks delays at most the 15 that follow it in its group;
-/// - a round with one firing per destination (the usual case) makes one hop
-///   each, exactly as without batching.
+/// rest when the round ends. A round with one firing per destination (the usual
+/// case) makes one hop each, exactly as without batching.
+///
+/// A hop must not change what handlers can rely on, so it is *work-stealing*:
+/// its handlers are claimed one at a time, and while any is still unclaimed one
+/// millisecond after the hop went out, the scheduler thread sends one more
+/// block to the same destination that claims and runs the rest (again every
+/// millisecond while some remain, one block at a time per hop, and only once
+/// the hop's earlier blocks have begun). So:
+/// - on a serial queue, handlers run in deadline order, as with a hop each (a
+///   helper block queues behind the hop and finds nothing left);
+/// - on a concurrent queue (the global queue, the default), a handler that
+///   blocks holds up the handlers after it in its hop for about a millisecond,
+///   not until it returns; one that waits for another handler of its own hop
+///   (a semaphore the other signals) is not a deadlock: the helper runs that one.
+/// The main actor is serial: its hops need no helper.
 ///
 /// Deliveries made by any other thread (a `Throttler` call, a `start()`), and
 /// all deliveries of a manual engine, go out at once as before.
 ///
-/// `@unchecked Sendable` invariant: `groups` is read and written only by the
-/// thread whose number `collector` holds (the scheduler thread, between
-/// ``open()`` and ``close()``); `collector` is atomic.
+/// `@unchecked Sendable` invariant: `groups` and `watched` are read and written
+/// only by the engine's scheduler thread (between ``open()`` and ``close()``,
+/// and in the rescue entry's firing, which that thread makes); `collector` and
+/// the counters are atomic.
 final class DeliveryBatch: @unchecked Sendable {
     /// The most handlers one hop runs.
     static let handlersPerHop = 16
 
+    /// How long a hop's handlers may wait unclaimed before a helper block is sent.
+    static let rescueDelay: Int64 = 1_000_000
+
     /// Where a group's handlers run.
-    private enum Destination {
+    fileprivate enum Destination: Sendable {
         case queue(DispatchQueue)
         case globalQueue
         case mainActor
@@ -39,9 +51,27 @@ final class DeliveryBatch: @unchecked Sendable {
             default: return false
             }
         }
+
+        /// Runs `body` there.
+        func async(_ body: @escaping @Sendable () -> Void) {
+            switch self {
+            case .queue(let queue): queue.async(execute: body)
+            case .globalQueue: DispatchQueue.global().async(execute: body)
+            case .mainActor: Task { @MainActor in body() }
+            }
+        }
+
+        /// Whether handlers there run one at a time anyway.
+        var isSerial: Bool {
+            switch self {
+            case .mainActor: return true
+            case .queue(let queue): return queue === DispatchQueue.main
+            case .globalQueue: return false
+            }
+        }
     }
 
-    private struct Invocation {
+    fileprivate struct Invocation: Sendable {
         let target: any InvocationTarget
         let tag: UInt64
     }
@@ -55,15 +85,24 @@ final class DeliveryBatch: @unchecked Sendable {
     /// round is open.
     private let collector = Atomic<UInt>(0)
     private var groups: [Group] = []
-    /// Hops sent, and handlers they carried (tests).
+    /// Hops with handlers that may still be unclaimed, and when each went out.
+    private var watched: [(hop: DeliveryHop, sentAt: Int64)] = []
+    /// The entry that wakes the scheduler thread to look at `watched`.
+    private lazy var rescue = HopRescue(batch: self)
+    private var rescueArmed = false
+    /// Hops sent, handlers they carried, helper blocks sent (tests).
     private let hops = Atomic<Int>(0)
     private let carried = Atomic<Int>(0)
+    private let helpers = Atomic<Int>(0)
 
     /// How many hops the batch has sent (tests).
     var hopCount: Int { hops.load(ordering: .relaxed) }
 
     /// How many handler invocations those hops carried (tests).
     var carriedCount: Int { carried.load(ordering: .relaxed) }
+
+    /// How many helper blocks were sent for hops with unclaimed handlers (tests).
+    var helperCount: Int { helpers.load(ordering: .relaxed) }
 
     init() {}
 
@@ -81,15 +120,15 @@ final class DeliveryBatch: @unchecked Sendable {
     }
 
     /// Sends every collected delivery and stops collecting.
-    func close() {
+    func close(engine: TimerEngine) {
         collector.store(0, ordering: .relaxed)
-        for group in groups where !group.invocations.isEmpty { send(group) }
+        for group in groups where !group.invocations.isEmpty { send(group, engine: engine) }
         groups.removeAll(keepingCapacity: true)
     }
 
-    /// Collects the invocation `tag` of `target` for `executor` (which is not a
-    /// test recorder). Call only when ``isCollectingHere``.
-    func add(_ target: some InvocationTarget, tag: UInt64, executor: HandlerExecutor) {
+    /// Collects the invocation `tag` of `target` for `executor`. Call only when
+    /// ``isCollectingHere``.
+    func add(_ target: some InvocationTarget, tag: UInt64, executor: HandlerExecutor, engine: TimerEngine) {
         let destination: Destination
         switch executor {
         case .queue(let queue): destination = .queue(queue)
@@ -103,7 +142,7 @@ final class DeliveryBatch: @unchecked Sendable {
         for index in groups.indices where groups[index].destination.isSame(as: destination) {
             groups[index].invocations.append(invocation)
             if groups[index].invocations.count == Self.handlersPerHop {
-                send(groups[index])
+                send(groups[index], engine: engine)
                 groups[index].invocations = []
             }
             return
@@ -115,24 +154,105 @@ final class DeliveryBatch: @unchecked Sendable {
     }
 
     /// One hop for the group's handlers.
-    private func send(_ group: Group) {
+    private func send(_ group: Group, engine: TimerEngine) {
         let invocations = group.invocations
         hops.add(1, ordering: .relaxed)
         carried.add(invocations.count, ordering: .relaxed)
         if invocations.count == 1 {
             let only = invocations[0]
-            switch group.destination {
-            case .queue(let queue): queue.async { only.target.invoke(tag: only.tag) }
-            case .globalQueue: DispatchQueue.global().async { only.target.invoke(tag: only.tag) }
-            case .mainActor: Task { @MainActor in only.target.invoke(tag: only.tag) }
-            }
+            group.destination.async { only.target.invoke(tag: only.tag) }
             return
         }
-        switch group.destination {
-        case .queue(let queue): queue.async { for each in invocations { each.target.invoke(tag: each.tag) } }
-        case .globalQueue:
-            DispatchQueue.global().async { for each in invocations { each.target.invoke(tag: each.tag) } }
-        case .mainActor: Task { @MainActor in for each in invocations { each.target.invoke(tag: each.tag) } }
+        let hop = DeliveryHop(destination: group.destination, invocations: invocations)
+        group.destination.async { hop.drain() }
+        guard !group.destination.isSerial else { return }
+        let now = engine.nowTicks
+        watched.append((hop, now))
+        if !rescueArmed {
+            rescueArmed = true
+            engine.arm(rescue, at: now &+ Self.rescueDelay)
         }
+    }
+
+    /// The rescue entry fired (scheduler thread): a helper block for every hop
+    /// sent a millisecond ago or more whose blocks have all begun and that still
+    /// has unclaimed handlers; armed again while any hop may need one.
+    fileprivate func rescueHops(engine: TimerEngine) {
+        rescueArmed = false
+        let now = engine.nowTicks
+        var earliestPending = Int64.max
+        watched.removeAll { $0.hop.isFullyClaimed }
+        for (hop, sentAt) in watched {
+            if now &- sentAt >= Self.rescueDelay {
+                if hop.mayNeedHelper {
+                    hop.helperSent()
+                    helpers.add(1, ordering: .relaxed)
+                    hop.destination.async { hop.drain() }
+                }
+                earliestPending = min(earliestPending, now &+ Self.rescueDelay)
+            } else {
+                earliestPending = min(earliestPending, sentAt &+ Self.rescueDelay)
+            }
+        }
+        if earliestPending != Int64.max {
+            rescueArmed = true
+            engine.arm(rescue, at: earliestPending)
+        }
+    }
+}
+
+/// One hop's handlers, claimed one at a time by the hop's block and any helper
+/// block (see ``DeliveryBatch``).
+final class DeliveryHop: Sendable {
+    fileprivate let destination: DeliveryBatch.Destination
+    private let invocations: [DeliveryBatch.Invocation]
+    /// The next handler to claim.
+    private let cursor = Atomic<Int>(0)
+    /// Blocks sent for this hop (the hop's own and helpers), and blocks begun.
+    /// Sent is written only by the scheduler thread.
+    private let sent = Atomic<Int>(1)
+    private let begun = Atomic<Int>(0)
+
+    fileprivate init(destination: DeliveryBatch.Destination, invocations: [DeliveryBatch.Invocation]) {
+        self.destination = destination
+        self.invocations = invocations
+    }
+
+    /// Claims and runs handlers until none is left.
+    func drain() {
+        begun.add(1, ordering: .relaxed)
+        while true {
+            let index = cursor.add(1, ordering: .relaxed).oldValue
+            guard index < invocations.count else { return }
+            invocations[index].target.invoke(tag: invocations[index].tag)
+        }
+    }
+
+    /// Whether every handler has been claimed.
+    var isFullyClaimed: Bool { cursor.load(ordering: .relaxed) >= invocations.count }
+
+    /// Whether a helper would help: handlers are unclaimed and every block sent
+    /// so far has begun (a hop still waiting in its queue needs none).
+    fileprivate var mayNeedHelper: Bool {
+        !isFullyClaimed && begun.load(ordering: .relaxed) >= sent.load(ordering: .relaxed)
+    }
+
+    fileprivate func helperSent() { sent.add(1, ordering: .relaxed) }
+}
+
+/// The engine entry that wakes the scheduler thread to send helper blocks.
+final class HopRescue: TimerEntry {
+    private unowned let batch: DeliveryBatch
+    private let slot = Atomic<Int>(-1)
+
+    init(batch: DeliveryBatch) { self.batch = batch }
+
+    var timerSlot: Int {
+        get { slot.load(ordering: .relaxed) }
+        set { slot.store(newValue, ordering: .relaxed) }
+    }
+
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+        batch.rescueHops(engine: engine)
     }
 }

@@ -36,7 +36,7 @@ enum HandlerExecutor: Sendable {
     @inline(__always)
     func deliver(_ target: some InvocationTarget, tag: UInt64, engine: TimerEngine) {
         if _slowPath(engine.deliveryBatch.isCollectingHere) {
-            engine.deliveryBatch.add(target, tag: tag, executor: self)
+            engine.deliveryBatch.add(target, tag: tag, executor: self, engine: engine)
             return
         }
         switch self {

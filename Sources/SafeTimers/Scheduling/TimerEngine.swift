@@ -742,7 +742,7 @@ public final class TimerEngine: @unchecked Sendable {
                 for fired in batch[..<firing] {
                     fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
                 }
-                deliveryBatch.close()
+                deliveryBatch.close(engine: self)
                 batch.removeFirst(firing)
                 continue
             }
