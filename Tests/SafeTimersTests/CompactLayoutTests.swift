@@ -1,11 +1,11 @@
 import Synchronization
 import Testing
 
+@testable @_spi(SchedulerImplementation) import SafeTimers
+
 #if canImport(Glibc)
 import Glibc
 #endif
-
-@testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// The sizes that make a pending `DelayedWork` 160 bytes (handle 96, closure
 /// context 32, wheel node 32), and the wrap-around rules that the small fields
@@ -133,7 +133,9 @@ struct CompactLayoutTests {
         #expect(boxedEntry == nil)
         do {
             let engine = TimerEngine(virtual: true)
-            let work = DelayedWork.schedule(atTicks: { _ in DeadlineArithmetic.never }, executor: .globalQueue, engine: engine) {}
+            let work = DelayedWork.schedule(
+                atTicks: { _ in DeadlineArithmetic.never }, executor: .globalQueue, engine: engine
+            ) {}
             taggedEntry = work
             var reference = TimerEntryReference(retaining: work)
             #expect(reference.bits & 7 == 1)

@@ -55,7 +55,9 @@ if CommandLine.arguments.contains("--footprint") {
     // Only the bytes per pending DelayedWork (and kept after cancel).
     _ = Footprint.delayedWork(count: 1_000)  // one-time allocations (thread ids, the first slab chunk)
     let (perItem, kept) = Footprint.delayedWork(count: footprintCount)
-    print("DelayedWork: \(format(perItem, decimals: 1)) B per pending item, \(format(kept, decimals: 1)) B kept after cancel")
+    print(
+        "DelayedWork: \(format(perItem, decimals: 1)) B per pending item, \(format(kept, decimals: 1)) B kept after cancel"
+    )
     exit(0)
 }
 

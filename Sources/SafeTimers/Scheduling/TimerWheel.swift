@@ -96,7 +96,8 @@ struct TimerWheel: ~Copyable {
     /// Memory for `count` values, 128-byte aligned and rounded up to 128 bytes.
     private static func allocateLines<T>(_ type: T.Type, count: Int) -> UnsafeMutablePointer<T> {
         let bytes = (MemoryLayout<T>.stride * count + 127) & ~127
-        return UnsafeMutableRawPointer.allocate(byteCount: bytes, alignment: 128).bindMemory(to: T.self, capacity: count)
+        return UnsafeMutableRawPointer.allocate(byteCount: bytes, alignment: 128).bindMemory(
+            to: T.self, capacity: count)
     }
 
     // MARK: Arming and disarming
@@ -408,7 +409,8 @@ struct TimerWheel: ~Copyable {
             if list < Self.parkedList {
                 let marked = occupied[list >> Self.levelBits] & (1 << UInt64(list & (Self.bucketsPerLevel - 1))) != 0
                 if marked != (index >= 0) {
-                    return "bucket \(list >> Self.levelBits)/\(list & 63) is marked \(marked ? "occupied" : "empty") but is not"
+                    return
+                        "bucket \(list >> Self.levelBits)/\(list & 63) is marked \(marked ? "occupied" : "empty") but is not"
                 }
             }
             while index >= 0 {
