@@ -23,9 +23,10 @@ struct BatchedDeliveryTests {
         let value = Atomic<Bool>(false)
     }
 
-    /// Waits up to 10 s for `condition`.
+    /// Waits up to 60 s for `condition` (ThreadSanitizer and parallel suites on
+    /// 2 cores can starve the polling task for seconds).
     private func eventually(_ condition: @Sendable () -> Bool) async -> Bool {
-        let end = Date().addingTimeInterval(10)
+        let end = Date().addingTimeInterval(60)
         while !condition() {
             if Date() > end { return false }
             try? await Task.sleep(for: .milliseconds(5))
@@ -64,7 +65,7 @@ struct BatchedDeliveryTests {
                 if index == 0 {
                     // Block until every other work has run (the 15 of its own hop
                     // included: a helper block takes them over).
-                    released.value.store(othersDone.wait(timeout: .now() + 10) == .success, ordering: .relaxed)
+                    released.value.store(othersDone.wait(timeout: .now() + 60) == .success, ordering: .relaxed)
                 }
                 ran.record(index)
                 if index != 0 && ran.all.filter({ $0 != 0 }).count == count - 1 { othersDone.signal() }
@@ -84,7 +85,7 @@ struct BatchedDeliveryTests {
         let waited = Flag()
         let deadline = scheduler.clock.now.advanced(by: .milliseconds(200))
         let first = DelayedWork.schedule(at: deadline, scheduler: scheduler) {
-            waited.value.store(signalled.wait(timeout: .now() + 10) == .success, ordering: .relaxed)
+            waited.value.store(signalled.wait(timeout: .now() + 60) == .success, ordering: .relaxed)
         }
         let second = DelayedWork.schedule(at: deadline, scheduler: scheduler) { signalled.signal() }
         #expect(await eventually { first.state == .completed && second.state == .completed })
@@ -101,7 +102,8 @@ struct BatchedDeliveryTests {
         let scheduler = SystemTimerScheduler()
         let queue = DispatchQueue(label: "batched.cancel")
         let gate = DispatchSemaphore(value: 0)
-        queue.async { _ = gate.wait(timeout: .now() + 10) }
+        queue.async { _ = gate.wait(timeout: .now() + 120) }  // released below, whatever happens
+        defer { gate.signal() }
         let ran = Ran()
         let deadline = scheduler.clock.now.advanced(by: .milliseconds(100))
         let works = (0..<40).map { index in
