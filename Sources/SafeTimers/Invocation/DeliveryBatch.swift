@@ -15,7 +15,10 @@ import Synchronization
 /// millisecond after the hop went out, the scheduler thread sends one more
 /// block to the same destination that claims and runs the rest (again every
 /// millisecond while some remain, one block at a time per hop, and only once
-/// the hop's earlier blocks have begun). So:
+/// the hop's earlier blocks have begun; a hop whose blocks have not all begun
+/// is looked at again after twice the last wait, up to 128 ms, so that a hop
+/// stuck behind itself on a serial queue, or on a suspended queue, does not
+/// wake the scheduler thread every millisecond). So:
 /// - on a serial queue, handlers run in deadline order, as with a hop each (a
 ///   helper block queues behind the hop and finds nothing left);
 /// - on a concurrent queue (the global queue, the default), a handler that
@@ -37,6 +40,13 @@ final class DeliveryBatch: @unchecked Sendable {
 
     /// How long a hop's handlers may wait unclaimed before a helper block is sent.
     static let rescueDelay: Int64 = 1_000_000
+
+    /// The longest a watched hop waits between two looks. A hop whose blocks
+    /// have not all begun (its queue is serial and busy with the hop itself, or
+    /// suspended, or starved) cannot use a helper yet: each look that finds it
+    /// so doubles its wait up to this, so that it does not wake the scheduler
+    /// thread every millisecond for as long as it stays so.
+    static let longestRescueDelay: Int64 = 128_000_000
 
     /// Where a group's handlers run.
     fileprivate enum Destination: Sendable {
@@ -86,7 +96,7 @@ final class DeliveryBatch: @unchecked Sendable {
     private let collector = Atomic<UInt>(0)
     private var groups: [Group] = []
     /// Hops with handlers that may still be unclaimed, and when each went out.
-    private var watched: [(hop: DeliveryHop, sentAt: Int64)] = []
+    private var watched: [(hop: DeliveryHop, checkAt: Int64, delay: Int64)] = []
     /// The entry that wakes the scheduler thread to look at `watched`.
     private lazy var rescue = HopRescue(batch: self)
     private var rescueArmed = false
@@ -167,7 +177,7 @@ final class DeliveryBatch: @unchecked Sendable {
         group.destination.async { hop.drain() }
         guard !group.destination.isSerial else { return }
         let now = engine.nowTicks
-        watched.append((hop, now))
+        watched.append((hop, now &+ Self.rescueDelay, Self.rescueDelay))
         if !rescueArmed {
             rescueArmed = true
             engine.arm(rescue, at: now &+ Self.rescueDelay)
@@ -182,17 +192,20 @@ final class DeliveryBatch: @unchecked Sendable {
         let now = engine.nowTicks
         var earliestPending = Int64.max
         watched.removeAll { $0.hop.isFullyClaimed }
-        for (hop, sentAt) in watched {
-            if now &- sentAt >= Self.rescueDelay {
+        for index in watched.indices {
+            let hop = watched[index].hop
+            if now >= watched[index].checkAt {
                 if hop.mayNeedHelper {
                     hop.helperSent()
                     helpers.add(1, ordering: .relaxed)
                     hop.destination.async { hop.drain() }
+                    watched[index].delay = Self.rescueDelay
+                } else {
+                    watched[index].delay = min(watched[index].delay &* 2, Self.longestRescueDelay)
                 }
-                earliestPending = min(earliestPending, now &+ Self.rescueDelay)
-            } else {
-                earliestPending = min(earliestPending, sentAt &+ Self.rescueDelay)
+                watched[index].checkAt = now &+ watched[index].delay
             }
+            earliestPending = min(earliestPending, watched[index].checkAt)
         }
         if earliestPending != Int64.max {
             rescueArmed = true
