@@ -52,6 +52,29 @@ struct StackUnwinder {
     /// A cache owned by one unwinder (which runs on one thread).
     final class TailJumpCache {
         var jumps: [UInt: CallSite.TailJumps] = [:]
+        /// Pages of code found readable (true) or not (false) in this unwind.
+        var readablePages: [UInt: Bool] = [:]
+    }
+
+    /// Whether the code bytes before `address`, where a call instruction would
+    /// be, can be read without faulting: their pages are probed once per unwind
+    /// through `readWord` (which cannot fault). `isText` alone is not enough: the
+    /// image map is taken once per process, and a mapping that was executable
+    /// then may be gone now (a CI run crashed reading 0x7fe5fffffffb, the 5
+    /// bytes before a "return address" at the start of a page no longer mapped).
+    private func codeBeforeIsReadable(_ address: UInt) -> Bool {
+        guard address >= 8 else { return false }
+        let pageSize: UInt = 4096
+        for page in Set([(address - 8) & ~(pageSize - 1), (address - 1) & ~(pageSize - 1)]) {
+            if let known = tailJumpCache.readablePages[page] {
+                if !known { return false }
+                continue
+            }
+            let readable = readWord(page) != nil
+            tailJumpCache.readablePages[page] = readable
+            if !readable { return false }
+        }
+        return true
     }
 
     private func jumps(from function: UInt) -> CallSite.TailJumps {
@@ -103,6 +126,7 @@ struct StackUnwinder {
 
     private func target(ofCallBefore address: UInt) -> CallSite.Target {
         if let callTarget { return callTarget(address) }
+        guard codeBeforeIsReadable(address) else { return .none }
         return CallSite.target(ofCallBefore: address, readWord: readWord)
     }
 
@@ -156,7 +180,7 @@ struct StackUnwinder {
     /// Text right after a call instruction (decoded only: no memory is read).
     private func isReturnAddress(_ value: UInt) -> Bool {
         guard isText(value) else { return false }
-        guard let callTarget else { return CallSite.followsCall(value) }
+        guard let callTarget else { return codeBeforeIsReadable(value) && CallSite.followsCall(value) }
         if case .none = callTarget(value) { return false }
         return true
     }

@@ -387,3 +387,48 @@ struct StopRuleTests {
         #expect(duration == 375 * ms)
     }
 }
+
+#if os(Linux)
+import Glibc
+
+/// A stale image map: a page that was text when the map was taken and is not
+/// readable now. Decoding the call before a "return address" at its start read
+/// the page directly and crashed the process (a CI run: SIGSEGV at
+/// 0x7fe5fffffffb, in `CallSite.decode`).
+@Suite("Stack unwinding over a stale image map")
+struct StaleImageMapTests {
+    @Test("words pointing just past an unreadable page's start are no return addresses, and nothing faults")
+    func unreadableText() throws {
+        let pageSize = Int(sysconf(Int32(_SC_PAGESIZE)))
+        // Two pages: the first inaccessible, the second readable; addresses at the
+        // start of the second have their call bytes in the first.
+        guard let region = mmap(nil, 2 * pageSize, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+            region != MAP_FAILED
+        else {
+            Issue.record("mmap failed")
+            return
+        }
+        defer { munmap(region, 2 * pageSize) }
+        let second = UInt(bitPattern: region) + UInt(pageSize)
+        #expect(mprotect(UnsafeMutableRawPointer(bitPattern: second), pageSize, PROT_READ) == 0)
+        let base = UInt(bitPattern: region)
+        let staleText = base..<(base + UInt(2 * pageSize))
+        let sp: UInt = 0x7000_0000
+        // What a sleeping thread's stack could hold: words into the stale text
+        // (the first page and the second page's first bytes), no frame pointer.
+        let words: [UInt] = [second + 3, base + 16, second + 5, second + 100, 0, 0]
+        let copy = StackCopy(pc: second + 200, sp: sp, fp: nil, words: words, unwound: [], truncated: false)
+        let unwinder = StackUnwinder(
+            copy: copy, isText: { staleText.contains($0) },
+            readWord: { address in
+                var value: UInt = 0
+                let copied = withUnsafeMutableBytes(of: &value) { StackSampler.copyMemory(from: address, into: $0) }
+                return copied == 1 ? value : nil
+            })
+        let frames = unwinder.unwind()
+        // The second page is zero-filled (no call instructions) and the first
+        // cannot be read: nothing but the interrupted pc is a frame.
+        #expect(frames.map(\.address) == [second + 200])
+    }
+}
+#endif
