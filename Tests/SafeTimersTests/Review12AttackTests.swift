@@ -559,7 +559,7 @@ struct Review12AttackTests {
         var model: [Int: (deadline: Int64, sequence: UInt64, entry: ModelEntry)] = [:]
         var sequence: UInt64 = 0
         var now: Int64 = 0
-        var rng = SplitMix(seed: UInt64(seed) &+ 12345)
+        var rng = SplitMix64(seed: UInt64(seed) &+ 12345)
         let extremes: [Int64] = [
             Int64.min, Int64.min + 1, -1, 0, 1, Int64.max, Int64.max - 1, (1 << 62), -(1 << 40), (1 << 43) - 1,
             1 << 20, (1 << 20) - 1, 64 << 20, (64 << 20) - 1, 4096 << 20,
@@ -645,17 +645,5 @@ struct Review12AttackTests {
             }
         }
         _ = wheel.removeAll()
-    }
-
-    struct SplitMix {
-        var state: UInt64
-        init(seed: UInt64) { state = seed }
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
     }
 }
