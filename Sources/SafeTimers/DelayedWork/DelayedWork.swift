@@ -91,9 +91,6 @@ public final class DelayedWork: Sendable {
         }
     }
 
-    /// ``SystemTimerScheduler/shared``'s engine, which is never released.
-    static var sharedEngine: TimerEngine { sharedEngineReference.takeUnretainedValue() }
-
     /// The shared engine's address (0 until the first look). An `Atomic` global
     /// is initialized statically, so the default path reads it with one load and
     /// counts no reference; a lazy `static let` calls `swift_once` at every read

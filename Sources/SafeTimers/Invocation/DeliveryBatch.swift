@@ -48,46 +48,13 @@ final class DeliveryBatch: @unchecked Sendable {
     /// thread every millisecond for as long as it stays so.
     static let longestRescueDelay: Int64 = 128_000_000
 
-    /// Where a group's handlers run.
-    fileprivate enum Destination: Sendable {
-        case queue(DispatchQueue)
-        case globalQueue
-        case mainActor
-
-        func isSame(as other: Destination) -> Bool {
-            switch (self, other) {
-            case (.queue(let mine), .queue(let theirs)): return mine === theirs
-            case (.globalQueue, .globalQueue), (.mainActor, .mainActor): return true
-            default: return false
-            }
-        }
-
-        /// Runs `body` there.
-        func async(_ body: @escaping @Sendable () -> Void) {
-            switch self {
-            case .queue(let queue): queue.async(execute: body)
-            case .globalQueue: DispatchQueue.global().async(execute: body)
-            case .mainActor: Task { @MainActor in body() }
-            }
-        }
-
-        /// Whether handlers there run one at a time anyway.
-        var isSerial: Bool {
-            switch self {
-            case .mainActor: return true
-            case .queue(let queue): return queue === DispatchQueue.main
-            case .globalQueue: return false
-            }
-        }
-    }
-
     fileprivate struct Invocation: Sendable {
         let target: any InvocationTarget
         let tag: UInt64
     }
 
     private struct Group {
-        let destination: Destination
+        let destination: HandlerExecutor
         var invocations: [Invocation]
     }
 
@@ -136,18 +103,9 @@ final class DeliveryBatch: @unchecked Sendable {
         groups.removeAll(keepingCapacity: true)
     }
 
-    /// Collects the invocation `tag` of `target` for `executor`. Call only when
-    /// ``isCollectingHere``.
-    func add(_ target: some InvocationTarget, tag: UInt64, executor: HandlerExecutor, engine: TimerEngine) {
-        let destination: Destination
-        switch executor {
-        case .queue(let queue): destination = .queue(queue)
-        case .globalQueue: destination = .globalQueue
-        case .mainActor: destination = .mainActor
-        case .recorder(let recorder):
-            recorder.record(target, tag: tag)
-            return
-        }
+    /// Collects the invocation `tag` of `target` for `executor` (not a test
+    /// recorder). Call only when ``isCollectingHere``.
+    func add(_ target: some InvocationTarget, tag: UInt64, executor destination: HandlerExecutor, engine: TimerEngine) {
         let invocation = Invocation(target: target, tag: tag)
         for index in groups.indices where groups[index].destination.isSame(as: destination) {
             groups[index].invocations.append(invocation)
@@ -170,11 +128,11 @@ final class DeliveryBatch: @unchecked Sendable {
         carried.add(invocations.count, ordering: .relaxed)
         if invocations.count == 1 {
             let only = invocations[0]
-            group.destination.async { only.target.invoke(tag: only.tag) }
+            group.destination.run { only.target.invoke(tag: only.tag) }
             return
         }
         let hop = DeliveryHop(destination: group.destination, invocations: invocations)
-        group.destination.async { hop.drain() }
+        group.destination.run { hop.drain() }
         guard !group.destination.isSerial else { return }
         let now = engine.nowTicks
         watched.append((hop, now &+ Self.rescueDelay, Self.rescueDelay))
@@ -198,7 +156,7 @@ final class DeliveryBatch: @unchecked Sendable {
                 if hop.mayNeedHelper {
                     hop.helperSent()
                     helpers.add(1, ordering: .relaxed)
-                    hop.destination.async { hop.drain() }
+                    hop.destination.run { hop.drain() }
                     watched[index].delay = Self.rescueDelay
                 } else {
                     watched[index].delay = min(watched[index].delay &* 2, Self.longestRescueDelay)
@@ -217,7 +175,7 @@ final class DeliveryBatch: @unchecked Sendable {
 /// One hop's handlers, claimed one at a time by the hop's block and any helper
 /// block (see ``DeliveryBatch``).
 final class DeliveryHop: Sendable {
-    fileprivate let destination: DeliveryBatch.Destination
+    let destination: HandlerExecutor
     private let invocations: [DeliveryBatch.Invocation]
     /// The next handler to claim.
     private let cursor = Atomic<Int>(0)
@@ -226,7 +184,7 @@ final class DeliveryHop: Sendable {
     private let sent = Atomic<Int>(1)
     private let begun = Atomic<Int>(0)
 
-    fileprivate init(destination: DeliveryBatch.Destination, invocations: [DeliveryBatch.Invocation]) {
+    fileprivate init(destination: HandlerExecutor, invocations: [DeliveryBatch.Invocation]) {
         self.destination = destination
         self.invocations = invocations
     }
@@ -267,5 +225,26 @@ final class HopRescue: TimerEntry {
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         batch.rescueHops(engine: engine)
+    }
+}
+
+extension HandlerExecutor {
+    /// Whether deliveries to both go to the same place (one batch group).
+    fileprivate func isSame(as other: HandlerExecutor) -> Bool {
+        switch (self, other) {
+        case (.queue(let mine), .queue(let theirs)): return mine === theirs
+        case (.globalQueue, .globalQueue), (.mainActor, .mainActor): return true
+        default: return false
+        }
+    }
+
+    /// Whether handlers there run one at a time anyway (a hop there needs no
+    /// helper block).
+    fileprivate var isSerial: Bool {
+        switch self {
+        case .mainActor: return true
+        case .queue(let queue): return queue === DispatchQueue.main
+        case .globalQueue, .recorder: return false
+        }
     }
 }

@@ -35,25 +35,10 @@ enum HandlerExecutor: Sendable {
     /// others due together for the same destination (see ``DeliveryBatch``).
     @inline(__always)
     func deliver(_ target: some InvocationTarget, tag: UInt64, engine: TimerEngine) {
-        if _slowPath(engine.deliveryBatch.isCollectingHere) {
-            engine.deliveryBatch.add(target, tag: tag, executor: self, engine: engine)
-            return
-        }
-        switch self {
-        case .queue(let queue):
-            if engine.isVirtual {
-                engine.enqueueDelivery { target.invoke(tag: tag) }
-            } else {
-                queue.async { target.invoke(tag: tag) }
-            }
-        case .globalQueue:
-            if engine.isVirtual {
-                engine.enqueueDelivery { target.invoke(tag: tag) }
-            } else {
-                DispatchQueue.global().async { target.invoke(tag: tag) }
-            }
-        case .mainActor:
-            if engine.isVirtual {
+        if case .recorder(let recorder) = self {
+            recorder.record(target, tag: tag)
+        } else if engine.isVirtual {
+            if case .mainActor = self {
                 engine.enqueueDelivery {
                     if ThreadIdentity.isMainThread || MainQueueMarker.isCurrent {
                         target.invoke(tag: tag)
@@ -62,10 +47,25 @@ enum HandlerExecutor: Sendable {
                     }
                 }
             } else {
-                Task { @MainActor in target.invoke(tag: tag) }
+                engine.enqueueDelivery { target.invoke(tag: tag) }
             }
-        case .recorder(let recorder):
-            recorder.record(target, tag: tag)
+        } else if _slowPath(engine.deliveryBatch.isCollectingHere) {
+            engine.deliveryBatch.add(target, tag: tag, executor: self, engine: engine)
+        } else {
+            run { target.invoke(tag: tag) }
+        }
+    }
+
+    /// Runs `body` where this executor's handlers run: on the queue, or on the
+    /// main actor through a task. (A recorder runs nothing: deliveries to it are
+    /// recorded by ``deliver(_:tag:engine:)`` before they get here.)
+    @inline(__always)
+    func run(_ body: @escaping @Sendable () -> Void) {
+        switch self {
+        case .queue(let queue): queue.async(execute: body)
+        case .globalQueue: DispatchQueue.global().async(execute: body)
+        case .mainActor: Task { @MainActor in body() }
+        case .recorder: preconditionFailure("a recorder's deliveries are recorded, not run")
         }
     }
 
