@@ -19,6 +19,13 @@ struct BatchedDeliveryTests {
         var all: [Int] { order.withLock { $0 } }
     }
 
+    /// How often each named thing ended.
+    private final class Counts: Sendable {
+        private let counts = StateLock<[String: Int]>([:])
+        func add(_ name: String) { counts.withLock { $0[name, default: 0] += 1 } }
+        var all: [String: Int] { counts.withLock { $0 } }
+    }
+
     private final class Flag: Sendable {
         let value = Atomic<Bool>(false)
     }
@@ -133,6 +140,77 @@ struct BatchedDeliveryTests {
         }
         #expect(await eventually { ran.all.count == 30 })
         #expect(ran.all == Array(0..<30))
+        withExtendedLifetime(works) {}
+    }
+
+    @Test("24 repeating timers due together: every tick stream gets 1…5 in order, no handler overlaps itself")
+    func tickStreamsInBursts() async {
+        let scheduler = SystemTimerScheduler()
+        let overlaps = Flag()
+        let running = StateLock<Set<Int>>([])
+        let timers = (0..<24).map { index in
+            RepeatingTimer(interval: .milliseconds(20), repetitions: 5, scheduler: scheduler) {
+                let entered = running.withLock { $0.insert(index).inserted }
+                if !entered { overlaps.value.store(true, ordering: .relaxed) }
+                usleep(200)  // long enough for a helper block to start beside the hop
+                running.withLock { _ = $0.remove(index) }
+            }
+        }
+        let streams = timers.map(\.ticks)
+        for timer in timers { timer.start() }
+        let numbers = await withTaskGroup(of: [Int].self) { group in
+            for stream in streams {
+                group.addTask {
+                    var seen: [Int] = []
+                    for await tick in stream { seen.append(tick.number) }
+                    return seen
+                }
+            }
+            var all: [[Int]] = []
+            for await seen in group { all.append(seen) }
+            return all
+        }
+        #expect(numbers.count == 24)
+        #expect(numbers.allSatisfy { $0 == [1, 2, 3, 4, 5] }, "\(numbers)")
+        let overlapped = overlaps.value.load(ordering: .relaxed)
+        #expect(!overlapped)
+        #expect(timers.allSatisfy { $0.state == .finished })
+    }
+
+    @Test("clock sleeps, withWatchdog overruns and DelayedWorks due in one burst all end, each once")
+    func mixedBurst() async {
+        let scheduler = SystemTimerScheduler()
+        let fired = Counts()
+        let deadline = scheduler.clock.now.advanced(by: .milliseconds(150))
+        let works = (0..<20).map { index in
+            DelayedWork.schedule(at: deadline, scheduler: scheduler) { fired.add("work \(index)") }
+        }
+        await withTaskGroup(of: Void.self) { group in
+            for index in 0..<20 {
+                group.addTask {
+                    try? await scheduler.clock.sleep(until: deadline)
+                    fired.add("sleep \(index)")
+                }
+            }
+            for index in 0..<4 {
+                group.addTask {
+                    // A section that overruns its 100 ms on threads of their own.
+                    await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                        Thread {
+                            _ = withWatchdog(
+                                timeout: .milliseconds(100), scheduler: scheduler,
+                                onTimeout: { fired.add("watchdog \(index)") }
+                            ) { usleep(250_000) }
+                            done.resume()
+                        }.start()
+                    }
+                }
+            }
+        }
+        #expect(await eventually { fired.all.count == 44 })
+        try? await Task.sleep(for: .milliseconds(50))
+        let counts = fired.all
+        #expect(counts.count == 44 && counts.values.allSatisfy { $0 == 1 }, "\(counts)")
         withExtendedLifetime(works) {}
     }
 }
