@@ -107,9 +107,19 @@ final class Symbolicator {
 
     /// The start of the function `address` lies in (the interrupted instruction, or
     /// a return address), from the image's symbols; nil when unknown.
+    ///
+    /// An address not cached yet is named in full (and cached for the frames that
+    /// come later), so its cost counts as naming: the unwinder asks for every
+    /// candidate return address in the executable while it proves a sleeping
+    /// thread's frames, and the first such unwind in a process took 47 ms here
+    /// (which, charged to the profiler's pace, stopped sampling for 4.5 s).
     func functionStart(of address: UInt, isReturnAddress: Bool) -> UInt? {
         let key = Key(address: address, isReturnAddress: isReturnAddress)
-        if cache[key] == nil { resolve([key]) }
+        if cache[key] == nil {
+            let before = StallProfiler.threadCPU()
+            resolve([key])
+            namingCost += StallProfiler.threadCPU() - before
+        }
         return starts[key]
     }
 
@@ -245,7 +255,12 @@ final class Symbolicator {
         return address &- base
     }
 
+    /// How many times the image map was taken again (a library loaded since):
+    /// what is cached by code address elsewhere may be stale then.
+    private(set) var imageGeneration = 0
+
     private func refreshImages() {
+        imageGeneration += 1
         images = Self.processImages(refreshing: true)
         encodedImages = Self.encode(images)
         textRanges = Self.textRanges(images)
@@ -253,15 +268,22 @@ final class Symbolicator {
         executableText = Self.textRanges(images, of: Self.executablePath)
     }
 
-    /// The executable mappings from `/proc/self/maps`. (An image's base to its end
-    /// of text is not all mapped: reading a hole between its segments faults.)
+    /// The executable mappings from `/proc/self/maps`, but not writable ones.
+    /// (An image's base to its end of text is not all mapped: reading a hole
+    /// between its segments faults.)
+    ///
+    /// Writable and executable at once is not code here: the toolchain's
+    /// `libswiftRuntime.so` (which symbolication links) asks for an executable
+    /// stack (`GNU_STACK` RWE), so glibc maps every thread's stack `rwxp`, and as
+    /// "text" every pointer into a stack passed for a possible return address (a
+    /// JIT's writable code buffer would have no symbols either).
     private static func textRanges(_ images: ImageMap, of path: String? = nil) -> [(start: UInt, end: UInt)] {
         guard let maps = ProcFile.read("/proc/self/maps") else { return [] }
         var ranges: [(start: UInt, end: UInt)] = []
         for line in maps.split(separator: "\n") {
             let fields = line.split(separator: " ", maxSplits: 2)
             guard fields.count >= 2, fields[1].count >= 3, fields[1].dropFirst(2).first == "x",
-                fields[1].first == "r"
+                fields[1].first == "r", fields[1].dropFirst().first != "w"
             else { continue }
             if let path {
                 // A whole path, or "/" for any file.
