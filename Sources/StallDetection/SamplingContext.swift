@@ -10,6 +10,11 @@ final class SamplingContext: @unchecked Sendable {
     private var sampler: StackSampler?
     private var symbolicator: Symbolicator?
     private var installError: String?
+    /// Calls and wrappers' tail jumps decoded in earlier samples (each read its
+    /// code, PLT stub and GOT slot through the kernel), and the image map they
+    /// belong to.
+    private let code = StackUnwinder.CodeCache()
+    private var codeGeneration = 0
 
     /// Installs the signal handler and loads symbols before the first stall.
     func warmUp() {
@@ -47,13 +52,14 @@ final class SamplingContext: @unchecked Sendable {
             return .unavailable(reason, threadID: Self.reportedID(thread))
         case .copied(let copy, let signalled):
             if signalled, let installError { return .unavailable(installError, threadID: Self.reportedID(thread)) }
+            let blocks = MemoryBlocks()
+            if codeGeneration != symbolicator.imageGeneration {
+                code.removeAll()
+                codeGeneration = symbolicator.imageGeneration
+            }
             let unwinder = StackUnwinder(
                 copy: copy, isText: symbolicator.isTextAddress,
-                readWord: { address in
-                    var value: UInt = 0
-                    let copied = withUnsafeMutableBytes(of: &value) { StackSampler.copyMemory(from: address, into: $0) }
-                    return copied == 1 ? value : nil
-                },
+                readWord: { blocks.word(at: $0) },
                 exactStart: { candidate, inner, innerIsReturnAddress in
                     // Both in the main executable, whose symbol table is complete; a
                     // call into a library may reach its target through a tail call
@@ -62,7 +68,7 @@ final class SamplingContext: @unchecked Sendable {
                         return nil
                     }
                     return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
-                })
+                }, codeCache: code)
             let frames = StackShape.prune(symbolicator.symbolicate(unwinder.unwind()))
             return StallBacktrace(
                 frames: frames, threadID: Self.reportedID(thread), unavailableReason: nil,

@@ -52,6 +52,8 @@ final class StackSampler {
     private let sample: UnsafeMutablePointer<stallcapture_sample>
     private let timeoutMilliseconds: Int32
     private var buffer: [UInt]
+    /// The sampled threads' `stat` and `syscall` files, kept open.
+    let files = ProcTaskFiles()
 
     init(timeout: Duration) {
         sample = .allocate(capacity: 1)
@@ -78,7 +80,7 @@ final class StackSampler {
         return .unavailable("stack sampling is not supported on this platform")
         #else
         for _ in 0..<3 {
-            guard let state = ThreadState.letter(thread: tid) else {
+            guard let state = files.stateLetter(thread: tid) else {
                 return .unavailable("thread \(tid) is gone")
             }
             // A thread that exited (under `dispatchMain()` the main thread calls
@@ -97,12 +99,13 @@ final class StackSampler {
     /// Reads a thread that sleeps in the kernel; nil when it is not (or stopped
     /// sleeping during the read).
     private func captureFromKernel(_ tid: Int32) -> StackCopy? {
-        let path = "/proc/self/task/\(tid)/syscall"
-        guard let before = ProcFile.read(path), let (sp, pc) = Self.parseSyscall(before) else { return nil }
+        guard let before = files.read(.syscall, thread: tid), let (sp, pc) = Self.parseSyscall(before) else {
+            return nil
+        }
         let copiedWords = buffer.withUnsafeMutableBytes { bytes in
             Self.copyMemory(from: sp, into: bytes)
         }
-        guard let after = ProcFile.read(path), after == before else { return nil }
+        guard let after = files.read(.syscall, thread: tid), after == before else { return nil }
         // A whole copy shares the buffer (no 256 KB copy per sample); the copy is
         // gone again before the next capture writes to the buffer.
         return StackCopy(

@@ -32,14 +32,17 @@ struct StackUnwinder {
     /// Where the code at a function's start jumps (tests inject one); by default
     /// ``CallSite/tailJumps(from:readWord:)``.
     var tailJumps: ((UInt) -> CallSite.TailJumps)?
-    /// Tail jumps already decoded, per function start (one unwind decodes each
-    /// wrapper once).
-    private let tailJumpCache = TailJumpCache()
+    /// What the code at an address decodes to, from earlier unwinds when the
+    /// sampler keeps one (code does not change while it is mapped), or this
+    /// unwind's own.
+    private let codeCache: CodeCache
+    /// Pages of code found readable (true) or not (false) in this unwind.
+    private let readablePages = PageProbes()
 
     init(
         copy: StackCopy, isText: @escaping (UInt) -> Bool, readWord: @escaping (UInt) -> UInt?,
         callTarget: ((UInt) -> CallSite.Target)? = nil, exactStart: ((UInt, UInt, Bool) -> UInt?)? = nil,
-        tailJumps: ((UInt) -> CallSite.TailJumps)? = nil
+        tailJumps: ((UInt) -> CallSite.TailJumps)? = nil, codeCache: CodeCache = CodeCache()
     ) {
         self.copy = copy
         self.isText = isText
@@ -47,13 +50,49 @@ struct StackUnwinder {
         self.callTarget = callTarget
         self.exactStart = exactStart
         self.tailJumps = tailJumps
+        self.codeCache = codeCache
     }
 
-    /// A cache owned by one unwinder (which runs on one thread).
-    final class TailJumpCache {
-        var jumps: [UInt: CallSite.TailJumps] = [:]
-        /// Pages of code found readable (true) or not (false) in this unwind.
-        var readablePages: [UInt: Bool] = [:]
+    /// Decoded code: the call before a return address, and a wrapper's tail
+    /// jumps by its start. Owned by one thread at a time (one unwinder, or the
+    /// sampling context on the detector queue). Each table is emptied when it
+    /// reaches ``limit`` entries.
+    ///
+    /// Kept across unwinds, a decoding stays right while its code stays mapped.
+    /// One that went through a PLT stub or GOT slot keeps the destination read
+    /// the first time: the call or jump had run through it (its frame is on a
+    /// stack), so a lazily bound slot was bound by then. The owner empties it when
+    /// the process' images change (a `dlclose` could put other code at the same
+    /// address).
+    final class CodeCache {
+        static let limit = 16_384
+        private(set) var jumps: [UInt: CallSite.TailJumps] = [:]
+        private(set) var calls: [UInt: CallSite.Target] = [:]
+
+        func jumps(from function: UInt) -> CallSite.TailJumps? { jumps[function] }
+
+        func remember(_ found: CallSite.TailJumps, from function: UInt) {
+            if jumps.count >= Self.limit { jumps.removeAll(keepingCapacity: true) }
+            jumps[function] = found
+        }
+
+        func call(before address: UInt) -> CallSite.Target? { calls[address] }
+
+        func remember(_ target: CallSite.Target, before address: UInt) {
+            if calls.count >= Self.limit { calls.removeAll(keepingCapacity: true) }
+            calls[address] = target
+        }
+
+        func removeAll() {
+            jumps.removeAll()
+            calls.removeAll()
+        }
+    }
+
+    /// One unwind's page probes: never kept longer, since a page mapped now may
+    /// be unmapped by the next sample.
+    final class PageProbes {
+        var readable: [UInt: Bool] = [:]
     }
 
     /// Whether the code bytes before `address`, where a call instruction would
@@ -66,21 +105,21 @@ struct StackUnwinder {
         guard address >= 8 else { return false }
         let pageSize: UInt = 4096
         for page in Set([(address - 8) & ~(pageSize - 1), (address - 1) & ~(pageSize - 1)]) {
-            if let known = tailJumpCache.readablePages[page] {
+            if let known = readablePages.readable[page] {
                 if !known { return false }
                 continue
             }
             let readable = readWord(page) != nil
-            tailJumpCache.readablePages[page] = readable
+            readablePages.readable[page] = readable
             if !readable { return false }
         }
         return true
     }
 
     private func jumps(from function: UInt) -> CallSite.TailJumps {
-        if let known = tailJumpCache.jumps[function] { return known }
+        if let known = codeCache.jumps(from: function) { return known }
         let found = tailJumps?(function) ?? CallSite.tailJumps(from: function, readWord: readWord)
-        tailJumpCache.jumps[function] = found
+        codeCache.remember(found, from: function)
         return found
     }
 
@@ -124,10 +163,16 @@ struct StackUnwinder {
         tailReach(from: target, to: inner, exact: exactStart?(candidate, inner, inner != copy.pc)) == .possible
     }
 
+    /// The call before `address` (text): injected, remembered, or decoded once
+    /// its bytes are known to be readable (an unreadable page is not remembered:
+    /// it may be mapped by the next unwind).
     private func target(ofCallBefore address: UInt) -> CallSite.Target {
         if let callTarget { return callTarget(address) }
+        if let known = codeCache.call(before: address) { return known }
         guard codeBeforeIsReadable(address) else { return .none }
-        return CallSite.target(ofCallBefore: address, readWord: readWord)
+        let found = CallSite.target(ofCallBefore: address, readWord: readWord)
+        codeCache.remember(found, before: address)
+        return found
     }
 
     /// Between two records of the chain: when the outer record's call does not
@@ -180,8 +225,7 @@ struct StackUnwinder {
     /// Text right after a call instruction (decoded only: no memory is read).
     private func isReturnAddress(_ value: UInt) -> Bool {
         guard isText(value) else { return false }
-        guard let callTarget else { return codeBeforeIsReadable(value) && CallSite.followsCall(value) }
-        if case .none = callTarget(value) { return false }
+        if case .none = target(ofCallBefore: value) { return false }
         return true
     }
 
@@ -424,13 +468,6 @@ enum CallSite {
         case unknown
         /// No call instruction precedes the address.
         case none
-    }
-
-    /// Whether the instruction before `address` is a call, so that `address` is a
-    /// plausible return address. `address` must lie in mapped text.
-    static func followsCall(_ address: UInt) -> Bool {
-        if case .none = decode(address) { return false }
-        return true
     }
 
     private enum Decoded {

@@ -1,0 +1,182 @@
+import CStallCapture
+import Foundation
+import Testing
+
+@testable import StallDetection
+
+/// What one profile sample costs: reads through the kernel in blocks, tail jumps
+/// decoded once, one-time naming charged as naming, stacks that are not text.
+@Suite("Sample cost (in process)")
+struct SampleCostTests {
+    /// Two pages: the first readable, filled with a pattern; the second not.
+    final class TwoPages {
+        let base: UnsafeMutableRawPointer
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+
+        init() throws {
+            let mapped = mmap(nil, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+            guard let mapped, mapped != MAP_FAILED else { throw CocoaError(.fileReadUnknown) }
+            base = mapped
+            for index in 0..<page {
+                base.storeBytes(of: UInt8(truncatingIfNeeded: index &* 7 &+ 3), toByteOffset: index, as: UInt8.self)
+            }
+            mprotect(base + page, page, PROT_NONE)
+        }
+
+        deinit { munmap(base, 2 * page) }
+
+        var address: UInt { UInt(bitPattern: base) }
+
+        func expected(at offset: Int) -> UInt { base.loadUnaligned(fromByteOffset: offset, as: UInt.self) }
+    }
+
+    @Test("words at every alignment read as memory holds them; any byte on an unreadable page makes nil")
+    func wordsAtEveryAlignment() throws {
+        let pages = try TwoPages()
+        let blocks = MemoryBlocks()
+        for offset in stride(from: 0, through: pages.page - 8, by: 1) where offset % 61 == 0 || offset > pages.page - 40
+        {
+            #expect(blocks.word(at: pages.address + UInt(offset)) == pages.expected(at: offset), "offset \(offset)")
+        }
+        for offset in (pages.page - 7)..<(pages.page + 16) {
+            #expect(
+                blocks.word(at: pages.address + UInt(offset)) == nil, "offset \(offset) reaches the unreadable page")
+        }
+        #expect(blocks.word(at: UInt.max - 3) == nil)
+        #expect(blocks.word(at: 0) == nil)
+    }
+
+    @Test("32 words from an aligned block are one system call; a function start anywhere, at most two")
+    func oneReadPerBlock() throws {
+        let pages = try TwoPages()
+        let aligned = MemoryBlocks()
+        for index in 0..<32 { _ = aligned.word(at: pages.address + 512 + UInt(index * 8)) }
+        #expect(aligned.reads == 1)
+        let unaligned = MemoryBlocks()
+        for index in 0..<32 { _ = unaligned.word(at: pages.address + 1_000 + 3 + UInt(index * 8)) }
+        #expect(unaligned.reads <= 2)
+        // Decoding a real function's tail jumps reads its first 256 bytes.
+        let start = UInt(bitPattern: unsafeBitCast(getpid as @convention(c) () -> pid_t, to: Int.self))
+        let code = MemoryBlocks()
+        _ = CallSite.tailJumps(from: start, readWord: code.word(at:))
+        #expect(code.reads <= 4, "\(code.reads) reads")
+    }
+
+    @Test("a pointer into a thread's stack is not text, though the toolchain makes stacks executable")
+    func stacksAreNotText() throws {
+        let symbolicator = Symbolicator()
+        var local = 0
+        let stackAddress = withUnsafeMutablePointer(to: &local) { UInt(bitPattern: $0) }
+        #expect(!symbolicator.isTextAddress(stackAddress))
+        let code = UInt(bitPattern: unsafeBitCast(getpid as @convention(c) () -> pid_t, to: Int.self))
+        #expect(symbolicator.isTextAddress(code + 16))
+        // The reason the check is needed: is this thread's stack mapped executable?
+        let maps = try String(contentsOfFile: "/proc/self/maps", encoding: .utf8)
+        let stackIsExecutable = maps.split(separator: "\n").contains { line in
+            let fields = line.split(separator: " ")
+            let bounds = fields[0].split(separator: "-").compactMap { UInt($0, radix: 16) }
+            return bounds.count == 2 && bounds[0] <= stackAddress && stackAddress < bounds[1]
+                && fields[1].hasPrefix("rwx")
+        }
+        print("this thread's stack is mapped \(stackIsExecutable ? "rwx" : "without x")")
+    }
+
+    @Test("naming a function's start for the first time counts as naming (the pace forgives it), once")
+    func functionStartIsNaming() throws {
+        let symbolicator = Symbolicator()
+        let start = UInt(bitPattern: unsafeBitCast(getpid as @convention(c) () -> pid_t, to: Int.self))
+        let before = symbolicator.namingCost
+        let found = symbolicator.functionStart(of: start + 4, isReturnAddress: false)
+        let first = symbolicator.namingCost
+        #expect(first > before, "the first lookup names the address")
+        #expect(found == start)
+        _ = symbolicator.functionStart(of: start + 4, isReturnAddress: false)
+        #expect(symbolicator.namingCost == first, "the second is cached")
+    }
+
+    @Test("the code cache is bounded: each table is emptied when full")
+    func codeCacheBound() {
+        let cache = StackUnwinder.CodeCache()
+        for index in 0..<StackUnwinder.CodeCache.limit {
+            cache.remember(CallSite.TailJumps(targets: [UInt(index)], indirect: false), from: UInt(index))
+            cache.remember(.known(UInt(index)), before: UInt(index))
+        }
+        #expect(cache.jumps.count == StackUnwinder.CodeCache.limit)
+        #expect(cache.calls.count == StackUnwinder.CodeCache.limit)
+        cache.remember(CallSite.TailJumps(), from: UInt.max)
+        cache.remember(.unknown, before: UInt.max)
+        #expect(cache.jumps.count == 1 && cache.calls.count == 1)
+        #expect(cache.jumps(from: UInt.max) == CallSite.TailJumps())
+        if case .unknown = cache.call(before: UInt.max) {
+        } else {
+            Issue.record("\(String(describing: cache.call(before: UInt.max)))")
+        }
+        cache.removeAll()
+        #expect(cache.jumps.isEmpty && cache.calls.isEmpty)
+    }
+}
+
+/// `/proc` files kept open per thread and read again from offset 0.
+@Suite("Thread files kept open (in process)")
+struct ProcTaskFilesTests {
+    @Test(
+        "one open per file: a thread's state read again follows it (asleep, then running), and a gone thread reads nil")
+    func followsTheThread() throws {
+        let phase = Locked(0)  // 0 sleep, 1 spin, 2 exit
+        let tid = Locked<Int32>(0)
+        let thread = Thread {
+            tid.withLock { $0 = stallcapture_current_tid() }
+            while phase.withLock({ $0 }) == 0 { usleep(2_000) }
+            var spins = 0
+            while phase.withLock({ $0 }) == 1 { spins &+= 1 }
+        }
+        thread.start()
+        var target: Int32 = 0
+        while target == 0 {
+            usleep(1_000)
+            target = tid.withLock { $0 }
+        }
+        let files = ProcTaskFiles()
+        var letters: [Character?] = []
+        for _ in 0..<200 {
+            letters.append(files.stateLetter(thread: target))
+            if letters.last == "S" { break }
+            usleep(1_000)
+        }
+        #expect(letters.last == "S", "\(letters)")
+        let sleeping = try #require(files.read(.syscall, thread: target))
+        #expect(StackSampler.parseSyscall(sleeping) != nil, "\(sleeping)")
+        phase.withLock { $0 = 1 }
+        letters = []
+        for _ in 0..<2_000 {
+            letters.append(files.stateLetter(thread: target))
+            if letters.last == "R" { break }
+            usleep(500)
+        }
+        #expect(letters.last == "R", "\(letters.suffix(5))")
+        #expect(files.read(.syscall, thread: target).map { $0.hasPrefix("running") } ?? false)
+        #expect(files.opens == 2, "stat and syscall opened once each: \(files.opens)")
+        phase.withLock { $0 = 2 }
+        // The thread exits: its kept files fail, and by path it is gone.
+        var gone = false
+        for _ in 0..<2_000 where !gone {
+            let letter = files.stateLetter(thread: target)
+            gone = letter == nil || letter == "Z" || letter == "X"
+            if !gone { usleep(1_000) }
+        }
+        #expect(gone)
+        #expect(files.stateLetter(thread: 0) == nil)
+        #expect(files.read(.stat, thread: -5) == nil)
+    }
+
+    @Test("more threads than the limit: every read still right, files closed when the table is full")
+    func bounded() throws {
+        let files = ProcTaskFiles()
+        let me = stallcapture_current_tid()
+        for round in 0..<(ProcTaskFiles.limit + 10) {
+            // A thread number that does not exist (beyond pid_max) costs a failed open only.
+            #expect(files.stateLetter(thread: Int32(4_194_304 + round)) == nil)
+            #expect(files.stateLetter(thread: me) == "R")
+        }
+    }
+}
