@@ -203,6 +203,69 @@ struct RegressionTests {
         #expect(engine == nil, "the engine (and its thread) outlived every use")
     }
 
+    @Test("4b. a released scheduler with never-due work armed: its thread sleeps (no look once a second)")
+    func retiredEngineWithNeverDueWorkSleeps() {
+        weak var engine: TimerEngine?
+        var work: DelayedWork?
+        do {
+            let scheduler = SystemTimerScheduler()
+            engine = scheduler.engine
+            work = DelayedWork.schedule(after: .seconds(Int64.max), scheduler: scheduler) {}
+            waitUntil { scheduler.engine.schedulerThreadID != 0 }
+        }
+        // Released; the pending work keeps the engine and its thread.
+        usleep(100_000)
+        let before = engine?.wakeUpCount ?? -1
+        usleep(2_500_000)
+        #expect(engine?.wakeUpCount == before, "woke \((engine?.wakeUpCount ?? 0) - before) times in 2.5 s")
+        // The cancel that empties it ends the thread at once; then the engine is freed.
+        let cancelled = Date()
+        #expect(work?.cancel() == true)
+        work = nil
+        waitUntil { engine == nil }
+        #expect(engine == nil)
+        #expect(
+            Date().timeIntervalSince(cancelled) < 0.9, "ended \(Date().timeIntervalSince(cancelled)) s after the cancel"
+        )
+    }
+
+    @Test("4c. the release and the last cancel land while the scheduler thread is about to sleep: it still ends")
+    func retireAndEmptyBeforeSleeping() {
+        /// The one strong reference to a scheduler, dropped by the test.
+        final class Holder: @unchecked Sendable {
+            // Written by the test thread only.
+            var scheduler: SystemTimerScheduler? = SystemTimerScheduler()
+        }
+        let holder = Holder()
+        let engine = holder.scheduler!.engine
+        weak let weakEngine = engine
+        let atWindow = DispatchSemaphore(value: 0)
+        let proceed = DispatchSemaphore(value: 0)
+        let paused = Mutex(false)
+        engine.beforeSleepingForTesting.withLock { hook in
+            hook = {
+                // The first time only: the thread holds here until the test has
+                // released the scheduler and cancelled the work.
+                guard
+                    paused.withLock({ done in
+                        defer { done = true }; return !done
+                    })
+                else { return }
+                atWindow.signal()
+                proceed.wait()
+            }
+        }
+        var work: DelayedWork? = DelayedWork.schedule(after: .seconds(3_600), scheduler: holder.scheduler) {}
+        #expect(atWindow.wait(timeout: .now() + 20) == .success)
+        holder.scheduler = nil  // retire: its signal finds no sleeper
+        #expect(work?.cancel() == true)  // empties it: its signal finds no sleeper either
+        work = nil  // (a primitive keeps its engine)
+        proceed.signal()
+        _ = consume engine
+        waitUntil { weakEngine == nil }
+        #expect(weakEngine == nil, "the thread slept on past the release and the last cancel")
+    }
+
     // MARK: 5. Durations of any magnitude
 
     @Test("5. huge and huge-negative durations never trap; each has its documented outcome")

@@ -187,6 +187,9 @@ public final class TimerEngine: @unchecked Sendable {
     /// The scheduler object is gone: a real engine's thread ends once nothing
     /// is armed (what is armed still fires); a manual engine is shut down.
     private let retired = Atomic<Bool>(false)
+    /// Tests only: run by the scheduler thread right before it takes `lock` to
+    /// sleep, the window where a release and a last cancel must not be missed.
+    package let beforeSleepingForTesting = StateLock<(@Sendable () -> Void)?>(nil)
     /// The monotonic clock's reading at tick 0 (0 for a manual engine).
     let origin: Int64
     /// `true` for a manual engine: entries fire synchronously inside `advance(by:)`
@@ -746,6 +749,7 @@ public final class TimerEngine: @unchecked Sendable {
                 batch.removeFirst(firing)
                 continue
             }
+            if let hook = beforeSleepingForTesting.withLock({ $0 }) { hook() }
             lock.lock()
             if state.pointee.shuttingDown {
                 lock.unlock()
@@ -764,15 +768,19 @@ public final class TimerEngine: @unchecked Sendable {
                 lock.unlock()
                 continue
             }
-            if retired.load(ordering: .relaxed) {
-                // The cancel that empties a retired engine signals, but it may
-                // come between the look at the top and this wait: look again at
-                // least once a second. (Only a released private scheduler pays
-                // this; the shared one never retires.)
-                lock.wait(
-                    untilMonotonic: min(
-                        absolute, DeadlineArithmetic.adding(1_000_000_000, to: MonotonicClock.nanoseconds())))
-            } else if earliest == DeadlineArithmetic.never || absolute == DeadlineArithmetic.never {
+            if retired.load(ordering: .sequentiallyConsistent) && isEmpty {
+                // A retired engine emptied since the look at the top: end the
+                // thread there. The cancel that empties a shard signals under
+                // `lock` after emptying it, so this look (under `lock`) sees the
+                // emptying, or that signal comes once this thread waits: no
+                // periodic look is needed (it woke a released private
+                // scheduler's thread once a second while never-due work stayed
+                // armed on it).
+                sleepingUntil.store(Int64.min, ordering: .sequentiallyConsistent)
+                lock.unlock()
+                continue
+            }
+            if earliest == DeadlineArithmetic.never || absolute == DeadlineArithmetic.never {
                 lock.wait()
             } else {
                 lock.wait(untilMonotonic: absolute)
