@@ -44,14 +44,37 @@ final class SamplingContext: @unchecked Sendable {
         #endif
     }
 
+    /// How much of a sleeping thread's stack a sample copies first: most stacks
+    /// end well within it (a thread's stack is followed by whatever is mapped
+    /// above it, a malloc arena's heap for some: copying up to 256 KB of that
+    /// was most of such a sample's cost). A copy that ends before the stack's
+    /// root is taken again whole.
+    static let firstKernelCopyBytes = 32 * 1_024
+
     /// Samples one thread and names its frames.
     func backtrace(of thread: Int32) -> StallBacktrace {
-        let (sampler, symbolicator) = prepared()
-        switch sampler.capture(thread: thread) {
+        let (sampler, _) = prepared()
+        let first = sampler.capture(thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes)
+        let (backtrace, wentBeyond) = named(first, thread: thread)
+        if case .copied(let copy, signalled: false) = first, copy.truncated, wentBeyond || backtrace.isTruncated {
+            return named(sampler.capture(thread: thread), thread: thread).backtrace
+        }
+        return backtrace
+    }
+
+    /// Unwinds and names a captured stack; also whether the unwind followed the
+    /// chain beyond the copy.
+    private func named(
+        _ outcome: StackSampler.Outcome, thread: Int32
+    ) -> (backtrace: StallBacktrace, wentBeyondCopy: Bool) {
+        let (_, symbolicator) = prepared()
+        switch outcome {
         case .unavailable(let reason):
-            return .unavailable(reason, threadID: Self.reportedID(thread))
+            return (.unavailable(reason, threadID: Self.reportedID(thread)), false)
         case .copied(let copy, let signalled):
-            if signalled, let installError { return .unavailable(installError, threadID: Self.reportedID(thread)) }
+            if signalled, let installError {
+                return (.unavailable(installError, threadID: Self.reportedID(thread)), false)
+            }
             let blocks = MemoryBlocks()
             if codeGeneration != symbolicator.imageGeneration {
                 code.removeAll()
@@ -70,9 +93,10 @@ final class SamplingContext: @unchecked Sendable {
                     return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
                 }, codeCache: code)
             let frames = StackShape.prune(symbolicator.symbolicate(unwinder.unwind()))
-            return StallBacktrace(
+            let backtrace = StallBacktrace(
                 frames: frames, threadID: Self.reportedID(thread), unavailableReason: nil,
                 isTruncated: copy.truncated && !StackShape.reachesRoot(frames))
+            return (backtrace, unwinder.wentBeyondCopy)
         }
     }
 

@@ -72,8 +72,10 @@ final class StackSampler {
         return result == 0 ? nil : "cannot install the SIGPROF handler (errno \(result))"
     }
 
-    /// Samples thread `tid`.
-    func capture(thread tid: Int32) -> Outcome {
+    /// Samples thread `tid`; of a thread asleep in the kernel, at most
+    /// `kernelCopyLimit` bytes of stack are copied (a signal sample copies
+    /// ``kernelCopyBytes``).
+    func capture(thread tid: Int32, kernelCopyLimit: Int = kernelCopyBytes) -> Outcome {
         #if !os(Linux)
         // Apple platforms: no sampler yet (the design it will follow is in the
         // article "Detecting hangs and stalls"); nothing here reads `/proc`.
@@ -87,7 +89,7 @@ final class StackSampler {
             // `pthread_exit`) stays listed as a zombie with a stale stack.
             if state == "Z" || state == "X" { return .unavailable("thread \(tid) has exited") }
             if state == "R" { return captureBySignal(tid) }
-            switch captureFromKernel(tid) {
+            switch captureFromKernel(tid, limit: kernelCopyLimit) {
             case .some(let copy): return .copied(copy, signalled: false)
             case .none: continue  // it woke up while being read; look again
             }
@@ -98,12 +100,15 @@ final class StackSampler {
 
     /// Reads a thread that sleeps in the kernel; nil when it is not (or stopped
     /// sleeping during the read).
-    private func captureFromKernel(_ tid: Int32) -> StackCopy? {
+    private func captureFromKernel(_ tid: Int32, limit: Int) -> StackCopy? {
         guard let before = files.read(.syscall, thread: tid), let (sp, pc) = Self.parseSyscall(before) else {
             return nil
         }
+        let limitWords = max(1, min(buffer.count, limit / MemoryLayout<UInt>.size))
         let copiedWords = buffer.withUnsafeMutableBytes { bytes in
-            Self.copyMemory(from: sp, into: bytes)
+            Self.copyMemory(
+                from: sp,
+                into: UnsafeMutableRawBufferPointer(rebasing: bytes[..<(limitWords * MemoryLayout<UInt>.size)]))
         }
         guard let after = files.read(.syscall, thread: tid), after == before else { return nil }
         // A whole copy shares the buffer (no 256 KB copy per sample); the copy is
@@ -111,7 +116,7 @@ final class StackSampler {
         return StackCopy(
             pc: pc, sp: sp, fp: nil, words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
             unwound: [],
-            truncated: copiedWords == buffer.count)
+            truncated: copiedWords == limitWords)
     }
 
     /// The stack pointer and program counter of a thread blocked in the kernel, from

@@ -36,8 +36,9 @@ struct StackUnwinder {
     /// sampler keeps one (code does not change while it is mapped), or this
     /// unwind's own.
     private let codeCache: CodeCache
-    /// Pages of code found readable (true) or not (false) in this unwind.
-    private let readablePages = PageProbes()
+    /// Pages of code found readable (true) or not (false) in this unwind, and
+    /// whether it followed the chain beyond the copy.
+    private let scratch = Scratch()
 
     init(
         copy: StackCopy, isText: @escaping (UInt) -> Bool, readWord: @escaping (UInt) -> UInt?,
@@ -89,11 +90,17 @@ struct StackUnwinder {
         }
     }
 
-    /// One unwind's page probes: never kept longer, since a page mapped now may
-    /// be unmapped by the next sample.
-    final class PageProbes {
+    /// One unwind's page probes (never kept longer, since a page mapped now may
+    /// be unmapped by the next sample) and what it had to read beyond the copy.
+    final class Scratch {
         var readable: [UInt: Bool] = [:]
+        var wentBeyondCopy = false
     }
+
+    /// Whether the last ``unwind()`` followed the frame chain beyond the copy
+    /// (reading its records from memory): a whole copy could show more (the
+    /// callers of frameless functions out there).
+    var wentBeyondCopy: Bool { scratch.wentBeyondCopy }
 
     /// Whether the code bytes before `address`, where a call instruction would
     /// be, can be read without faulting: their pages are probed once per unwind
@@ -105,12 +112,12 @@ struct StackUnwinder {
         guard address >= 8 else { return false }
         let pageSize: UInt = 4096
         for page in Set([(address - 8) & ~(pageSize - 1), (address - 1) & ~(pageSize - 1)]) {
-            if let known = readablePages.readable[page] {
+            if let known = scratch.readable[page] {
                 if !known { return false }
                 continue
             }
             let readable = readWord(page) != nil
-            readablePages.readable[page] = readable
+            scratch.readable[page] = readable
             if !readable { return false }
         }
         return true
@@ -260,6 +267,7 @@ struct StackUnwinder {
             if let value = word(at: address) { return value }
             guard address >= copy.sp + UInt(words.count) * Self.wordSize, readsBeyond > 0 else { return nil }
             readsBeyond -= 1
+            scratch.wentBeyondCopy = true
             return readWord(address)
         }
         while var framePointer = anchor {

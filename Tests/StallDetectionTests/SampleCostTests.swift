@@ -116,6 +116,102 @@ struct SampleCostTests {
     }
 }
 
+/// Recurses `depth` times (each frame holding 64 bytes of locals), then sleeps
+/// until `done`.
+@inline(never)
+func sampleCostRecurse(_ depth: Int, _ done: Locked<Bool>) -> Int {
+    var locals = (depth, depth &* 3, depth &* 5, depth &* 7, depth &* 11, depth &* 13, depth &* 17, depth &* 19)
+    if depth == 0 {
+        while !done.withLock({ $0 }) { usleep(20_000) }
+        return 0
+    }
+    let below = sampleCostRecurse(depth - 1, done)
+    return withUnsafeBytes(of: &locals) { $0.load(as: Int.self) } &+ below
+}
+
+nonisolated(unsafe) var sampleCostSortDone: Locked<Bool>?
+
+/// Sorts two values with a C callback that recurses 600 times and sleeps: the
+/// recursion sits above libc's `qsort`, which keeps no frame record, so its
+/// caller is found only by scanning the copy, beyond the first 32 KB.
+@inline(never)
+func sampleCostSortOuter() -> Int32 {
+    var values: [Int32] = [2, 1]
+    values.withUnsafeMutableBufferPointer { buffer in
+        qsort(buffer.baseAddress!, buffer.count, MemoryLayout<Int32>.size, sampleCostCompare)
+    }
+    return values[0]
+}
+
+let sampleCostCompare: @convention(c) (UnsafeRawPointer?, UnsafeRawPointer?) -> Int32 = { left, right in
+    if let done = sampleCostSortDone { blackHoleForTests(sampleCostRecurse(600, done)) }
+    return left!.load(as: Int32.self) < right!.load(as: Int32.self) ? -1 : 1
+}
+
+@Suite(
+    "Sampling a deep sleeping stack (in process)",
+    .disabled(
+        if: underThreadSanitizer,
+        "ThreadSanitizer's interceptors (without frame pointers) sit between the program and libc"))
+struct DeepKernelSampleTests {
+    @Test("a stack deeper than the first copy (32 KB) is sampled whole: every recursion frame, down to the root")
+    func deepStack() throws {
+        let done = Locked(false)
+        let tid = Locked<Int32>(0)
+        let depth = 600
+        let thread = Thread {
+            tid.withLock { $0 = stallcapture_current_tid() }
+            blackHoleForTests(sampleCostRecurse(depth, done))
+        }
+        thread.stackSize = 8 << 20
+        thread.start()
+        defer { done.withLock { $0 = true } }
+        var target: Int32 = 0
+        for _ in 0..<400 where target == 0 || !ThreadState.isAsleep(thread: target) {
+            usleep(5_000)
+            target = tid.withLock { $0 }
+        }
+        let context = SamplingContext()
+        for _ in 0..<3 {
+            let backtrace = context.backtrace(of: target)
+            let names = backtrace.frames.map { $0.function ?? "?" }
+            let recursion = backtrace.frames.filter { $0.function?.hasPrefix("sampleCostRecurse") == true }
+            #expect(recursion.count == depth + 1, "\(recursion.count) recursion frames of \(depth + 1)")
+            #expect(!backtrace.isTruncated, "\(names.suffix(8))")
+            #expect(names.contains("start_thread"), "\(names.suffix(8))")
+            usleep(20_000)
+        }
+    }
+}
+
+extension DeepKernelSampleTests {
+    @Test("a deep stack above a frameless qsort: the sort's caller is still found (the copy is retaken whole)")
+    func deepStackAboveQsort() throws {
+        let done = Locked(false)
+        let tid = Locked<Int32>(0)
+        sampleCostSortDone = done
+        let thread = Thread {
+            tid.withLock { $0 = stallcapture_current_tid() }
+            blackHoleForTests(Int(sampleCostSortOuter()))
+        }
+        thread.stackSize = 8 << 20
+        thread.start()
+        defer { done.withLock { $0 = true } }
+        var target: Int32 = 0
+        for _ in 0..<400 where target == 0 || !ThreadState.isAsleep(thread: target) {
+            usleep(5_000)
+            target = tid.withLock { $0 }
+        }
+        let backtrace = SamplingContext().backtrace(of: target)
+        let names = backtrace.frames.map { $0.function ?? "?" }
+        let recursion = names.filter { $0.hasPrefix("sampleCostRecurse") }.count
+        #expect(recursion == 601, "\(recursion) recursion frames")
+        let sort = try #require(names.firstIndex { $0.hasPrefix("qsort") }, "\(names.suffix(12))")
+        #expect(names[sort...].contains { $0.hasPrefix("sampleCostSortOuter") }, "\(names.suffix(12))")
+        #expect(names.contains("start_thread") && !backtrace.isTruncated, "\(names.suffix(12))")
+    }
+}
+
 /// `/proc` files kept open per thread and read again from offset 0.
 @Suite("Thread files kept open (in process)")
 struct ProcTaskFilesTests {
