@@ -23,13 +23,16 @@ final class ProcTaskFiles {
         var name: String { self == .stat ? "stat" : "syscall" }
     }
 
-    /// Threads whose files are kept open; beyond it all are closed (a detector
-    /// samples one thread per stall, a few when it searches for the blocked one).
-    static let limit = 64
+    /// Threads whose files are kept open (two descriptors each); beyond it all are
+    /// closed (a detector samples one thread per stall, a few when it searches
+    /// for the blocked one). A thread found gone has its files closed at once.
+    static let limit = 16
     private var descriptors: [Int32: [Int32]] = [:]
     private var buffer = [UInt8](repeating: 0, count: 4_096)
     /// Files opened by path (tests).
     private(set) var opens = 0
+    /// Descriptors held now (tests).
+    var openCount: Int { descriptors.values.reduce(0) { $0 + $1.filter { $0 >= 0 }.count } }
 
     deinit {
         closeAll()
@@ -81,7 +84,13 @@ final class ProcTaskFiles {
         if descriptors[tid] == nil && descriptors.count >= Self.limit { closeAll() }
         opens += 1
         let descriptor = open("/proc/self/task/\(tid)/\(kind.name)", O_RDONLY | O_CLOEXEC)
-        guard descriptor >= 0 else { return nil }
+        guard descriptor >= 0 else {
+            // Gone (or never there): nothing of it stays open.
+            if let pair = descriptors.removeValue(forKey: tid) {
+                for descriptor in pair where descriptor >= 0 { close(descriptor) }
+            }
+            return nil
+        }
         descriptors[tid, default: [-1, -1]][kind.rawValue] = descriptor
         return descriptor
     }

@@ -137,13 +137,33 @@ enum StopWitness {
         let tid = state.withLock { $0.threadID }
         if tid != 0 {
             let deadline = Monotonic.now() + wait
-            while !ThreadState.isWaitingInEpoll(thread: tid), Monotonic.now() < deadline {
+            while !witnessFiles.withLock({ ThreadState.isWaitingInEpoll(thread: tid, files: $0.files(for: tid)) }),
+                Monotonic.now() < deadline
+            {
                 sched_yield()
                 usleep(1_000)
             }
         }
         #endif
         return state.withLock { state in state.continues.last.flatMap { $0 > time ? $0 : nil } }
+    }
+
+    /// The witness thread's `syscall` file, kept open (each look during a stall
+    /// reads it; opening it by path was a tenth of a stalled process' CPU),
+    /// for the current witness only.
+    private static let witnessFiles = Locked(WitnessFiles())
+
+    struct WitnessFiles {
+        private var thread: Int32 = 0
+        private var kept = ProcTaskFiles()
+
+        mutating func files(for tid: Int32) -> ProcTaskFiles {
+            if tid != thread {
+                kept = ProcTaskFiles()
+                thread = tid
+            }
+            return kept
+        }
     }
 
     /// Records a continue as if the witness had seen one (tests).
@@ -190,10 +210,11 @@ enum ThreadState {
     /// Whether the thread sleeps in `epoll_wait` (not, say, on a lock): the system
     /// call number in `/proc/self/task/TID/syscall`. Where the number is unknown,
     /// whether it sleeps at all.
-    static func isWaitingInEpoll(thread: Int32) -> Bool {
-        guard let line = ProcFile.read("/proc/self/task/\(thread)/syscall") else { return true }
+    static func isWaitingInEpoll(thread: Int32, files: ProcTaskFiles) -> Bool {
+        guard let line = files.read(.syscall, thread: thread) else { return true }
         guard let first = line.split(separator: " ").first, let number = Int(first) else {
-            return isAsleep(thread: thread)
+            guard let state = files.stateLetter(thread: thread) else { return true }
+            return state == "S" || state == "D"
         }
         #if arch(x86_64)
         return number == 232 || number == 281 || number == 441  // epoll_wait, epoll_pwait, epoll_pwait2

@@ -261,6 +261,11 @@ struct ProcTaskFilesTests {
             if !gone { usleep(1_000) }
         }
         #expect(gone)
+        // Reaped: by path it is gone, and nothing of it stays open.
+        for _ in 0..<2_000 where files.stateLetter(thread: target) != nil { usleep(1_000) }
+        #expect(files.stateLetter(thread: target) == nil)
+        #expect(files.read(.syscall, thread: target) == nil)
+        #expect(files.openCount == 0, "\(files.openCount) descriptors still open")
         #expect(files.stateLetter(thread: 0) == nil)
         #expect(files.read(.stat, thread: -5) == nil)
     }
@@ -273,6 +278,26 @@ struct ProcTaskFilesTests {
             // A thread number that does not exist (beyond pid_max) costs a failed open only.
             #expect(files.stateLetter(thread: Int32(4_194_304 + round)) == nil)
             #expect(files.stateLetter(thread: me) == "R")
+        }
+        #expect(files.openCount == 1, "only this thread's stat stays open: \(files.openCount)")
+        // Many live threads: at most `limit` threads' files open at once.
+        let stop = Locked(false)
+        let tids = Locked<[Int32]>([])
+        for _ in 0..<(ProcTaskFiles.limit * 2) {
+            Thread {
+                tids.withLock { $0.append(stallcapture_current_tid()) }
+                while !stop.withLock({ $0 }) { usleep(2_000) }
+            }.start()
+        }
+        defer { stop.withLock { $0 = true } }
+        waitForCount: for _ in 0..<2_000 {
+            if tids.withLock({ $0.count }) == ProcTaskFiles.limit * 2 { break waitForCount }
+            usleep(1_000)
+        }
+        for tid in tids.withLock({ $0 }) {
+            #expect(files.stateLetter(thread: tid) != nil)
+            #expect(files.read(.syscall, thread: tid) != nil)
+            #expect(files.openCount <= 2 * ProcTaskFiles.limit)
         }
     }
 }
