@@ -24,6 +24,24 @@ func kernelSampleCaller(_ done: Locked<Bool>) {
     _ = kernelSampleLeaveStaleFrames()
 }
 
+/// Starts a thread that runs `body` (which must end up asleep in the kernel) and
+/// returns its id once it sleeps (or after 2 s).
+func startSleepingThread(stackSize: Int = 8 << 20, _ body: @escaping @Sendable () -> Void) -> Int32 {
+    let tid = Locked<Int32>(0)
+    let thread = Thread {
+        tid.withLock { $0 = stallcapture_current_tid() }
+        body()
+    }
+    thread.stackSize = stackSize
+    thread.start()
+    var target: Int32 = 0
+    for _ in 0..<400 where target == 0 || !ThreadState.isAsleep(thread: target) {
+        usleep(5_000)
+        target = tid.withLock { $0 }
+    }
+    return target
+}
+
 @Suite(
     "Sampling a thread asleep in the kernel (in process)",
     .disabled(
@@ -33,18 +51,8 @@ struct KernelSampleTests {
     @Test("no signal; the sleeper and its caller in order, no stale or uncertain frame, down to start_thread")
     func sleepingThread() throws {
         let done = Locked(false)
-        let tid = Locked<Int32>(0)
-        let thread = Thread {
-            tid.withLock { $0 = stallcapture_current_tid() }
-            kernelSampleCaller(done)
-        }
-        thread.start()
         defer { done.withLock { $0 = true } }
-        var target: Int32 = 0
-        for _ in 0..<200 where target == 0 || !ThreadState.isAsleep(thread: target) {
-            usleep(5_000)
-            target = tid.withLock { $0 }
-        }
+        let target = startSleepingThread { kernelSampleCaller(done) }
         let context = SamplingContext()
         // Several samples: each must be whole, whenever it lands.
         for _ in 0..<5 {

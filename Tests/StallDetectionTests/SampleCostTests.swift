@@ -157,20 +157,9 @@ struct DeepKernelSampleTests {
     @Test("a stack deeper than the first copy (32 KB) is sampled whole: every recursion frame, down to the root")
     func deepStack() throws {
         let done = Locked(false)
-        let tid = Locked<Int32>(0)
         let depth = 600
-        let thread = Thread {
-            tid.withLock { $0 = stallcapture_current_tid() }
-            blackHoleForTests(sampleCostRecurse(depth, done))
-        }
-        thread.stackSize = 8 << 20
-        thread.start()
         defer { done.withLock { $0 = true } }
-        var target: Int32 = 0
-        for _ in 0..<400 where target == 0 || !ThreadState.isAsleep(thread: target) {
-            usleep(5_000)
-            target = tid.withLock { $0 }
-        }
+        let target = startSleepingThread { blackHoleForTests(sampleCostRecurse(depth, done)) }
         let context = SamplingContext()
         for _ in 0..<3 {
             let backtrace = context.backtrace(of: target)
@@ -188,20 +177,9 @@ extension DeepKernelSampleTests {
     @Test("a deep stack above a frameless qsort: the sort's caller is still found (the copy is retaken whole)")
     func deepStackAboveQsort() throws {
         let done = Locked(false)
-        let tid = Locked<Int32>(0)
         sampleCostSortDone = done
-        let thread = Thread {
-            tid.withLock { $0 = stallcapture_current_tid() }
-            blackHoleForTests(Int(sampleCostSortOuter()))
-        }
-        thread.stackSize = 8 << 20
-        thread.start()
         defer { done.withLock { $0 = true } }
-        var target: Int32 = 0
-        for _ in 0..<400 where target == 0 || !ThreadState.isAsleep(thread: target) {
-            usleep(5_000)
-            target = tid.withLock { $0 }
-        }
+        let target = startSleepingThread { blackHoleForTests(Int(sampleCostSortOuter())) }
         let backtrace = SamplingContext().backtrace(of: target)
         let names = backtrace.frames.map { $0.function ?? "?" }
         let recursion = names.filter { $0.hasPrefix("sampleCostRecurse") }.count
