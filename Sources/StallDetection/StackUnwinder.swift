@@ -36,8 +36,7 @@ struct StackUnwinder {
     /// sampler keeps one (code does not change while it is mapped), or this
     /// unwind's own.
     private let codeCache: CodeCache
-    /// Pages of code found readable (true) or not (false) in this unwind, and
-    /// whether it followed the chain beyond the copy.
+    /// Whether this unwind followed the chain beyond the copy.
     private let scratch = Scratch()
 
     init(
@@ -90,10 +89,8 @@ struct StackUnwinder {
         }
     }
 
-    /// One unwind's page probes (never kept longer, since a page mapped now may
-    /// be unmapped by the next sample) and what it had to read beyond the copy.
+    /// What one unwind had to read beyond the copy.
     final class Scratch {
-        var readable: [UInt: Bool] = [:]
         var wentBeyondCopy = false
     }
 
@@ -101,27 +98,6 @@ struct StackUnwinder {
     /// (reading its records from memory): a whole copy could show more (the
     /// callers of frameless functions out there).
     var wentBeyondCopy: Bool { scratch.wentBeyondCopy }
-
-    /// Whether the code bytes before `address`, where a call instruction would
-    /// be, can be read without faulting: their pages are probed once per unwind
-    /// through `readWord` (which cannot fault). `isText` alone is not enough: the
-    /// image map is taken once per process, and a mapping that was executable
-    /// then may be gone now (a CI run crashed reading 0x7fe5fffffffb, the 5
-    /// bytes before a "return address" at the start of a page no longer mapped).
-    private func codeBeforeIsReadable(_ address: UInt) -> Bool {
-        guard address >= 8 else { return false }
-        let pageSize: UInt = 4096
-        for page in Set([(address - 8) & ~(pageSize - 1), (address - 1) & ~(pageSize - 1)]) {
-            if let known = scratch.readable[page] {
-                if !known { return false }
-                continue
-            }
-            let readable = readWord(page) != nil
-            scratch.readable[page] = readable
-            if !readable { return false }
-        }
-        return true
-    }
 
     private func jumps(from function: UInt) -> CallSite.TailJumps {
         if let known = codeCache.jumps(from: function) { return known }
@@ -170,13 +146,17 @@ struct StackUnwinder {
         tailReach(from: target, to: inner, exact: exactStart?(candidate, inner, inner != copy.pc)) == .possible
     }
 
-    /// The call before `address` (text): injected, remembered, or decoded once
-    /// its bytes are known to be readable (an unreadable page is not remembered:
-    /// it may be mapped by the next unwind).
+    /// The call before `address` (text): injected, remembered, or decoded from
+    /// its bytes read through `readWord`. `isText` alone does not make them
+    /// readable: the image map is taken once per process, and a mapping that was
+    /// executable then may be gone now (a CI run crashed reading 0x7fe5fffffffb,
+    /// the bytes before a "return address" at the start of a page no longer
+    /// mapped, when they were read directly). Unreadable bytes are not
+    /// remembered: the page may be mapped by the next unwind.
     private func target(ofCallBefore address: UInt) -> CallSite.Target {
         if let callTarget { return callTarget(address) }
         if let known = codeCache.call(before: address) { return known }
-        guard codeBeforeIsReadable(address) else { return .none }
+        guard address > 8, readWord(address - 8) != nil else { return .none }
         let found = CallSite.target(ofCallBefore: address, readWord: readWord)
         codeCache.remember(found, before: address)
         return found
@@ -485,37 +465,36 @@ enum CallSite {
         case none
     }
 
-    private static func decode(_ address: UInt) -> Decoded {
+    /// Decodes the instruction before `address` from the 8 bytes before it, read
+    /// through `readWord` (which cannot fault): code is never read directly, so a
+    /// page that is unmapped or made unreadable while a sample is unwound (a JIT
+    /// flipping its pages) makes a frame unprovable, never a crash.
+    private static func decode(_ address: UInt, readWord: (UInt) -> UInt?) -> Decoded {
         #if arch(x86_64)
-        guard address > 7, let code = UnsafePointer<UInt8>(bitPattern: address - 7) else { return .none }
-        // The bytes before a return address are in the same text (a return address
-        // is never within 7 bytes of its image's start).
+        guard address > 8, let word = readWord(address - 8) else { return .none }
+        // code[k] is the byte at address - 7 + k (k = 0…6), little-endian.
+        func code(_ k: Int) -> UInt8 { UInt8(truncatingIfNeeded: word >> UInt(8 * (k + 1))) }
+        func displacement() -> Int32 {
+            Int32(bitPattern: UInt32(code(3)) | UInt32(code(4)) << 8 | UInt32(code(5)) << 16 | UInt32(code(6)) << 24)
+        }
         // call rel32: E8 xx xx xx xx
-        if code[2] == 0xE8 {
-            let displacement = Int32(
-                bitPattern: UInt32(code[3]) | UInt32(code[4]) << 8 | UInt32(code[5]) << 16
-                    | UInt32(code[6]) << 24)
-            return .direct(UInt(bitPattern: Int(bitPattern: address) &+ Int(displacement)))
+        if code(2) == 0xE8 {
+            return .direct(UInt(bitPattern: Int(bitPattern: address) &+ Int(displacement())))
         }
         // call *disp32(%rip): FF 15 xx xx xx xx
-        if code[1] == 0xFF && code[2] == 0x15 {
-            let displacement = Int32(
-                bitPattern: UInt32(code[3]) | UInt32(code[4]) << 8 | UInt32(code[5]) << 16
-                    | UInt32(code[6]) << 24)
-            return .memory(UInt(bitPattern: Int(bitPattern: address) &+ Int(displacement)))
+        if code(1) == 0xFF && code(2) == 0x15 {
+            return .memory(UInt(bitPattern: Int(bitPattern: address) &+ Int(displacement())))
         }
         // call r/m64: FF /2, with 2 to 7 bytes of operand encoding.
         for length in 2...7 {
             let opcodeIndex = 7 - length
-            let modrm = code[opcodeIndex + 1]
-            if code[opcodeIndex] == 0xFF && (modrm >> 3) & 0x7 == 2 { return .indirect }
+            let modrm = code(opcodeIndex + 1)
+            if code(opcodeIndex) == 0xFF && (modrm >> 3) & 0x7 == 2 { return .indirect }
         }
         return .none
         #elseif arch(arm64)
-        guard address >= 4, address % 4 == 0, let code = UnsafePointer<UInt32>(bitPattern: address - 4) else {
-            return .none
-        }
-        let instruction = code.pointee
+        guard address >= 8, address % 4 == 0, let word = readWord(address - 8) else { return .none }
+        let instruction = UInt32(truncatingIfNeeded: word >> 32)
         if instruction & 0xFC00_0000 == 0x9400_0000 {  // BL imm26
             let offset = Int(Int32(bitPattern: instruction << 6) >> 6) * 4
             return .direct(UInt(bitPattern: Int(bitPattern: address - 4) &+ offset))
@@ -530,7 +509,7 @@ enum CallSite {
     /// The target of the call before `returnAddress`, following a PLT stub
     /// (`jmp *slot(%rip)`, after an optional `endbr64` and `bnd`) to its GOT slot.
     static func target(ofCallBefore returnAddress: UInt, readWord: (UInt) -> UInt?) -> Target {
-        switch decode(returnAddress) {
+        switch decode(returnAddress, readWord: readWord) {
         case .none: return .none
         case .indirect: return .unknown
         case .memory(let slot):
