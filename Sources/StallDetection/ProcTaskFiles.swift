@@ -16,7 +16,7 @@ import Darwin
 /// number is then found, as by path). Not thread-safe: it belongs to one
 /// ``StackSampler``.
 final class ProcTaskFiles {
-    enum Kind: Int {
+    enum Kind: Int, CaseIterable {
         case stat = 0
         case syscall = 1
 
@@ -55,21 +55,49 @@ final class ProcTaskFiles {
     }
 
     /// The state letter from `stat` (R running, S sleeping, D uninterruptible, T
-    /// stopped, Z zombie, …), or nil when the thread is gone. Found after the last
-    /// `)` (the thread's name, between parentheses, may hold any byte).
-    func stateLetter(thread tid: Int32) -> Character? {
+    /// stopped, Z zombie, …), or nil when the thread is gone.
+    func stateLetter(thread tid: Int32) -> Character? { state(thread: tid)?.letter }
+
+    /// From `stat`: the state letter, and the thread's blocked signals 1…31 (bit
+    /// `n - 1` for signal `n`: the field the kernel still fills, the first 31
+    /// signals of `SigBlk`); nil when the thread is gone. Fields are counted
+    /// after the last `)` (the thread's name, between parentheses, may hold any
+    /// byte).
+    func state(thread tid: Int32) -> (letter: Character, blocked: UInt32)? {
         for attempt in 0..<2 {
             guard let descriptor = descriptor(.stat, thread: tid, reopen: attempt > 0) else { return nil }
-            let letter = buffer.withUnsafeMutableBytes { bytes -> UInt8? in
+            let parsed = buffer.withUnsafeMutableBytes { bytes -> (UInt8, UInt32)?? in
                 let count = pread(descriptor, bytes.baseAddress, bytes.count, 0)
-                guard count > 0 else { return nil }
-                guard let close = bytes[..<count].lastIndex(of: UInt8(ascii: ")")) else { return 0 }
-                return bytes[(close + 1)..<count].first { $0 != UInt8(ascii: " ") } ?? 0
+                guard count > 0 else { return .none }  // read again, from a new descriptor
+                guard let close = bytes[..<count].lastIndex(of: UInt8(ascii: ")")) else { return .some(nil) }
+                // Fields after ")": state (field 3) … blocked (field 32).
+                var field = 2
+                var index = close + 1
+                var letter: UInt8 = 0
+                var blocked: UInt32 = 0
+                while index < count && field < 32 {
+                    while index < count && bytes[index] == UInt8(ascii: " ") { index += 1 }
+                    guard index < count else { break }
+                    field += 1
+                    let start = index
+                    while index < count && bytes[index] != UInt8(ascii: " ") && bytes[index] != UInt8(ascii: "\n") {
+                        index += 1
+                    }
+                    if field == 3 { letter = bytes[start] }
+                    if field == 32 {
+                        var value: UInt64 = 0
+                        for digit in bytes[start..<index] where digit >= 48 && digit <= 57 {
+                            value = value &* 10 &+ UInt64(digit - 48)
+                        }
+                        blocked = UInt32(truncatingIfNeeded: value)
+                    }
+                }
+                return letter == 0 ? .some(nil) : .some((letter, blocked))
             }
-            switch letter {
+            switch parsed {
             case .none: continue
-            case .some(0): return nil
-            case .some(let byte): return Character(Unicode.Scalar(byte))
+            case .some(.none): return nil
+            case .some(.some(let (letter, blocked))): return (Character(Unicode.Scalar(letter)), blocked)
             }
         }
         return nil
@@ -91,7 +119,7 @@ final class ProcTaskFiles {
             }
             return nil
         }
-        descriptors[tid, default: [-1, -1]][kind.rawValue] = descriptor
+        descriptors[tid, default: [Int32](repeating: -1, count: Kind.allCases.count)][kind.rawValue] = descriptor
         return descriptor
     }
 }

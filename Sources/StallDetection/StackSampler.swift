@@ -82,13 +82,20 @@ final class StackSampler {
         return .unavailable("stack sampling is not supported on this platform")
         #else
         for _ in 0..<3 {
-            guard let state = files.stateLetter(thread: tid) else {
+            guard let (state, blocked) = files.state(thread: tid) else {
                 return .unavailable("thread \(tid) is gone")
             }
             // A thread that exited (under `dispatchMain()` the main thread calls
             // `pthread_exit`) stays listed as a zombie with a stale stack.
             if state == "Z" || state == "X" { return .unavailable("thread \(tid) has exited") }
-            if state == "R" { return captureBySignal(tid) }
+            if state == "R" {
+                // A thread that blocks the signal would leave the sample to time
+                // out (100 ms, each time: a detector's looks fell behind).
+                if blocked & (1 << UInt32(SIGPROF - 1)) != 0 {
+                    return .unavailable("thread \(tid) runs with SIGPROF blocked, so it is not signalled")
+                }
+                return captureBySignal(tid)
+            }
             switch captureFromKernel(tid, limit: kernelCopyLimit) {
             case .some(let copy): return .copied(copy, signalled: false)
             case .none: continue  // it woke up while being read; look again

@@ -279,3 +279,40 @@ struct ProcTaskFilesTests {
         }
     }
 }
+
+@Suite("A running thread that blocks SIGPROF (in process)")
+struct BlockedSignalTests {
+    @Test("it is not signalled: the sample says why at once instead of waiting 100 ms for an answer")
+    func notSignalled() throws {
+        let stop = Locked(false)
+        let tid = Locked<Int32>(0)
+        Thread {
+            var set = sigset_t()
+            sigemptyset(&set)
+            sigaddset(&set, SIGPROF)
+            pthread_sigmask(SIG_BLOCK, &set, nil)
+            tid.withLock { $0 = stallcapture_current_tid() }
+            var spins = 0
+            while !stop.withLock({ $0 }) { spins &+= 1 }
+            blackHoleForTests(spins)
+        }.start()
+        defer { stop.withLock { $0 = true } }
+        var target: Int32 = 0
+        while target == 0 {
+            usleep(1_000)
+            target = tid.withLock { $0 }
+        }
+        let files = ProcTaskFiles()
+        let sigprof = UInt32(1) << UInt32(SIGPROF - 1)
+        #expect(files.state(thread: target).map { $0.blocked & sigprof != 0 } == true)
+        #expect(files.state(thread: stallcapture_current_tid()).map { $0.blocked & sigprof != 0 } == false)
+        #expect(files.state(thread: 4_194_999) == nil)
+        let context = SamplingContext()
+        let started = ContinuousClock.now
+        var reasons: [String] = []
+        for _ in 0..<5 { reasons.append(context.backtrace(of: target).unavailableReason ?? "sampled") }
+        let elapsed = ContinuousClock.now - started
+        #expect(elapsed < .milliseconds(250), "5 samples took \(elapsed)")
+        #expect(reasons.contains { $0.contains("SIGPROF blocked") }, "\(reasons)")
+    }
+}
