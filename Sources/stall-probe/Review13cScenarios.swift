@@ -18,12 +18,14 @@ func runReview13cScenario(_ scenario: String, _ number: Int) {
     let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
     switch scenario {
     case "r13c-phases":
-        // A warm-up stall, then one stall of four phases of `number` ms each: asleep
+        // A warm-up stall, then stalls of four phases of `number` ms each: asleep
         // in usleep, spinning, blocked in read(2) on a pipe, asleep in a futex. Each
         // must get about a quarter of the samples.
-        watchWithProfile(detector, endedCount: 2)
+        // The same stall twice: the second names nothing new, so its STALLCPU is
+        // sampling alone (the naming allowance is spent by then).
+        watchWithProfile(detector, endedCount: 3)
         queue.asyncAfter(deadline: .now() + 0.3) { review13cWarmUp(400) }
-        queue.asyncAfter(deadline: .now() + 1.2) {
+        let phases: @Sendable () -> Void = {
             measuredStall {
                 review13cSleepPhase(number)
                 review13cSpinPhase(number)
@@ -31,6 +33,8 @@ func runReview13cScenario(_ scenario: String, _ number: Int) {
                 review13cFutexPhase(number)
             }
         }
+        queue.asyncAfter(deadline: .now() + 1.2, execute: phases)
+        queue.asyncAfter(deadline: .now() + 1.6 + 4 * Double(number) / 1000, execute: phases)
         dispatchMain()
 
     case "r13c-masked":
@@ -124,12 +128,15 @@ func review13cOpenDescriptors() -> Int {
 
 @inline(never)
 func review13cWarmUp(_ ms: Int) {
-    usleep(UInt32(ms) * 1000)
+    // Not a tail call, and not the same code as review13cSleepPhase (which
+    // identical code folding would merge into one symbol).
+    blackHole(Int(usleep(UInt32(ms) * 1000)) &+ 7)
 }
 
 @inline(never)
 func review13cSleepPhase(_ ms: Int) {
-    usleep(UInt32(ms) * 1000)
+    // Not a tail call: this function's frame stays on the stack.
+    blackHole(Int(usleep(UInt32(ms) * 1000)))
 }
 
 @inline(never)
