@@ -11,7 +11,7 @@ import Glibc
 //   OPENED <0|1> <errno>                  whether the program could still open a file after a stall
 
 /// The scenarios this file runs.
-let review13cScenarios: Set<String> = ["r13c-phases", "r13c-masked", "r13c-nofile"]
+let review13cScenarios: Set<String> = ["r13c-phases", "r13c-masked", "r13c-masked-only", "r13c-nofile"]
 
 func runReview13cScenario(_ scenario: String, _ number: Int) {
     let queue = DispatchQueue(label: "probe.r13c")
@@ -48,6 +48,15 @@ func runReview13cScenario(_ scenario: String, _ number: Int) {
                 review13cMaskedSpinPhase(number)
             }
         }
+        dispatchMain()
+
+    case "r13c-masked-only":
+        // A warm-up stall, then `number` ms spinning with SIGPROF blocked: the
+        // detector's samples before the threshold wait for an answer that never
+        // comes; `.started` must still come on time.
+        watchWithProfile(detector, endedCount: 2)
+        queue.asyncAfter(deadline: .now() + 0.3) { review13cWarmUp(400) }
+        queue.asyncAfter(deadline: .now() + 1.2) { measuredStall { review13cMaskedSpinPhase(number) } }
         dispatchMain()
 
     case "r13c-nofile":
