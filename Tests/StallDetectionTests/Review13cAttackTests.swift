@@ -754,6 +754,56 @@ struct Review13cAttackTests {
             #expect(event.milliseconds <= 340, "stall 2 .started after \(event.milliseconds) ms")
         }
     }
+
+    @Test(
+        "Sampling a thread asleep under a JIT stub while another thread flips the stub's page to PROT_NONE never faults",
+        .disabled("bug: SIGSEGV in CallSite.decode (the same race, through SamplingContext.backtrace)"))
+    func jitPageFlippedWhileSampled() throws {
+        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
+        let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
+        let page = UInt(bitPattern: stub) & ~4095
+        review13cGate.store(0, ordering: .releasing)
+        let address = UInt(bitPattern: stub)
+        let sleeper = Review13cThread { review13cCaller(address, callback: nil) }
+        let running = Atomic<Bool>(true)
+        let flipper = Review13cThread {
+            let pointer = UnsafeMutableRawPointer(bitPattern: page)!
+            while running.load(ordering: .relaxed) {
+                // Never PROT_NONE for long: the sleeper returns through the page.
+                mprotect(pointer, 4096, PROT_NONE)
+                mprotect(pointer, 4096, PROT_READ | PROT_EXEC)
+            }
+        }
+        let deadline = ContinuousClock.now + .seconds(3)
+        var samples = 0
+        while ContinuousClock.now < deadline {
+            // A new context each time: nothing decoded is remembered.
+            _ = SamplingContext().backtrace(of: sleeper.tid)
+            samples += 1
+        }
+        running.store(false, ordering: .relaxed)
+        #expect(flipper.join())
+        review13cGate.store(1, ordering: .releasing)
+        #expect(sleeper.join())
+        print("REVIEW13C \(samples) samples while the stub's page flipped")
+    }
+
+    @Test(
+        "A frame in execute-only code (PROT_EXEC alone: no read with protection keys) while sampled, asleep and spinning",
+        .disabled(
+            "bug: SIGSEGV in the SIGPROF handler: glibc's backtrace() (libgcc's fallback) reads the code at the stub's return address"
+        ),
+        arguments: [false, true])
+    func executeOnlyStub(spinning: Bool) throws {
+        let context = SamplingContext()
+        let callee = unsafeBitCast(spinning ? review13cSpinner : review13cSleeper, to: UInt.self)
+        let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_EXEC))
+        defer { munmap(UnsafeMutableRawPointer(bitPattern: UInt(bitPattern: stub) & ~4095), 4096) }
+        let (backtrace, _) = sampleThroughStub(stub, context: context, spinning: spinning)
+        let names = review13cNames(backtrace)
+        #expect(backtrace.unavailableReason == nil)
+        #expect(names.contains { $0.contains("review13cCaller") }, "the stub's caller is lost: \(names)")
+    }
 }
 
 #endif
