@@ -11,11 +11,14 @@ import Glibc
 //   OPENED <0|1> <errno>                  whether the program could still open a file after a stall
 
 /// The scenarios this file runs.
-let review13cScenarios: Set<String> = ["r13c-phases", "r13c-masked", "r13c-masked-only", "r13c-nofile"]
+let review13cScenarios: Set<String> = [
+    "r13c-phases", "r13c-masked", "r13c-masked-only", "r13c-nofile", "r13c-pool-crowd", "r13c-custom-crowd",
+]
 
 func runReview13cScenario(_ scenario: String, _ number: Int) {
     let queue = DispatchQueue(label: "probe.r13c")
     let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    defer { withExtendedLifetime(detector) {} }
     switch scenario {
     case "r13c-phases":
         // A warm-up stall, then stalls of four phases of `number` ms each: asleep
@@ -57,6 +60,29 @@ func runReview13cScenario(_ scenario: String, _ number: Int) {
         watchWithProfile(detector, endedCount: 2)
         queue.asyncAfter(deadline: .now() + 0.3) { review13cWarmUp(400) }
         queue.asyncAfter(deadline: .now() + 1.2) { measuredStall { review13cMaskedSpinPhase(number) } }
+        dispatchMain()
+
+    case "r13c-pool-crowd", "r13c-custom-crowd":
+        // `number` idle threads made first (the lowest thread ids, so listed first
+        // in /proc/self/task), then the whole cooperative pool blocked for 800 ms,
+        // or a custom executor's queue: the blocker must still be found.
+        let crowd = DispatchSemaphore(value: 0)
+        for _ in 0..<number { Thread { crowd.wait() }.start() }
+        usleep(100_000)
+        if scenario == "r13c-pool-crowd" {
+            let pool = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+            watch(pool, endedCount: 1, priority: .high, then: finishAndExit(pool))
+            let width = ProcessInfo.processInfo.activeProcessorCount
+            DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+                for _ in 0..<width { Task.detached(priority: .medium) { uniquelyNamedPoolBlocker(800) } }
+            }
+        } else {
+            let custom = StallDetector(
+                target: .custom(name: "custom executor") { probe in queue.async(execute: probe) },
+                threshold: .milliseconds(250))
+            watch(custom, endedCount: 1, then: finishAndExit(custom))
+            queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(800) }
+        }
         dispatchMain()
 
     case "r13c-nofile":

@@ -804,6 +804,30 @@ struct Review13cAttackTests {
         #expect(backtrace.unavailableReason == nil)
         #expect(names.contains { $0.contains("review13cCaller") }, "the stub's caller is lost: \(names)")
     }
+
+    @Test(
+        "The cooperative pool blocked in a process with 60 older threads: the blockers are still found",
+        .disabled(
+            "bug: only the first 48 threads in /proc/self/task order are looked at; report: no thread was running a Swift job"
+        ))
+    func poolFoundAmongManyThreads() throws {
+        let run = try ProbeRun.run(["r13c-pool-crowd", "60"])
+        #expect(run.exitStatus == 0)
+        #expect(run.events.count == 2)
+        for event in run.events {
+            #expect(event.report.contains("uniquelyNamedPoolBlocker"), "\(event.report.prefix(300))")
+        }
+    }
+
+    @Test("A custom executor's blocked thread in a process with 60 older threads is found")
+    func customFoundAmongManyThreads() throws {
+        let run = try ProbeRun.run(["r13c-custom-crowd", "60"])
+        #expect(run.exitStatus == 0)
+        #expect(run.events.count == 2)
+        for event in run.events {
+            #expect(event.report.contains("uniquelyNamedQueueBlocker"), "\(event.report.prefix(300))")
+        }
+    }
 }
 
 #endif
