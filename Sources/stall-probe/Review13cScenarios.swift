@@ -13,6 +13,7 @@ import Glibc
 /// The scenarios this file runs.
 let review13cScenarios: Set<String> = [
     "r13c-phases", "r13c-masked", "r13c-masked-only", "r13c-nofile", "r13c-pool-crowd", "r13c-custom-crowd",
+    "r13c-tailcall",
 ]
 
 func runReview13cScenario(_ scenario: String, _ number: Int) {
@@ -83,6 +84,14 @@ func runReview13cScenario(_ scenario: String, _ number: Int) {
             watch(custom, endedCount: 1, then: finishAndExit(custom))
             queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(800) }
         }
+        dispatchMain()
+
+    case "r13c-tailcall":
+        // Two stalls in a function the job's closure reaches by a tail call (a
+        // release build compiles `{ review13cSleepPhase(500) }` to `jmp`).
+        watchWithProfile(detector, endedCount: 2)
+        queue.asyncAfter(deadline: .now() + 0.2) { review13cSleepPhase(number) }
+        queue.asyncAfter(deadline: .now() + 0.4 + Double(number) / 1000) { review13cSleepPhase(number) }
         dispatchMain()
 
     case "r13c-nofile":
