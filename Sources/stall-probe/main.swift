@@ -234,6 +234,9 @@ case "recall":
 case _ where profileScenarios.contains(scenario):
     runProfileScenario(scenario, number)
 
+case _ where review13cScenarios.contains(scenario):
+    runReview13cScenario(scenario, number)
+
 default:
     print("unknown scenario \(scenario)")
     exit(2)

@@ -1,0 +1,847 @@
+import CStallCapture
+import Dispatch
+import Foundation
+import Synchronization
+import Testing
+
+@testable import StallDetection
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Adversarial review 13c: attacks on the sampler's promises (kept-open /proc files,
+// code cached across samples, rwx mappings not treated as code, images loaded
+// after the first sample).
+
+#if os(Linux) && arch(x86_64)
+
+/// Released by a test to let its blocked thread return (one test at a time: the
+/// suite is serialized).
+private let review13cGate = Atomic<Int>(0)
+
+/// The callee a JIT stub or a test library calls: sleeps in the kernel until the gate opens.
+private let review13cSleeper: @convention(c) () -> Void = {
+    while review13cGate.load(ordering: .acquiring) == 0 { usleep(2_000) }
+}
+
+/// The same, but running in user code (sampled by signal).
+private let review13cSpinner: @convention(c) () -> Void = {
+    var spins = 0
+    while review13cGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
+    _ = spins
+}
+
+/// Calls a C function `code(callback)` or `code()`; its own frame must stay in reports.
+@inline(never)
+private func review13cCaller(_ code: UInt, callback: UInt?) {
+    if let callback {
+        let function = unsafeBitCast(code, to: (@convention(c) (UInt) -> Void).self)
+        function(callback)
+    } else {
+        let function = unsafeBitCast(code, to: (@convention(c) () -> Void).self)
+        function()
+    }
+}
+
+/// A thread running `body`, whose kernel id and a stack address it publishes.
+private final class Review13cThread: @unchecked Sendable {
+    // Invariant: `tid` and `stackMarker` are written once by the thread before
+    // `ready` is signalled, and read only after `ready` was waited for.
+    private(set) var tid: Int32 = 0
+    private(set) var stackMarker: UInt = 0
+    private let ready = DispatchSemaphore(value: 0)
+    private let done = DispatchSemaphore(value: 0)
+
+    init(stackSize: Int? = nil, _ body: @escaping @Sendable () -> Void) {
+        let thread = Thread { [self] in
+            var local = 0
+            withUnsafeMutablePointer(to: &local) { stackMarker = UInt(bitPattern: $0) }
+            tid = stallcapture_current_tid()
+            ready.signal()
+            body()
+            done.signal()
+        }
+        if let stackSize { thread.stackSize = stackSize }
+        thread.start()
+        ready.wait()
+        // Let it reach its blocking point.
+        usleep(50_000)
+    }
+
+    /// Waits for the body to return (true) or gives up after `seconds`.
+    func join(seconds: Double = 10) -> Bool { done.wait(timeout: .now() + seconds) == .success }
+}
+
+/// The `/proc/self/task/TID/{stat,syscall}` descriptors open in this process, by tid.
+private func review13cTaskDescriptors() -> [Int32: Int] {
+    var counts: [Int32: Int] = [:]
+    guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return [:] }
+    for entry in entries {
+        var buffer = [CChar](repeating: 0, count: 512)
+        let count = readlink("/proc/self/fd/\(entry)", &buffer, buffer.count - 1)
+        guard count > 0 else { continue }
+        let target = String(decoding: buffer.prefix(count).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        let parts = target.split(separator: "/")
+        // /proc/PID/task/TID/stat
+        guard parts.count == 5, parts[0] == "proc", parts[2] == "task", parts[4] == "stat" || parts[4] == "syscall",
+            let tid = Int32(parts[3])
+        else { continue }
+        counts[tid, default: 0] += 1
+    }
+    return counts
+}
+
+/// Builds a shared library from C source with the system compiler; nil when there is none.
+private func review13cBuildLibrary(named name: String, source: String) -> String? {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "review13c-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
+    try? FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    let sourcePath = directory.appendingPathComponent("\(name).c").path
+    let libraryPath = directory.appendingPathComponent("lib\(name).so").path
+    guard FileManager.default.createFile(atPath: sourcePath, contents: Data(source.utf8)) else { return nil }
+    for compiler in ["/usr/bin/cc", "/usr/bin/gcc", "/opt/swift/usr/bin/clang"]
+    where FileManager.default.isExecutableFile(atPath: compiler) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: compiler)
+        process.arguments = ["-shared", "-fPIC", "-O1", "-fno-omit-frame-pointer", "-o", libraryPath, sourcePath]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        guard (try? process.run()) != nil else { continue }
+        process.waitUntilExit()
+        if process.terminationStatus == 0 { return libraryPath }
+    }
+    return nil
+}
+
+/// Two functions that keep their frames (`outer` calls `inner` calls the callback).
+private func review13cLibrarySource(_ prefix: String) -> String {
+    """
+    typedef void (*callback_t)(void);
+    __attribute__((noinline)) void \(prefix)_inner(callback_t callback) {
+        callback();
+        __asm__ volatile("" ::: "memory");
+    }
+    __attribute__((noinline)) void \(prefix)_outer(callback_t callback) {
+        \(prefix)_inner(callback);
+        __asm__ volatile("" ::: "memory");
+    }
+    """
+}
+
+/// A JIT-like stub in anonymous memory: `push rbp; mov rbp, rsp; movabs rax,
+/// callee; call rax; pop rbp; ret`.
+private func review13cMakeStub(calling callee: UInt, protection: Int32) -> UnsafeMutableRawPointer? {
+    guard
+        let memory = mmap(nil, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+        memory != MAP_FAILED
+    else { return nil }
+    var code: [UInt8] = [0x55, 0x48, 0x89, 0xE5, 0x48, 0xB8]
+    withUnsafeBytes(of: callee.littleEndian) { code += $0 }
+    code += [0xFF, 0xD0, 0x5D, 0xC3]
+    // Far into the page, so the return address is not near the page's start.
+    let offset = 0x800
+    code.withUnsafeBytes { memory.advanced(by: offset).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+    guard mprotect(memory, 4096, protection) == 0 else { return nil }
+    return memory.advanced(by: offset)
+}
+
+private func review13cSymbol(_ handle: UnsafeMutableRawPointer, _ name: String) throws -> UInt {
+    let address = UInt(bitPattern: dlsym(handle, name))
+    try #require(address != 0, "no symbol \(name)")
+    return address
+}
+
+private func review13cNames(_ backtrace: StallBacktrace) -> [String] {
+    backtrace.frames.map { $0.function ?? String(format: "0x%lx", $0.address) }
+}
+
+/// Recurses `depth` times, then sleeps until the gate opens.
+@inline(never)
+private func review13cRecurse(_ depth: Int) -> Int {
+    if depth == 0 {
+        review13cSleeper()
+        return 0
+    }
+    return review13cRecurse(depth - 1) &+ 1
+}
+
+/// Holds `count` copies of `decoy` (a real return address of other code) on its
+/// stack while it sleeps.
+@inline(never)
+private func review13cDecoyHolder(_ decoy: UInt, count: Int) {
+    withUnsafeTemporaryAllocation(of: UInt.self, capacity: count) { buffer in
+        for index in 0..<count { buffer[index] = decoy }
+        review13cSleeper()
+        var sum: UInt = 0
+        for value in buffer { sum &+= value }
+        if sum == 42 { print(sum) }
+    }
+}
+
+/// The thread id a short-lived thread hopes to get (thread-id reuse), and whether one got it.
+private let review13cWantedTid = Atomic<Int32>(0)
+private let review13cReuseHit = Atomic<Bool>(false)
+
+/// A thread's body: returns at once unless it got the wanted id, in which case it
+/// sleeps in `review13cDecoyHolder` until the gate opens.
+private func review13cReuseBody(_: UnsafeMutableRawPointer?) -> UnsafeMutableRawPointer? {
+    if stallcapture_current_tid() == review13cWantedTid.load(ordering: .acquiring) {
+        review13cReuseHit.store(true, ordering: .releasing)
+        review13cDecoyHolder(0, count: 1)
+    }
+    return nil
+}
+
+@Suite("Review 13c attacks on the sampler", .serialized)
+struct Review13cAttackTests {
+    // MARK: - Kept-open /proc files
+
+    @Test("80 sleeping threads sampled: at most 64 threads' files stay open, none after the context goes")
+    func manyThreadsKeepBoundedDescriptors() throws {
+        review13cGate.store(0, ordering: .releasing)
+        let threads = (0..<80).map { _ in Review13cThread { review13cSleeper() } }
+        let tids = Set(threads.map(\.tid))
+        var context: SamplingContext? = SamplingContext()
+        var maximum = 0
+        for round in 0..<3 {
+            for thread in threads {
+                let backtrace = context!.backtrace(of: thread.tid)
+                #expect(backtrace.unavailableReason == nil, "round \(round): \(backtrace)")
+                let open = review13cTaskDescriptors().filter { tids.contains($0.key) }.values.reduce(0, +)
+                maximum = max(maximum, open)
+            }
+        }
+        #expect(maximum <= 2 * ProcTaskFiles.limit, "at most \(ProcTaskFiles.limit) threads' files: \(maximum) fds")
+        context = nil
+        let left = review13cTaskDescriptors().filter { tids.contains($0.key) }
+        #expect(left.isEmpty, "descriptors left after the context went: \(left)")
+        review13cGate.store(1, ordering: .releasing)
+        for thread in threads { #expect(thread.join()) }
+    }
+
+    @Test(
+        "A thread that exits between samples: reported gone, its files closed by the next look",
+        .disabled(
+            "bug (minor, bounded): the syscall file of a dead thread stays open; only stat is reopened and closed"))
+    func exitedThreadBetweenSamples() throws {
+        review13cGate.store(0, ordering: .releasing)
+        let context = SamplingContext()
+        let thread = Review13cThread { review13cSleeper() }
+        let first = context.backtrace(of: thread.tid)
+        #expect(first.unavailableReason == nil)
+        #expect(review13cTaskDescriptors()[thread.tid] == 2)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(thread.join())
+        // Give the kernel time to reap the thread.
+        var second = context.backtrace(of: thread.tid)
+        for _ in 0..<100 where second.unavailableReason == nil {
+            usleep(10_000)
+            second = context.backtrace(of: thread.tid)
+        }
+        #expect(second.unavailableReason != nil, "an exited thread sampled: \(second)")
+        // Looked at again, for a second: the dead thread's files must not stay open.
+        for _ in 0..<10 {
+            usleep(100_000)
+            _ = context.backtrace(of: thread.tid)
+        }
+        #expect(
+            review13cTaskDescriptors()[thread.tid] == nil,
+            "an exited thread's files stay open (\(second.unavailableReason ?? "")): \(review13cTaskDescriptors()[thread.tid] ?? 0)"
+        )
+    }
+
+    @Test("Threads that exit without being sampled again: how many descriptors the sampler holds for the dead")
+    func exitedThreadsHoldDescriptors() throws {
+        review13cGate.store(0, ordering: .releasing)
+        let context = SamplingContext()
+        let threads = (0..<20).map { _ in Review13cThread { review13cSleeper() } }
+        let tids = Set(threads.map(\.tid))
+        for thread in threads { _ = context.backtrace(of: thread.tid) }
+        review13cGate.store(1, ordering: .releasing)
+        for thread in threads { #expect(thread.join()) }
+        usleep(100_000)
+        let held = review13cTaskDescriptors().filter { tids.contains($0.key) }.values.reduce(0, +)
+        // Promise: bounded by the limit (2 files per thread, 64 threads).
+        #expect(held <= 2 * ProcTaskFiles.limit)
+        withExtendedLifetime(context) {}
+    }
+
+    @Test("A stopped and released detector closes every /proc file it opened")
+    func releasedDetectorClosesDescriptors() async throws {
+        let queue = DispatchQueue(label: "review13c.blocked")
+        let blockedTid = Locked<Int32>(0)
+        var detector: StallDetector? = StallDetector(target: .queue(queue), threshold: .milliseconds(100))
+        detector!.start()
+        var iterator = detector!.events.makeAsyncIterator()
+        try await Task.sleep(for: .milliseconds(100))
+        queue.async {
+            blockedTid.withLock { $0 = stallcapture_current_tid() }
+            usleep(700_000)
+        }
+        var sawEnded = false
+        while let event = await iterator.next() {
+            if event.phase == .ended {
+                sawEnded = true
+                break
+            }
+        }
+        #expect(sawEnded)
+        let tid = blockedTid.withLock { $0 }
+        let whileAlive = review13cTaskDescriptors()[tid] ?? 0
+        detector!.stop()
+        detector = nil
+        var left = review13cTaskDescriptors()[tid] ?? 0
+        for _ in 0..<200 where left > 0 {
+            try await Task.sleep(for: .milliseconds(10))
+            left = review13cTaskDescriptors()[tid] ?? 0
+        }
+        #expect(whileAlive > 0, "the sampler kept no files open while the detector lived")
+        #expect(left == 0, "a stopped and released detector kept \(left) /proc files of thread \(tid) open")
+    }
+
+    // MARK: - Code the image map does not know
+
+    /// Samples a thread that runs `review13cCaller` -> stub at `stub` -> callee, and returns the names.
+    private func sampleThroughStub(
+        _ stub: UnsafeMutableRawPointer, context: SamplingContext, spinning: Bool
+    ) -> (StallBacktrace, stackMarker: UInt) {
+        review13cGate.store(0, ordering: .releasing)
+        let address = UInt(bitPattern: stub)
+        let thread = Review13cThread { review13cCaller(address, callback: nil) }
+        let backtrace = context.backtrace(of: thread.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(thread.join())
+        return (backtrace, thread.stackMarker)
+    }
+
+    @Test(
+        "A frame in a JIT-like anonymous stub keeps its caller in the report (rwx and r-x, mapped before or after the first sample, asleep or spinning)",
+        arguments: [
+            (PROT_READ | PROT_EXEC, false, false), (PROT_READ | PROT_EXEC, true, false),
+            (PROT_READ | PROT_WRITE | PROT_EXEC, false, false), (PROT_READ | PROT_WRITE | PROT_EXEC, true, false),
+            (PROT_READ | PROT_EXEC, true, true), (PROT_READ | PROT_WRITE | PROT_EXEC, true, true),
+        ])
+    func jitStubKeepsCaller(protection: Int32, mappedAfterFirstSample: Bool, spinning: Bool) throws {
+        let context = SamplingContext()
+        let callee = unsafeBitCast(spinning ? review13cSpinner : review13cSleeper, to: UInt.self)
+        var stub: UnsafeMutableRawPointer?
+        if !mappedAfterFirstSample { stub = review13cMakeStub(calling: callee, protection: protection) }
+        // The first sample takes the image map and the text ranges.
+        let warm = Review13cThread { review13cSleeper() }
+        _ = context.backtrace(of: warm.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(warm.join())
+        if mappedAfterFirstSample { stub = review13cMakeStub(calling: callee, protection: protection) }
+        let made = try #require(stub)
+        defer { munmap(UnsafeMutableRawPointer(bitPattern: UInt(bitPattern: made) & ~4095), 4096) }
+        let (backtrace, marker) = sampleThroughStub(made, context: context, spinning: spinning)
+        let names = review13cNames(backtrace)
+        #expect(backtrace.unavailableReason == nil)
+        #expect(
+            names.contains { $0.contains("review13cCaller") },
+            "the stub's caller is lost: \(names)")
+        // No frame may be a pointer into the thread's own stack.
+        let stackFrames = backtrace.frames.filter { $0.address &- (marker &- 0x10_0000) < 0x20_0000 }
+        #expect(stackFrames.isEmpty, "stack addresses reported as frames: \(stackFrames)")
+    }
+
+    // MARK: - Libraries loaded after the first sample
+
+    @Test(
+        "A library loaded after the first sample: its frames are named (asleep and spinning)",
+        .disabled("bug: text ranges are not taken again, so a dlopen after the first sample is never seen"),
+        arguments: [false, true])
+    func libraryLoadedLaterIsNamed(spinning: Bool) throws {
+        let prefix = spinning ? "r13c_late_spin" : "r13c_late_sleep"
+        let path = try #require(review13cBuildLibrary(named: prefix, source: review13cLibrarySource(prefix)))
+        let context = SamplingContext()
+        review13cGate.store(0, ordering: .releasing)
+        let warm = Review13cThread { review13cSleeper() }
+        _ = context.backtrace(of: warm.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(warm.join())
+
+        let handle = try #require(dlopen(path, RTLD_NOW | RTLD_LOCAL))
+        let outer = try review13cSymbol(handle, "\(prefix)_outer")
+        let callee = unsafeBitCast(spinning ? review13cSpinner : review13cSleeper, to: UInt.self)
+        review13cGate.store(0, ordering: .releasing)
+        let thread = Review13cThread { review13cCaller(outer, callback: callee) }
+        let backtrace = context.backtrace(of: thread.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(thread.join())
+        let names = review13cNames(backtrace)
+        #expect(names.contains("\(prefix)_outer"), "\(names)")
+        #expect(names.contains("\(prefix)_inner"), "\(names)")
+        #expect(names.contains { $0.contains("review13cCaller") }, "\(names)")
+    }
+
+    @Test(
+        "A library loaded after a first sample, on the stack of a newer context: the C library keeps its names",
+        .disabled("bug: an image map taken again lists Runtime's debug files and names no library frame"))
+    func imageMapTakenAgainKeepsNames() throws {
+        // Any earlier context: the process' shared image map is taken.
+        review13cGate.store(0, ordering: .releasing)
+        let warm = Review13cThread { review13cSleeper() }
+        let before = SamplingContext().backtrace(of: warm.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(warm.join())
+        #expect(review13cNames(before).contains("usleep"), "before: \(review13cNames(before))")
+
+        let prefix = "r13c_refresh"
+        let path = try #require(review13cBuildLibrary(named: prefix, source: review13cLibrarySource(prefix)))
+        let handle = try #require(dlopen(path, RTLD_NOW | RTLD_LOCAL))
+        let outer = try review13cSymbol(handle, "\(prefix)_outer")
+        // A context made now lists the library as text; the shared map does not know it.
+        let context = SamplingContext()
+        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
+        review13cGate.store(0, ordering: .releasing)
+        let thread = Review13cThread { review13cCaller(outer, callback: callee) }
+        let backtrace = context.backtrace(of: thread.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(thread.join())
+        let names = review13cNames(backtrace)
+        #expect(names.contains("\(prefix)_outer"), "\(names)")
+        #expect(names.contains("usleep"), "the C library's frames lost their names: \(names)")
+        #expect(names.contains("start_thread"), "the C library's frames lost their names: \(names)")
+
+        // And a detector made afterwards (it starts from the shared map).
+        review13cGate.store(0, ordering: .releasing)
+        let later = Review13cThread { review13cSleeper() }
+        let after = SamplingContext().backtrace(of: later.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(later.join())
+        #expect(review13cNames(after).contains("usleep"), "a later context: \(review13cNames(after))")
+    }
+
+    @Test(
+        "dlclose a library, dlopen another at the same address: the new one's names, not the old one's",
+        .disabled("bug: names (and decoded code) cached by address survive a dlclose; no refresh for a known range"))
+    func libraryReplacedAtSameAddress() throws {
+        let alphaPath = try #require(
+            review13cBuildLibrary(named: "r13c_alpha", source: review13cLibrarySource("r13c_alpha")))
+        let betaPath = try #require(
+            review13cBuildLibrary(named: "r13c_betaa", source: review13cLibrarySource("r13c_betaa")))
+        // Loaded before the context's first sample, so its image is known.
+        let alpha = try #require(dlopen(alphaPath, RTLD_NOW | RTLD_LOCAL))
+        let alphaOuter = try review13cSymbol(alpha, "r13c_alpha_outer")
+        let context = SamplingContext()
+        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
+
+        review13cGate.store(0, ordering: .releasing)
+        var thread = Review13cThread { review13cCaller(alphaOuter, callback: callee) }
+        let first = context.backtrace(of: thread.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(thread.join())
+        #expect(review13cNames(first).contains("r13c_alpha_outer"), "\(review13cNames(first))")
+        #expect(review13cNames(first).contains("usleep"), "first: \(review13cNames(first))")
+
+        dlclose(alpha)
+        let beta = try #require(dlopen(betaPath, RTLD_NOW | RTLD_LOCAL))
+        defer { dlclose(beta) }
+        let betaOuter = try review13cSymbol(beta, "r13c_betaa_outer")
+        // Same layout, same place: the same return addresses as before.
+        try #require(betaOuter == alphaOuter, "the loader put the second library elsewhere; nothing to test")
+
+        review13cGate.store(0, ordering: .releasing)
+        thread = Review13cThread { review13cCaller(betaOuter, callback: callee) }
+        let second = context.backtrace(of: thread.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(thread.join())
+        let names = review13cNames(second)
+        #expect(names.contains("r13c_betaa_outer"), "stale names after dlclose+dlopen: \(names)")
+        #expect(names.contains("usleep"), "libc unnamed after the image map was taken again: \(names)")
+        #expect(!names.contains { $0.hasPrefix("r13c_alpha") }, "an unloaded library's names: \(names)")
+    }
+
+    // MARK: - Stack shapes
+
+    @Test(
+        "Very deep recursion asleep in the kernel: every recursion frame in order up to the copy, marked truncated or reaching the root"
+    )
+    func deepRecursion() throws {
+        review13cGate.store(0, ordering: .releasing)
+        let thread = Review13cThread(stackSize: 64 << 20) { _ = review13cRecurse(20_000) }
+        let context = SamplingContext()
+        let backtrace = context.backtrace(of: thread.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(thread.join())
+        let names = review13cNames(backtrace)
+        let recursion = names.filter { $0.contains("review13cRecurse") }.count
+        #expect(recursion >= 1_000, "only \(recursion) recursion frames of 20,000")
+        // Innermost first: the sleeper before every recursion frame.
+        let sleeper = names.firstIndex { $0.contains("review13cSleeper") }
+        let firstRecursion = names.firstIndex { $0.contains("review13cRecurse") }
+        #expect(sleeper != nil && firstRecursion != nil && sleeper! < firstRecursion!, "\(names.prefix(12))")
+        #expect(
+            backtrace.isTruncated || names.contains("start_thread"),
+            "neither truncated nor complete: \(names.suffix(6))")
+    }
+
+    @Test("A thread with the smallest stack, asleep and spinning: sampled whole", arguments: [false, true])
+    func tinyStack(spinning: Bool) throws {
+        review13cGate.store(0, ordering: .releasing)
+        let body: @Sendable () -> Void = { spinning ? review13cSpinner() : review13cSleeper() }
+        let thread = Review13cThread(stackSize: 16 << 10, body)
+        let context = SamplingContext()
+        var results: [StallBacktrace] = []
+        for _ in 0..<20 { results.append(context.backtrace(of: thread.tid)) }
+        review13cGate.store(1, ordering: .releasing)
+        #expect(thread.join())
+        for backtrace in results {
+            let names = review13cNames(backtrace)
+            #expect(backtrace.unavailableReason == nil, "\(backtrace)")
+            #expect(names.contains { $0.contains(spinning ? "review13cSpinner" : "review13cSleeper") }, "\(names)")
+            #expect(names.contains("start_thread"), "\(names)")
+        }
+    }
+
+    @Test("Hundreds of real return addresses of other code on the stack: none becomes a certain frame")
+    func decoyReturnAddresses() throws {
+        // A real return address: where review13cCaller's call returns.
+        review13cGate.store(0, ordering: .releasing)
+        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
+        let source = Review13cThread { review13cCaller(callee, callback: nil) }
+        let context = SamplingContext()
+        let reference = context.backtrace(of: source.tid)
+        review13cGate.store(1, ordering: .releasing)
+        #expect(source.join())
+        let decoys = reference.frames.filter { $0.function?.contains("review13cCaller") == true }.map(\.address)
+        let decoy = try #require(decoys.first, "\(review13cNames(reference))")
+        // Also the return address inside the sleeper's own caller chain (usleep's caller).
+        review13cGate.store(0, ordering: .releasing)
+        let holder = Review13cThread { review13cDecoyHolder(decoy, count: 600) }
+        var samples: [StallBacktrace] = []
+        for _ in 0..<5 { samples.append(context.backtrace(of: holder.tid)) }
+        review13cGate.store(1, ordering: .releasing)
+        #expect(holder.join())
+        for backtrace in samples {
+            let certain = backtrace.frames.filter { !$0.isUncertain }
+            #expect(
+                !certain.contains { $0.function?.contains("review13cCaller") == true },
+                "a decoy became a certain frame: \(review13cNames(backtrace))")
+            #expect(review13cNames(backtrace).contains { $0.contains("review13cDecoyHolder") })
+            #expect(review13cNames(backtrace).contains("start_thread"), "\(review13cNames(backtrace))")
+        }
+    }
+
+    // MARK: - Whole stalls in a child process (stall-probe r13c-…)
+
+    /// The `.ended` profile of stall `id`: samples per function.
+    private func endedProfile(_ run: ProbeRun, id: Int) -> (samples: Int, functions: [String: Int]) {
+        var samples = 0
+        var functions: [String: Int] = [:]
+        for line in run.lines {
+            let fields = line.split(separator: " ", maxSplits: 4)
+            if fields.count >= 4, fields[0] == "PROFILE", fields[1] == "\(id)", fields[2] == "ended" {
+                samples = Int(fields[3]) ?? 0
+            } else if fields.count == 5, fields[0] == "FUNCTION", fields[1] == "\(id)", fields[2] == "ended" {
+                functions[String(fields[4]), default: 0] = max(functions[String(fields[4])] ?? 0, Int(fields[3]) ?? 0)
+            }
+        }
+        return (samples, functions)
+    }
+
+    private func samples(of name: String, in functions: [String: Int]) -> Int {
+        functions.filter { $0.key.hasPrefix(name) }.values.max() ?? 0
+    }
+
+    @Test("Four phases of one stall (asleep, spinning, in read(2), in a futex): each gets its share")
+    func fourPhasesEachGetSamples() throws {
+        let run = try ProbeRun.run(["r13c-phases", "500"])
+        #expect(run.exitStatus == 0)
+        let (total, functions) = endedProfile(run, id: 2)
+        let phases = ["review13cSleepPhase", "review13cSpinPhase", "review13cReadPhase", "review13cFutexPhase"]
+        let counts = phases.map { samples(of: $0, in: functions) }
+        #expect(total >= 8, "\(total) samples: \(run.lines.filter { $0.hasPrefix("PROFILE") })")
+        for (phase, count) in zip(phases, counts) {
+            // A quarter each; generous: between 8 % and 45 %.
+            #expect(
+                count * 100 >= total * 8 && count * 100 <= total * 45,
+                "\(phase): \(count) of \(total) samples (all: \(zip(phases, counts).map { "\($0) \($1)" }))")
+        }
+    }
+
+    @Test(
+        "A phase spent with SIGPROF blocked is not silently dropped from the profile",
+        .disabled("bug: unanswered signal samples are dropped, so the profile shows the sleeping phase as 100 %"))
+    func maskedPhaseIsNotLost() throws {
+        let run = try ProbeRun.run(["r13c-masked", "600"])
+        #expect(run.exitStatus == 0)
+        let (total, functions) = endedProfile(run, id: 2)
+        let sleeping = samples(of: "review13cSleepPhase", in: functions)
+        // Half the stall was spent in review13cMaskedSpinPhase: at most about
+        // half of the profile may say review13cSleepPhase.
+        #expect(total > 0)
+        #expect(sleeping * 100 <= total * 70, "asleep in \(sleeping) of \(total) samples: the masked half is lost")
+    }
+
+    @Test(
+        "With one descriptor left, a stall neither takes it for good nor says the thread kept changing state",
+        .disabled("bug: the sampler keeps the process' last descriptor open; the report blames the thread"))
+    func lastDescriptor() throws {
+        let run = try ProbeRun.run(["r13c-nofile", "1"])
+        #expect(run.exitStatus == 0)
+        #expect(
+            run.lines.contains("OPENED 1 0"), "\(run.lines.filter { $0.hasPrefix("OPENED") || $0.hasPrefix("FD") })")
+        for event in run.events {
+            #expect(!event.report.contains("kept changing state"), "\(event.report.prefix(300))")
+        }
+    }
+
+    @Test("With few descriptors left, stalls are still named, and the detector keeps at most 2 per sampled thread")
+    func fewDescriptors() throws {
+        let run = try ProbeRun.run(["r13c-nofile", "8"])
+        #expect(run.exitStatus == 0)
+        let opened = run.lines.first { $0.hasPrefix("OPENED ") }?.split(separator: " ").dropFirst().first
+            .flatMap { Int($0) }
+        #expect((opened ?? 0) >= 6, "\(run.lines.filter { $0.hasPrefix("OPENED") || $0.hasPrefix("FD") })")
+        #expect(run.events.count == 4)
+        for event in run.events {
+            // The C library is still named (its symbols are read from files).
+            #expect(event.report.contains("clock_nanosleep"), "\(event.report.prefix(400))")
+        }
+    }
+
+    // A release stall-probe built from commit fb5ca8d's Review13cScenarios.swift lost these frames in
+    // every event of `r13c-nofile` (clock_nanosleep, then _dispatch_continuation_pop): see the review report.
+    @Test("A sleeping function reached by the job's closure through a tail call keeps its frames (release build)")
+    func tailCalledSleeperKeepsFrames() throws {
+        let run = try ProbeRun.run(["r13c-tailcall", "500"])
+        #expect(run.exitStatus == 0)
+        #expect(run.events.count == 4)
+        for event in run.events {
+            for name in ["clock_nanosleep@", " nanosleep ", " usleep ", " review13cSleepPhase("] {
+                #expect(event.report.contains(name), "\(name): \(event.report)")
+            }
+        }
+    }
+
+    // MARK: - Cost outside the detector's thread
+
+    @Test("What a signal sample costs the sampled thread (not charged to the pace's CPU clock)")
+    func signalSampleCostOnSampledThread() throws {
+        // The spinning thread measures its own CPU per fixed slice of work; the
+        // handler's time (glibc's unwind and a 256 KB copy) shows as extra CPU.
+        let result = Locked<(plain: Double, sampled: Double)>((0, 0))
+        let phase = Atomic<Int>(0)
+        review13cGate.store(0, ordering: .releasing)
+        let thread = Review13cThread {
+            func slices(_ count: Int) -> Double {
+                let before = StallProfiler.threadCPU()
+                var spins = 0
+                for _ in 0..<count * 1_000_000 { spins &+= 1 }
+                _ = spins
+                return Double(StallProfiler.threadCPU() - before)
+            }
+            // Until the test has warmed its context (names cached).
+            while phase.load(ordering: .acquiring) == 0 { _ = slices(1) }
+            let plain = slices(100)
+            phase.store(2, ordering: .releasing)
+            let sampled = slices(100)
+            phase.store(3, ordering: .releasing)
+            result.withLock { $0 = (plain, sampled) }
+        }
+        let context = SamplingContext()
+        for _ in 0..<3 { _ = context.backtrace(of: thread.tid) }
+        phase.store(1, ordering: .releasing)
+        while phase.load(ordering: .acquiring) == 1 { usleep(1_000) }
+        var count = 0
+        var detectorCPU: Int64 = 0
+        while phase.load(ordering: .acquiring) == 2 {
+            let before = StallProfiler.threadCPU()
+            _ = context.backtrace(of: thread.tid)
+            detectorCPU += StallProfiler.threadCPU() - before
+            count += 1
+        }
+        #expect(thread.join())
+        let (plain, sampled) = result.withLock { $0 }
+        let perSample = (sampled - plain) / Double(max(1, count))
+        print(
+            "REVIEW13C signal samples \(count): sampled thread +\(Int(perSample)) ns each, detector \(Int(detectorCPU) / max(1, count)) ns each"
+        )
+        #expect(count > 0)
+    }
+
+    // MARK: - Code unmapped or protected while it is decoded
+
+    @Test(
+        "Unwinding while another thread flips a code page between r-x and PROT_NONE (or unmaps it) never faults",
+        .disabled(
+            "bug: SIGSEGV in CallSite.decode, which reads the call bytes directly after the page was probed (a race)"),
+        arguments: [false, true])
+    func codePageFlippedDuringUnwind(unmapping: Bool) throws {
+        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
+        let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
+        let page = UInt(bitPattern: stub) & ~4095
+        let returnAddress = UInt(bitPattern: stub) + 16  // after `call rax`
+        let running = Atomic<Bool>(true)
+        let flips = Atomic<Int>(0)
+        let flipper = Review13cThread {
+            let pointer = UnsafeMutableRawPointer(bitPattern: page)!
+            while running.load(ordering: .relaxed) {
+                if unmapping {
+                    munmap(pointer, 4096)
+                    _ = mmap(pointer, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+                } else {
+                    mprotect(pointer, 4096, PROT_NONE)
+                    mprotect(pointer, 4096, PROT_READ | PROT_EXEC)
+                }
+                flips.add(1, ordering: .relaxed)
+            }
+        }
+        // A stack whose every word is a return address into the page (and
+        // addresses at the page's very start, whose call bytes are on the page before).
+        var words: [UInt] = []
+        for index in 0..<64 { words.append(index % 2 == 0 ? returnAddress : page + UInt(index % 8)) }
+        let deadline = ContinuousClock.now + .seconds(2)
+        var unwinds = 0
+        while ContinuousClock.now < deadline {
+            let blocks = MemoryBlocks()
+            let unwinder = StackUnwinder(
+                copy: StackCopy(pc: returnAddress, sp: 0x1000, fp: nil, words: words, unwound: [], truncated: false),
+                isText: { $0 >= page && $0 < page + 4096 }, readWord: { blocks.word(at: $0) })
+            _ = unwinder.unwind()
+            unwinds += 1
+        }
+        running.store(false, ordering: .relaxed)
+        #expect(flipper.join())
+        munmap(UnsafeMutableRawPointer(bitPattern: page), 4096)
+        print("REVIEW13C \(unwinds) unwinds while the page flipped \(flips.load(ordering: .relaxed)) times")
+        #expect(unwinds > 100)
+    }
+
+    // MARK: - A thread id used again
+
+    @Test("A thread id reused by a new thread between samples: the new thread's stack, not the old one's")
+    func threadIDReused() throws {
+        review13cGate.store(0, ordering: .releasing)
+        let context = SamplingContext()
+        let old = Review13cThread { _ = review13cRecurse(3) }
+        let first = context.backtrace(of: old.tid)
+        #expect(review13cNames(first).contains { $0.contains("review13cRecurse") }, "\(review13cNames(first))")
+        let tid = old.tid
+        review13cGate.store(1, ordering: .releasing)
+        #expect(old.join())
+        usleep(20_000)
+        // Short-lived threads until one gets the same id (pid_max wraps around).
+        review13cGate.store(0, ordering: .releasing)
+        review13cWantedTid.store(tid, ordering: .releasing)
+        review13cReuseHit.store(false, ordering: .releasing)
+        var holder: pthread_t?
+        for _ in 0..<200_000 {
+            var thread = pthread_t()
+            guard pthread_create(&thread, nil, review13cReuseBody, nil) == 0 else { break }
+            usleep(0)
+            if review13cReuseHit.load(ordering: .acquiring) {
+                holder = thread
+                break
+            }
+            pthread_join(thread, nil)
+            if review13cReuseHit.load(ordering: .acquiring) { break }
+        }
+        guard let holder else {
+            print("REVIEW13C no thread got id \(tid) again; nothing to test")
+            return
+        }
+        usleep(50_000)
+        let second = context.backtrace(of: tid)
+        review13cGate.store(1, ordering: .releasing)
+        pthread_join(holder, nil)
+        let names = review13cNames(second)
+        #expect(second.unavailableReason == nil, "\(second)")
+        #expect(names.contains { $0.contains("review13cDecoyHolder") }, "the new thread's stack: \(names)")
+        #expect(!names.contains { $0.contains("review13cRecurse") }, "the old thread's frames: \(names)")
+    }
+
+    @Test(
+        "A warm detector's .started comes on time for a thread that blocks SIGPROF",
+        .disabled(
+            "bug: samples before the threshold each wait 100 ms for the signal's answer; .started at 454 ms, not 250"))
+    func maskedThreadStartedOnTime() throws {
+        let run = try ProbeRun.run(["r13c-masked-only", "1000"])
+        #expect(run.exitStatus == 0)
+        let started = run.started.filter { $0.id == 2 }
+        #expect(started.count == 1)
+        for event in started {
+            // Threshold 250 ms, heartbeat 25 ms: generous bound 340 ms.
+            #expect(event.milliseconds <= 340, "stall 2 .started after \(event.milliseconds) ms")
+        }
+    }
+
+    @Test(
+        "Sampling a thread asleep under a JIT stub while another thread flips the stub's page to PROT_NONE never faults",
+        .disabled("bug: SIGSEGV in CallSite.decode (the same race, through SamplingContext.backtrace)"))
+    func jitPageFlippedWhileSampled() throws {
+        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
+        let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
+        let page = UInt(bitPattern: stub) & ~4095
+        review13cGate.store(0, ordering: .releasing)
+        let address = UInt(bitPattern: stub)
+        let sleeper = Review13cThread { review13cCaller(address, callback: nil) }
+        let running = Atomic<Bool>(true)
+        let flipper = Review13cThread {
+            let pointer = UnsafeMutableRawPointer(bitPattern: page)!
+            while running.load(ordering: .relaxed) {
+                // Never PROT_NONE for long: the sleeper returns through the page.
+                mprotect(pointer, 4096, PROT_NONE)
+                mprotect(pointer, 4096, PROT_READ | PROT_EXEC)
+            }
+        }
+        let deadline = ContinuousClock.now + .seconds(3)
+        var samples = 0
+        while ContinuousClock.now < deadline {
+            // A new context each time: nothing decoded is remembered.
+            _ = SamplingContext().backtrace(of: sleeper.tid)
+            samples += 1
+        }
+        running.store(false, ordering: .relaxed)
+        #expect(flipper.join())
+        review13cGate.store(1, ordering: .releasing)
+        #expect(sleeper.join())
+        print("REVIEW13C \(samples) samples while the stub's page flipped")
+    }
+
+    @Test(
+        "A frame in execute-only code (PROT_EXEC alone: no read with protection keys) while sampled, asleep and spinning",
+        .disabled(
+            "bug: SIGSEGV in the SIGPROF handler: glibc's backtrace() (libgcc's fallback) reads the code at the stub's return address"
+        ),
+        arguments: [false, true])
+    func executeOnlyStub(spinning: Bool) throws {
+        let context = SamplingContext()
+        let callee = unsafeBitCast(spinning ? review13cSpinner : review13cSleeper, to: UInt.self)
+        let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_EXEC))
+        defer { munmap(UnsafeMutableRawPointer(bitPattern: UInt(bitPattern: stub) & ~4095), 4096) }
+        let (backtrace, _) = sampleThroughStub(stub, context: context, spinning: spinning)
+        let names = review13cNames(backtrace)
+        #expect(backtrace.unavailableReason == nil)
+        #expect(names.contains { $0.contains("review13cCaller") }, "the stub's caller is lost: \(names)")
+    }
+
+    @Test(
+        "The cooperative pool blocked in a process with 60 older threads: the blockers are still found",
+        .disabled(
+            "bug: only the first 48 threads in /proc/self/task order are looked at; report: no thread was running a Swift job"
+        ))
+    func poolFoundAmongManyThreads() throws {
+        let run = try ProbeRun.run(["r13c-pool-crowd", "60"])
+        #expect(run.exitStatus == 0)
+        #expect(run.events.count == 2)
+        for event in run.events {
+            #expect(event.report.contains("uniquelyNamedPoolBlocker"), "\(event.report.prefix(300))")
+        }
+    }
+
+    @Test("A custom executor's blocked thread in a process with 60 older threads is found")
+    func customFoundAmongManyThreads() throws {
+        let run = try ProbeRun.run(["r13c-custom-crowd", "60"])
+        #expect(run.exitStatus == 0)
+        #expect(run.events.count == 2)
+        for event in run.events {
+            #expect(event.report.contains("uniquelyNamedQueueBlocker"), "\(event.report.prefix(300))")
+        }
+    }
+}
+
+#endif
