@@ -31,6 +31,9 @@ final class ProcTaskFiles {
     private var buffer = [UInt8](repeating: 0, count: 4_096)
     /// Files opened by path (tests).
     private(set) var opens = 0
+    /// `EMFILE` or `ENFILE` when the last open failed for want of a descriptor,
+    /// else 0.
+    private(set) var lastFailure: Int32 = 0
     /// Descriptors held now (tests).
     var openCount: Int { descriptors.values.reduce(0) { $0 + $1.filter { $0 >= 0 }.count } }
 
@@ -113,12 +116,18 @@ final class ProcTaskFiles {
         opens += 1
         let descriptor = open("/proc/self/task/\(tid)/\(kind.name)", O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else {
-            // Gone (or never there): nothing of it stays open.
-            if let pair = descriptors.removeValue(forKey: tid) {
+            let error = errno
+            if error == EMFILE || error == ENFILE {
+                // Out of descriptors: the program needs them more than a cache.
+                lastFailure = error
+                closeAll()
+            } else if let pair = descriptors.removeValue(forKey: tid) {
+                // Gone (or never there): nothing of it stays open.
                 for descriptor in pair where descriptor >= 0 { close(descriptor) }
             }
             return nil
         }
+        lastFailure = 0
         descriptors[tid, default: [Int32](repeating: -1, count: Kind.allCases.count)][kind.rawValue] = descriptor
         return descriptor
     }

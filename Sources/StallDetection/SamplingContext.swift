@@ -16,6 +16,12 @@ final class SamplingContext: @unchecked Sendable {
     private let code = StackUnwinder.CodeCache()
     private var codeGeneration = 0
 
+    /// Closes the `/proc` files kept open for the sampled threads (a stall
+    /// ended: the program may need the descriptors).
+    func releaseFiles() {
+        sampler?.files.closeAll()
+    }
+
     /// Installs the signal handler and loads symbols before the first stall.
     func warmUp() {
         _ = prepared()
@@ -71,6 +77,8 @@ final class SamplingContext: @unchecked Sendable {
         switch outcome {
         case .unavailable(let reason):
             return (.unavailable(reason, threadID: Self.reportedID(thread)), false)
+        case .runningUnsampled(let reason):
+            return (.unavailableWhileRunning(reason, threadID: Self.reportedID(thread)), false)
         case .copied(let copy, let signalled):
             if signalled, let installError {
                 return (.unavailable(installError, threadID: Self.reportedID(thread)), false)

@@ -43,6 +43,9 @@ final class StackSampler {
     enum Outcome {
         case copied(StackCopy, signalled: Bool)
         case unavailable(String)
+        /// The thread runs, but gave no stack (it blocks the signal, or did not
+        /// answer it in time).
+        case runningUnsampled(String)
     }
 
     /// How much of a sleeping thread's stack is copied: the same as a signal
@@ -83,7 +86,7 @@ final class StackSampler {
         #else
         for _ in 0..<3 {
             guard let (state, blocked) = files.state(thread: tid) else {
-                return .unavailable("thread \(tid) is gone")
+                return .unavailable(files.lastFailure != 0 ? noDescriptor(tid) : "thread \(tid) is gone")
             }
             // A thread that exited (under `dispatchMain()` the main thread calls
             // `pthread_exit`) stays listed as a zombie with a stale stack.
@@ -92,17 +95,23 @@ final class StackSampler {
                 // A thread that blocks the signal would leave the sample to time
                 // out (100 ms, each time: a detector's looks fell behind).
                 if blocked & (1 << UInt32(SIGPROF - 1)) != 0 {
-                    return .unavailable("thread \(tid) runs with SIGPROF blocked, so it is not signalled")
+                    return .runningUnsampled("thread \(tid) runs with SIGPROF blocked, so it is not signalled")
                 }
                 return captureBySignal(tid)
             }
             switch captureFromKernel(tid, limit: kernelCopyLimit) {
             case .some(let copy): return .copied(copy, signalled: false)
+            case .none where files.lastFailure != 0: return .unavailable(noDescriptor(tid))
             case .none: continue  // it woke up while being read; look again
             }
         }
         return .unavailable("thread \(tid) kept changing state while it was sampled")
         #endif
+    }
+
+    private func noDescriptor(_ tid: Int32) -> String {
+        "thread \(tid) cannot be read: the process has no file descriptor left "
+            + "(\(files.lastFailure == EMFILE ? "EMFILE" : "ENFILE"))"
     }
 
     /// Reads a thread that sleeps in the kernel; nil when it is not (or stopped
@@ -200,13 +209,13 @@ final class StackSampler {
                 truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES))
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
-            return .unavailable("thread \(tid) did not answer within \(timeoutMilliseconds) ms")
+            return .runningUnsampled("thread \(tid) did not answer within \(timeoutMilliseconds) ms")
         case Int(STALLCAPTURE_SIGNAL_FAILED):
             return .unavailable("cannot signal thread \(tid) (errno \(errorNumber))")
         case Int(STALLCAPTURE_UNSUPPORTED):
             return .unavailable("stack sampling is not supported on this platform")
         case Int(STALLCAPTURE_HANDLER_REPLACED):
-            return .unavailable(
+            return .runningUnsampled(
                 "thread \(tid) runs user code and other code replaced the SIGPROF handler, so it is not signalled")
         default:
             return .unavailable("the SIGPROF handler is not installed")

@@ -107,6 +107,11 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     /// The most frames a backtrace keeps: the innermost 768 and the outermost 256.
     public static let maximumFrameCount = 1024
 
+    /// Set when the thread was running but could not be sampled (it blocks the
+    /// signal, or did not answer it): a profile counts such a sample as time in
+    /// unknown code rather than dropping it.
+    var whileRunning = false
+
     init(
         frames: [StackFrame], threadID: UInt64?, unavailableReason: String?, isTruncated: Bool = false
     ) {
@@ -129,6 +134,13 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     /// A backtrace that could not be captured, with the reason.
     public static func unavailable(_ reason: String, threadID: UInt64? = nil) -> StallBacktrace {
         StallBacktrace(frames: [], threadID: threadID, unavailableReason: reason)
+    }
+
+    /// A running thread that could not be sampled (see ``whileRunning``).
+    static func unavailableWhileRunning(_ reason: String, threadID: UInt64?) -> StallBacktrace {
+        var backtrace = StallBacktrace(frames: [], threadID: threadID, unavailableReason: reason)
+        backtrace.whileRunning = true
+        return backtrace
     }
 
     /// One frame a line, a run of identical frames (recursion) on one line with its

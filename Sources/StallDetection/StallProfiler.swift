@@ -83,6 +83,14 @@ final class StallProfiler: Sendable {
     /// machine, more while other processes load it); the `.started` sample would
     /// pay the same for its own stack.
     static let namingAllowance: Int64 = 200_000_000
+    /// The one frame a sample of a running thread that gave no stack counts as.
+    static let unsampledRunning = StallBacktrace(
+        frames: [
+            StackFrame(
+                address: 0, function: "<running, stack unavailable (signal blocked or unanswered)>", file: nil,
+                line: nil, image: nil, isUncertain: false)
+        ], threadID: nil, unavailableReason: nil)
+
     /// How often the fatal report is rewritten while a stall lasts.
     static let fatalRefresh: Int64 = 250_000_000
 
@@ -212,6 +220,17 @@ final class StallProfiler: Sendable {
             state.session = nil
             active.store(false, ordering: .releasing)
         }
+        releaseFilesLater()
+    }
+
+    /// The `/proc` files kept open for a stall's samples are closed on the
+    /// detector queue (where sampling happens) once the stall is over: between
+    /// stalls the detector holds no descriptor the program might need.
+    private func releaseFilesLater() {
+        queue.async { [sampling] in
+            sampling.releaseFiles()
+            StopWitness.releaseFiles()
+        }
     }
 
     /// The detector stopped: no more samples; the fatal report goes (the stall did
@@ -225,6 +244,7 @@ final class StallProfiler: Sendable {
             return [state.pending, state.earlyLook]
         }
         for work in pending { work?.cancel() }
+        releaseFilesLater()
         // The file is gone when stop() returns.
         fatal?.remove()
         fatal?.flush()
@@ -260,6 +280,12 @@ final class StallProfiler: Sendable {
             let sampled = sampling.backtrace(of: known)
             if sampled.unavailableReason == nil, keeps(sampled.frames) {
                 backtrace = sampled
+                found = known
+            } else if sampled.whileRunning {
+                // The thread ran code it could not be asked about (signals
+                // blocked, or no answer): that time counts, as unknown code,
+                // rather than vanishing from the shares.
+                backtrace = Self.unsampledRunning
                 found = known
             }
         } else {

@@ -148,10 +148,15 @@ enum StopWitness {
         return state.withLock { state in state.continues.last.flatMap { $0 > time ? $0 : nil } }
     }
 
-    /// The witness thread's `syscall` file, kept open (each look during a stall
-    /// reads it; opening it by path was a tenth of a stalled process' CPU),
-    /// for the current witness only.
+    /// The witness thread's `syscall` file, kept open while a stall lasts (each
+    /// look during a stall reads it; opening it by path was a tenth of a stalled
+    /// process' CPU), for the current witness only.
     private static let witnessFiles = Locked(WitnessFiles())
+
+    /// Closes the witness's kept file (a stall ended).
+    static func releaseFiles() {
+        witnessFiles.withLock { $0 = WitnessFiles() }
+    }
 
     struct WitnessFiles {
         private var thread: Int32 = 0

@@ -221,13 +221,14 @@ struct Review13cAttackTests {
     }
 
     @Test(
-        "A thread that exits between samples: reported gone, its files closed by the next look",
-        .disabled(
-            "bug (minor, bounded): the syscall file of a dead thread stays open; only stat is reopened and closed"))
+        "A thread that exits between samples: reported gone, its files closed by the next look")
     func exitedThreadBetweenSamples() throws {
         review13cGate.store(0, ordering: .releasing)
         let context = SamplingContext()
         let thread = Review13cThread { review13cSleeper() }
+        // Asleep (read through both files, stat and syscall), not still starting
+        // (a running thread is signalled: stat only).
+        for _ in 0..<400 where !ThreadState.isAsleep(thread: thread.tid) { usleep(5_000) }
         let first = context.backtrace(of: thread.tid)
         #expect(first.unavailableReason == nil)
         #expect(review13cTaskDescriptors()[thread.tid] == 2)
@@ -296,7 +297,9 @@ struct Review13cAttackTests {
             try await Task.sleep(for: .milliseconds(10))
             left = review13cTaskDescriptors()[tid] ?? 0
         }
-        #expect(whileAlive > 0, "the sampler kept no files open while the detector lived")
+        // Since the review, a stall's files are closed once it ends (the program
+        // may need the descriptors): none need be open here any more.
+        print("REVIEW13C /proc files of the blocked thread after .ended: \(whileAlive)")
         #expect(left == 0, "a stopped and released detector kept \(left) /proc files of thread \(tid) open")
     }
 
@@ -563,8 +566,7 @@ struct Review13cAttackTests {
     }
 
     @Test(
-        "A phase spent with SIGPROF blocked is not silently dropped from the profile",
-        .disabled("bug: unanswered signal samples are dropped, so the profile shows the sleeping phase as 100 %"))
+        "A phase spent with SIGPROF blocked is not silently dropped from the profile")
     func maskedPhaseIsNotLost() throws {
         let run = try ProbeRun.run(["r13c-masked", "600"])
         #expect(run.exitStatus == 0)
@@ -577,8 +579,7 @@ struct Review13cAttackTests {
     }
 
     @Test(
-        "With one descriptor left, a stall neither takes it for good nor says the thread kept changing state",
-        .disabled("bug: the sampler keeps the process' last descriptor open; the report blames the thread"))
+        "With one descriptor left, a stall neither takes it for good nor says the thread kept changing state")
     func lastDescriptor() throws {
         let run = try ProbeRun.run(["r13c-nofile", "1"])
         #expect(run.exitStatus == 0)
@@ -667,8 +668,6 @@ struct Review13cAttackTests {
 
     @Test(
         "Unwinding while another thread flips a code page between r-x and PROT_NONE (or unmaps it) never faults",
-        .disabled(
-            "bug: SIGSEGV in CallSite.decode, which reads the call bytes directly after the page was probed (a race)"),
         arguments: [false, true])
     func codePageFlippedDuringUnwind(unmapping: Bool) throws {
         let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
@@ -755,9 +754,7 @@ struct Review13cAttackTests {
     }
 
     @Test(
-        "A warm detector's .started comes on time for a thread that blocks SIGPROF",
-        .disabled(
-            "bug: samples before the threshold each wait 100 ms for the signal's answer; .started at 454 ms, not 250"))
+        "A warm detector's .started comes on time for a thread that blocks SIGPROF")
     func maskedThreadStartedOnTime() throws {
         let run = try ProbeRun.run(["r13c-masked-only", "1000"])
         #expect(run.exitStatus == 0)
@@ -771,7 +768,9 @@ struct Review13cAttackTests {
 
     @Test(
         "Sampling a thread asleep under a JIT stub while another thread flips the stub's page to PROT_NONE never faults",
-        .disabled("bug: SIGSEGV in CallSite.decode (the same race, through SamplingContext.backtrace)"))
+        .disabled(
+            "bug (signal path, not fixed): a sample that finds the sleeper running signals it, and glibc's backtrace() in the handler faults in libgcc reading the PROT_NONE page (about 1 run in 10); the unwinder's own race is fixed (codePageFlippedDuringUnwind)"
+        ))
     func jitPageFlippedWhileSampled() throws {
         let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
         let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
