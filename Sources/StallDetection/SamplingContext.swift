@@ -216,9 +216,15 @@ final class SamplingContext: @unchecked Sendable {
         // The main thread is never a pool thread (it runs an async `main` or the
         // main actor's jobs with the same frames).
         let mainThread = ProcessFacts.mainThreadID
-        let threads = ProcessFacts.threads().filter { id, name in
+        let candidates = ProcessFacts.threads().filter { id, name in
             id != own && id != mainThread && !Self.ignoredThreadNames.contains(name)
-        }.map(\.id)
+        }
+        // Dispatch's workers first (the pool's threads are among them, named
+        // after their root queue, "…qos…"): with many threads of its own, a
+        // program's pool threads were beyond the 48 looked at.
+        let threads =
+            candidates.filter { $0.name.contains("qos") }.map(\.id)
+            + candidates.filter { !$0.name.contains("qos") }.map(\.id)
         for thread in threads.prefix(48) {
             let backtrace = backtrace(of: thread)
             guard backtrace.unavailableReason == nil, StackShape.runsSwiftJob(backtrace.frames) else { continue }

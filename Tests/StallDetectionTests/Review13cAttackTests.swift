@@ -819,10 +819,7 @@ struct Review13cAttackTests {
     }
 
     @Test(
-        "The cooperative pool blocked in a process with 60 older threads: the blockers are still found",
-        .disabled(
-            "bug: only the first 48 threads in /proc/self/task order are looked at; report: no thread was running a Swift job"
-        ))
+        "The cooperative pool blocked in a process with 60 older threads: the blockers are still found")
     func poolFoundAmongManyThreads() throws {
         let run = try ProbeRun.run(["r13c-pool-crowd", "60"])
         #expect(run.exitStatus == 0)
