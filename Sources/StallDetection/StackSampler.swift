@@ -84,7 +84,10 @@ final class StackSampler {
         // article "Detecting hangs and stalls"); nothing here reads `/proc`.
         return .unavailable("stack sampling is not supported on this platform")
         #else
-        for _ in 0..<3 {
+        var blockedLooks = 0
+        var looks = 0
+        while looks < 3 + blockedLooks {
+            looks += 1
             guard let (state, blocked) = files.state(thread: tid) else {
                 return .unavailable(files.lastFailure != 0 ? noDescriptor(tid) : "thread \(tid) is gone")
             }
@@ -93,8 +96,17 @@ final class StackSampler {
             if state == "Z" || state == "X" { return .unavailable("thread \(tid) has exited") }
             if state == "R" {
                 // A thread that blocks the signal would leave the sample to time
-                // out (100 ms, each time: a detector's looks fell behind).
+                // out (100 ms, each time: a detector's looks fell behind). The
+                // mask is looked at again shortly first: a thread still returning
+                // from the last sample's handler (which runs with SIGPROF blocked)
+                // or starting up (glibc blocks every signal meanwhile) blocks it
+                // for microseconds only.
                 if blocked & (1 << UInt32(SIGPROF - 1)) != 0 {
+                    blockedLooks += 1
+                    if blockedLooks < 4 {
+                        usleep(UInt32(100) << blockedLooks)  // 0.2, 0.4, 0.8 ms
+                        continue
+                    }
                     return .runningUnsampled("thread \(tid) runs with SIGPROF blocked, so it is not signalled")
                 }
                 return captureBySignal(tid)
