@@ -193,6 +193,17 @@ private func review13cReuseBody(_: UnsafeMutableRawPointer?) -> UnsafeMutableRaw
     return nil
 }
 
+/// Starts a thread running `body` (which waits on the gate), samples it once with
+/// `context`, lets it go and joins it.
+func review13cSample(with context: SamplingContext, _ body: @escaping @Sendable () -> Void) -> StallBacktrace {
+    review13cGate.store(0, ordering: .releasing)
+    let thread = Review13cThread(body)
+    let backtrace = context.backtrace(of: thread.tid)
+    review13cGate.store(1, ordering: .releasing)
+    #expect(thread.join())
+    return backtrace
+}
+
 @Suite(
     "Review 13c attacks on the sampler", .serialized,
     .disabled(
@@ -372,11 +383,7 @@ struct Review13cAttackTests {
         let handle = try #require(dlopen(path, RTLD_NOW | RTLD_LOCAL))
         let outer = try review13cSymbol(handle, "\(prefix)_outer")
         let callee = unsafeBitCast(spinning ? review13cSpinner : review13cSleeper, to: UInt.self)
-        review13cGate.store(0, ordering: .releasing)
-        let thread = Review13cThread { review13cCaller(outer, callback: callee) }
-        let backtrace = context.backtrace(of: thread.tid)
-        review13cGate.store(1, ordering: .releasing)
-        #expect(thread.join())
+        let backtrace = review13cSample(with: context) { review13cCaller(outer, callback: callee) }
         let names = review13cNames(backtrace)
         #expect(names.contains("\(prefix)_outer"), "\(names)")
         #expect(names.contains("\(prefix)_inner"), "\(names)")
@@ -388,11 +395,7 @@ struct Review13cAttackTests {
         .disabled("bug: an image map taken again lists Runtime's debug files and names no library frame"))
     func imageMapTakenAgainKeepsNames() throws {
         // Any earlier context: the process' shared image map is taken.
-        review13cGate.store(0, ordering: .releasing)
-        let warm = Review13cThread { review13cSleeper() }
-        let before = SamplingContext().backtrace(of: warm.tid)
-        review13cGate.store(1, ordering: .releasing)
-        #expect(warm.join())
+        let before = review13cSample(with: SamplingContext()) { review13cSleeper() }
         #expect(review13cNames(before).contains("usleep"), "before: \(review13cNames(before))")
 
         let prefix = "r13c_refresh"
@@ -402,22 +405,14 @@ struct Review13cAttackTests {
         // A context made now lists the library as text; the shared map does not know it.
         let context = SamplingContext()
         let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
-        review13cGate.store(0, ordering: .releasing)
-        let thread = Review13cThread { review13cCaller(outer, callback: callee) }
-        let backtrace = context.backtrace(of: thread.tid)
-        review13cGate.store(1, ordering: .releasing)
-        #expect(thread.join())
+        let backtrace = review13cSample(with: context) { review13cCaller(outer, callback: callee) }
         let names = review13cNames(backtrace)
         #expect(names.contains("\(prefix)_outer"), "\(names)")
         #expect(names.contains("usleep"), "the C library's frames lost their names: \(names)")
         #expect(names.contains("start_thread"), "the C library's frames lost their names: \(names)")
 
         // And a detector made afterwards (it starts from the shared map).
-        review13cGate.store(0, ordering: .releasing)
-        let later = Review13cThread { review13cSleeper() }
-        let after = SamplingContext().backtrace(of: later.tid)
-        review13cGate.store(1, ordering: .releasing)
-        #expect(later.join())
+        let after = review13cSample(with: SamplingContext()) { review13cSleeper() }
         #expect(review13cNames(after).contains("usleep"), "a later context: \(review13cNames(after))")
     }
 
@@ -435,11 +430,7 @@ struct Review13cAttackTests {
         let context = SamplingContext()
         let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
 
-        review13cGate.store(0, ordering: .releasing)
-        var thread = Review13cThread { review13cCaller(alphaOuter, callback: callee) }
-        let first = context.backtrace(of: thread.tid)
-        review13cGate.store(1, ordering: .releasing)
-        #expect(thread.join())
+        let first = review13cSample(with: context) { review13cCaller(alphaOuter, callback: callee) }
         #expect(review13cNames(first).contains("r13c_alpha_outer"), "\(review13cNames(first))")
         #expect(review13cNames(first).contains("usleep"), "first: \(review13cNames(first))")
 
@@ -450,11 +441,7 @@ struct Review13cAttackTests {
         // Same layout, same place: the same return addresses as before.
         try #require(betaOuter == alphaOuter, "the loader put the second library elsewhere; nothing to test")
 
-        review13cGate.store(0, ordering: .releasing)
-        thread = Review13cThread { review13cCaller(betaOuter, callback: callee) }
-        let second = context.backtrace(of: thread.tid)
-        review13cGate.store(1, ordering: .releasing)
-        #expect(thread.join())
+        let second = review13cSample(with: context) { review13cCaller(betaOuter, callback: callee) }
         let names = review13cNames(second)
         #expect(names.contains("r13c_betaa_outer"), "stale names after dlclose+dlopen: \(names)")
         #expect(names.contains("usleep"), "libc unnamed after the image map was taken again: \(names)")
@@ -823,23 +810,16 @@ struct Review13cAttackTests {
     }
 
     @Test(
-        "The cooperative pool blocked in a process with 60 older threads: the blockers are still found")
-    func poolFoundAmongManyThreads() throws {
-        let run = try ProbeRun.run(["r13c-pool-crowd", "60"])
+        "The cooperative pool, or a custom executor, blocked in a process with 60 older threads: the blockers are found",
+        arguments: [
+            ("r13c-pool-crowd", "uniquelyNamedPoolBlocker"), ("r13c-custom-crowd", "uniquelyNamedQueueBlocker"),
+        ])
+    func blockerFoundAmongManyThreads(scenario: String, blocker: String) throws {
+        let run = try ProbeRun.run([scenario, "60"])
         #expect(run.exitStatus == 0)
         #expect(run.events.count == 2)
         for event in run.events {
-            #expect(event.report.contains("uniquelyNamedPoolBlocker"), "\(event.report.prefix(300))")
-        }
-    }
-
-    @Test("A custom executor's blocked thread in a process with 60 older threads is found")
-    func customFoundAmongManyThreads() throws {
-        let run = try ProbeRun.run(["r13c-custom-crowd", "60"])
-        #expect(run.exitStatus == 0)
-        #expect(run.events.count == 2)
-        for event in run.events {
-            #expect(event.report.contains("uniquelyNamedQueueBlocker"), "\(event.report.prefix(300))")
+            #expect(event.report.contains(blocker), "\(event.report.prefix(300))")
         }
     }
 }
