@@ -49,12 +49,7 @@ final class ProcTaskFiles {
     /// The file's whole text (up to 4 KB, far more than either holds), or nil
     /// when the thread is gone.
     func read(_ kind: Kind, thread tid: Int32) -> String? {
-        for attempt in 0..<2 {
-            guard let descriptor = descriptor(kind, thread: tid, reopen: attempt > 0) else { return nil }
-            let count = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, $0.count, 0) }
-            if count > 0 { return String(decoding: buffer[..<count], as: UTF8.self) }
-        }
-        return nil
+        contents(kind, thread: tid) { String(decoding: $0, as: UTF8.self) }
     }
 
     /// The state letter from `stat` (R running, S sleeping, D uninterruptible, T
@@ -67,41 +62,48 @@ final class ProcTaskFiles {
     /// after the last `)` (the thread's name, between parentheses, may hold any
     /// byte).
     func state(thread tid: Int32) -> (letter: Character, blocked: UInt32)? {
-        for attempt in 0..<2 {
-            guard let descriptor = descriptor(.stat, thread: tid, reopen: attempt > 0) else { return nil }
-            let parsed = buffer.withUnsafeMutableBytes { bytes -> (UInt8, UInt32)?? in
-                let count = pread(descriptor, bytes.baseAddress, bytes.count, 0)
-                guard count > 0 else { return .none }  // read again, from a new descriptor
-                guard let close = bytes[..<count].lastIndex(of: UInt8(ascii: ")")) else { return .some(nil) }
-                // Fields after ")": state (field 3) … blocked (field 32).
-                var field = 2
-                var index = close + 1
-                var letter: UInt8 = 0
-                var blocked: UInt32 = 0
-                while index < count && field < 32 {
-                    while index < count && bytes[index] == UInt8(ascii: " ") { index += 1 }
-                    guard index < count else { break }
-                    field += 1
-                    let start = index
-                    while index < count && bytes[index] != UInt8(ascii: " ") && bytes[index] != UInt8(ascii: "\n") {
-                        index += 1
-                    }
-                    if field == 3 { letter = bytes[start] }
-                    if field == 32 {
-                        var value: UInt64 = 0
-                        for digit in bytes[start..<index] where digit >= 48 && digit <= 57 {
-                            value = value &* 10 &+ UInt64(digit - 48)
-                        }
-                        blocked = UInt32(truncatingIfNeeded: value)
-                    }
+        let parsed = contents(.stat, thread: tid) { bytes -> (letter: Character, blocked: UInt32)? in
+            guard let close = bytes.lastIndex(of: UInt8(ascii: ")")) else { return nil }
+            // Fields after ")": state (field 3) … blocked (field 32).
+            var field = 2
+            var index = close + 1
+            var letter: UInt8 = 0
+            var blocked: UInt32 = 0
+            while index < bytes.count && field < 32 {
+                while index < bytes.count && bytes[index] == UInt8(ascii: " ") { index += 1 }
+                guard index < bytes.count else { break }
+                field += 1
+                let start = index
+                while index < bytes.count && bytes[index] != UInt8(ascii: " ") && bytes[index] != UInt8(ascii: "\n") {
+                    index += 1
                 }
-                return letter == 0 ? .some(nil) : .some((letter, blocked))
+                if field == 3 { letter = bytes[start] }
+                if field == 32 {
+                    var value: UInt64 = 0
+                    for digit in bytes[start..<index] where digit >= 48 && digit <= 57 {
+                        value = value &* 10 &+ UInt64(digit - 48)
+                    }
+                    blocked = UInt32(truncatingIfNeeded: value)
+                }
             }
-            switch parsed {
-            case .none: continue
-            case .some(.none): return nil
-            case .some(.some(let (letter, blocked))): return (Character(Unicode.Scalar(letter)), blocked)
+            return letter == 0 ? nil : (Character(Unicode.Scalar(letter)), blocked)
+        }
+        return parsed ?? nil
+    }
+
+    /// `body` applied to the file's bytes, read from offset 0 of the kept
+    /// descriptor, or of a new one if that read fails (the thread it was opened
+    /// for has exited); nil when the thread is gone.
+    private func contents<Result>(
+        _ kind: Kind, thread tid: Int32, _ body: (UnsafeRawBufferPointer) -> Result
+    ) -> Result? {
+        for attempt in 0..<2 {
+            guard let descriptor = descriptor(kind, thread: tid, reopen: attempt > 0) else { return nil }
+            let result = buffer.withUnsafeMutableBytes { bytes -> Result? in
+                let count = pread(descriptor, bytes.baseAddress, bytes.count, 0)
+                return count > 0 ? body(UnsafeRawBufferPointer(rebasing: bytes[..<count])) : nil
             }
+            if let result { return result }
         }
         return nil
     }

@@ -182,34 +182,26 @@ enum ThreadState {
     /// The state letter (R running, S sleeping, D uninterruptible, T stopped, …), or
     /// nil when the thread is gone.
     static func letter(thread: Int32) -> Character? {
-        guard let text = ProcFile.read("/proc/self/task/\(thread)/stat"),
-            let close = text.lastIndex(of: ")")
-        else { return nil }
-        return text[text.index(after: close)...].first(where: { $0 != " " })
+        ProcTaskFiles().stateLetter(thread: thread)
     }
 
     /// Whether the thread sleeps in the kernel (S or D).
     static func isAsleep(thread: Int32) -> Bool {
-        guard let state = letter(thread: thread) else { return true }
-        return state == "S" || state == "D"
+        isAsleep(letter(thread: thread))
+    }
+
+    /// Whether a state letter is asleep in the kernel (S or D); a gone thread
+    /// (nil) counts as asleep.
+    static func isAsleep(_ letter: Character?) -> Bool {
+        guard let letter else { return true }
+        return letter == "S" || letter == "D"
     }
 
     /// Whether the thread sleeps in `epoll_wait` (an event loop parked), by the
     /// system call number in `/proc/self/task/TID/syscall`; false when unknown
     /// (and on other platforms).
     static func isInEventWait(thread: Int32) -> Bool {
-        #if os(Linux) && (arch(x86_64) || arch(arm64))
-        guard let line = ProcFile.read("/proc/self/task/\(thread)/syscall"),
-            let first = line.split(separator: " ").first, let number = Int(first)
-        else { return false }
-        #if arch(x86_64)
-        return number == 232 || number == 281 || number == 441
-        #else
-        return number == 22 || number == 441
-        #endif
-        #else
-        return false
-        #endif
+        syscallNumber(thread: thread, files: ProcTaskFiles()).flatMap(isEpollWait) ?? false
     }
 
     /// Whether the thread sleeps in `epoll_wait` (not, say, on a lock): the system
@@ -217,16 +209,24 @@ enum ThreadState {
     /// whether it sleeps at all.
     static func isWaitingInEpoll(thread: Int32, files: ProcTaskFiles) -> Bool {
         guard let line = files.read(.syscall, thread: thread) else { return true }
-        guard let first = line.split(separator: " ").first, let number = Int(first) else {
-            guard let state = files.stateLetter(thread: thread) else { return true }
-            return state == "S" || state == "D"
-        }
-        #if arch(x86_64)
-        return number == 232 || number == 281 || number == 441  // epoll_wait, epoll_pwait, epoll_pwait2
-        #elseif arch(arm64)
-        return number == 22 || number == 441  // epoll_pwait, epoll_pwait2
+        guard let number = line.split(separator: " ").first.flatMap({ Int($0) }), let epoll = isEpollWait(number)
+        else { return isAsleep(files.stateLetter(thread: thread)) }
+        return epoll
+    }
+
+    private static func syscallNumber(thread: Int32, files: ProcTaskFiles) -> Int? {
+        files.read(.syscall, thread: thread)?.split(separator: " ").first.flatMap { Int($0) }
+    }
+
+    /// Whether system call `number` waits in epoll (`epoll_wait`, `epoll_pwait`,
+    /// `epoll_pwait2`); nil where the numbers are not known.
+    private static func isEpollWait(_ number: Int) -> Bool? {
+        #if os(Linux) && arch(x86_64)
+        return number == 232 || number == 281 || number == 441
+        #elseif os(Linux) && arch(arm64)
+        return number == 22 || number == 441
         #else
-        return isAsleep(thread: thread)
+        return nil
         #endif
     }
 }
