@@ -266,6 +266,31 @@ struct RegressionTests {
         #expect(weakEngine == nil, "the thread slept on past the release and the last cancel")
     }
 
+    @Test(
+        "4d. released schedulers whose timers re-arm from the fire path (1 ms ticks, 5 each, 40 at once): all tick, all end"
+    )
+    func retiredEnginesReArmingFromTheirOwnThread() {
+        let ticks = Counter()
+        var timers: [RepeatingTimer] = []
+        var engines: [() -> TimerEngine?] = []
+        for _ in 0..<40 {
+            let scheduler = SystemTimerScheduler()
+            weak let engine = scheduler.engine
+            engines.append { engine }
+            let timer = RepeatingTimer(interval: .milliseconds(1), repetitions: 5, scheduler: scheduler) {
+                ticks.increment()
+            }
+            timer.start()
+            timers.append(timer)
+            // The scheduler is released here; its thread keeps firing and re-arming.
+        }
+        waitUntil { timers.allSatisfy { $0.state == .finished } }
+        #expect(ticks.count == 200)
+        timers = []
+        waitUntil { engines.allSatisfy { $0() == nil } }
+        #expect(engines.filter { $0() != nil }.isEmpty, "a retired engine outlived its last timer")
+    }
+
     // MARK: 5. Durations of any magnitude
 
     @Test("5. huge and huge-negative durations never trap; each has its documented outcome")

@@ -318,6 +318,43 @@ struct Review13cAttackTests {
         #expect(left == 0, "a stopped and released detector kept \(left) /proc files of thread \(tid) open")
     }
 
+    @Test("Between stalls a running detector holds no /proc file: two stalls, both cores busy meanwhile")
+    func noDescriptorsBetweenStalls() async throws {
+        let stop = Locked(false)
+        for _ in 0..<2 {
+            Thread {
+                var spins = 0
+                while !stop.withLock({ $0 }) { spins &+= 1 }
+                blackHoleForTests(spins)
+            }.start()
+        }
+        defer { stop.withLock { $0 = true } }
+        let queue = DispatchQueue(label: "review13c.between")
+        let blockedTid = Locked<Int32>(0)
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(100))
+        detector.start()
+        defer { detector.stop() }
+        var iterator = detector.events.makeAsyncIterator()
+        try await Task.sleep(for: .milliseconds(100))
+        for round in 0..<2 {
+            queue.async {
+                blockedTid.withLock { $0 = stallcapture_current_tid() }
+                usleep(500_000)
+            }
+            var ended = false
+            while !ended, let event = await iterator.next() { ended = event.phase == .ended }
+            #expect(ended)
+            let tid = blockedTid.withLock { $0 }
+            // Closed on the detector queue once the stall ended.
+            var held = review13cTaskDescriptors()[tid] ?? 0
+            for _ in 0..<300 where held > 0 {
+                try await Task.sleep(for: .milliseconds(10))
+                held = review13cTaskDescriptors()[tid] ?? 0
+            }
+            #expect(held == 0, "round \(round): \(held) /proc files of thread \(tid) still open between stalls")
+        }
+    }
+
     // MARK: - Code the image map does not know
 
     /// Samples a thread that runs `review13cCaller` -> stub at `stub` -> callee, and returns the names.
