@@ -30,16 +30,21 @@ extension StallDetectorIntegrationTests {
             "idle cost over 20 s at the default heartbeat (release)",
             .enabled(if: ProbeRun.probeIsRelease, "measured on a release build only"))
         func idleCost() throws {
-            // The best of two runs: the machine is shared, and other processes' load
-            // makes each wake-up of ours cost more CPU (caches, the hypervisor).
+            // The best of several runs: the machine is shared, and other processes'
+            // load makes each wake-up of ours cost more CPU (caches, the hypervisor).
             // Per heartbeat: one firing of the probe timer on the scheduler thread and
             // one wake-up of the watched queue's worker, plus the overdue watchdog's
             // lazy re-arm (one every threshold): 2.1 measured. 2.4 fails when the
             // detector's early look, moved back at every answer, leaves a stale
             // shard target behind (2.6 before that was fixed).
+            // The other tests of this step run beside it (two of them keep both
+            // cores busy for half a minute): each run starts once the machine is
+            // quiet for a moment, and there are up to 5 (in one CI run, three runs
+            // under that load measured 0.52–0.55 % where quiet runs measure 0.2 %).
             var bestPercent = Double.infinity
             var bestPerHeartbeat = Double.infinity
-            for _ in 0..<3 {
+            for _ in 0..<5 {
+                waitForQuietMachine()
                 let run = try ProbeRun.run(["overhead", "20"], timeLimit: 90)
                 #expect(run.exitStatus == 0)
                 let cpu = try #require(run.value("CPU").first, "\(run.lines)")
@@ -54,6 +59,36 @@ extension StallDetectorIntegrationTests {
             }
             #expect(bestPercent <= 0.5, "\(bestPercent) % of a core")
             #expect(bestPerHeartbeat <= 2.4, "\(bestPerHeartbeat) wake-ups per heartbeat")
+        }
+
+        /// Waits (at most 30 s) until the whole machine used under a quarter of
+        /// its CPU time over 250 ms (`/proc/stat`).
+        private func waitForQuietMachine() {
+            func busyAndTotal() -> (busy: Double, total: Double)? {
+                // Read with open/read: /proc files report a size of 0.
+                let descriptor = open("/proc/stat", O_RDONLY)
+                guard descriptor >= 0 else { return nil }
+                defer { close(descriptor) }
+                var bytes = [UInt8](repeating: 0, count: 512)
+                let count = bytes.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+                guard count > 0,
+                    let line = String(decoding: bytes[..<count], as: UTF8.self).split(separator: "\n").first,
+                    line.hasPrefix("cpu ")
+                else { return nil }
+                let values = line.split(separator: " ").dropFirst().compactMap { Double($0) }
+                guard values.count >= 5 else { return nil }
+                let idle = values[3] + values[4]
+                let total = values.reduce(0, +)
+                return (total - idle, total)
+            }
+            let deadline = Date().addingTimeInterval(30)
+            while Date() < deadline {
+                guard let before = busyAndTotal() else { return }
+                usleep(250_000)
+                guard let after = busyAndTotal() else { return }
+                let total = after.total - before.total
+                if total <= 0 || (after.busy - before.busy) / total < 0.25 { return }
+            }
         }
     }
 }
