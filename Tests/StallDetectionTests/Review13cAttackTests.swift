@@ -243,8 +243,14 @@ struct Review13cAttackTests {
         let thread = Review13cThread { review13cSleeper() }
         // Asleep (read through both files, stat and syscall), not still starting
         // (a running thread is signalled: stat only).
-        for _ in 0..<400 where !ThreadState.isAsleep(thread: thread.tid) { usleep(5_000) }
-        let first = context.backtrace(of: thread.tid)
+        // The sleeper wakes every 2 ms; on a loaded machine it may wait for a core
+        // (running, so signalled: stat only) at the moment of a sample. Sampled again
+        // until one sample caught it asleep.
+        var first = context.backtrace(of: thread.tid)
+        for _ in 0..<200 where review13cTaskDescriptors()[thread.tid] != 2 {
+            usleep(5_000)
+            first = context.backtrace(of: thread.tid)
+        }
         #expect(first.unavailableReason == nil)
         #expect(review13cTaskDescriptors()[thread.tid] == 2)
         review13cGate.store(1, ordering: .releasing)
