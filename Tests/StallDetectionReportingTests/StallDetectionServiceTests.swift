@@ -54,10 +54,13 @@ struct StallDetectionServiceTests {
         let group = ServiceGroup(services: [service], logger: Logger(label: "group", factory: { _ in logs }))
         let running = Task { try await group.run() }
         try await Task.sleep(for: .milliseconds(100))
-        blockNext.withLock { $0 = true }
         // Until the stall has ended and been logged (a loaded machine may take long
-        // to sample a first stall; shutting down drops a sample under way).
-        let deadline = ContinuousClock.now + .seconds(20)
+        // to sample a first stall; shutting down drops a sample under way). On a
+        // starved machine the detector's thread may get no core until the 400 ms
+        // block is over (one parallel CI-like run logged no warning naming the
+        // blocker): the queue is blocked again every 3 s until a stall names it.
+        let deadline = ContinuousClock.now + .seconds(30)
+        var nextBlock = ContinuousClock.now
         func blockerStallEnded() -> Bool {
             let entries = logs.entries
             guard
@@ -67,6 +70,10 @@ struct StallDetectionServiceTests {
             return entries.contains { $0.level == .notice && $0.metadata["stall.id"] == id }
         }
         while !blockerStallEnded(), ContinuousClock.now < deadline {
+            if ContinuousClock.now >= nextBlock {
+                blockNext.withLock { $0 = true }
+                nextBlock = ContinuousClock.now + .seconds(3)
+            }
             try await Task.sleep(for: .milliseconds(10))
         }
         await group.triggerGracefulShutdown()

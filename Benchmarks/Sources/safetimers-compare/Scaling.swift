@@ -4,6 +4,7 @@ import NIOCore
 import NIOEmbedded
 import SafeTimers
 import SafeTimersTesting
+import Synchronization
 
 /// The same guarded-section loop on several threads at once: nanoseconds per
 /// section as each thread sees it (wall time / sections per thread). Flat from
@@ -61,21 +62,74 @@ enum Parallel {
     /// Wall nanoseconds per operation over all threads together (1000 / this is
     /// millions of operations per second): falling as threads are added means
     /// throughput scales.
+    ///
+    /// Each round runs every thread for the same wall time (not a fixed share of
+    /// the operations): with more threads than cores, a round of fixed shares
+    /// ends unevenly — the kernel gives each thread slices of a few ms, so the
+    /// last thread or two finish alone on a half-idle machine, which a 20 ms round
+    /// (2M guarded sections) counts as up to 15 % less throughput. The median of
+    /// 5 rounds, each once the process is quiet.
     static func nanosecondsPerOperationOverall(
-        threads: Int, iterations: Int, _ body: @escaping @Sendable () -> Void
+        threads: Int, milliseconds: Int, _ body: @escaping @Sendable () -> Void
     ) -> Double {
-        nanosecondsPerOperation(threads: threads, iterations: iterations, body) / Double(threads)
+        var rounds: [Double] = []
+        for _ in 0..<5 {
+            settle()
+            rounds.append(timedRound(threads: threads, milliseconds: milliseconds, body))
+        }
+        return rounds.sorted()[rounds.count / 2]
     }
 
-    static func delayedWorkOverall(threads: Int, iterations: Int) -> Double {
-        nanosecondsPerOperationOverall(threads: threads, iterations: iterations) {
+    /// Operations a thread runs between two looks at the stop flag (a few µs).
+    private static let batch = 64
+
+    private static func timedRound(threads: Int, milliseconds: Int, _ body: @escaping @Sendable () -> Void) -> Double {
+        let group = DispatchGroup()
+        let start = DispatchSemaphore(value: 0)
+        let stop = StopFlag()
+        let counts = OperationCounts(threads: threads)
+        for index in 0..<threads {
+            let thread = Thread {
+                start.wait()
+                var done = 0
+                while !stop.isSet {
+                    for _ in 0..<batch { body() }
+                    done += batch
+                }
+                counts.set(index, done)
+                group.leave()
+            }
+            group.enter()
+            thread.start()
+        }
+        let began = monotonicNanoseconds()
+        for _ in 0..<threads { start.signal() }
+        usleep(UInt32(milliseconds * 1000))
+        stop.set()
+        group.wait()
+        // Until the last thread saw the flag and ended its batch (a thread off its
+        // core when the flag was set ends its batch later; its operations count).
+        let elapsed = Double(monotonicNanoseconds() - began)
+        return elapsed / Double(counts.total)
+    }
+
+    static func delayedWorkOverall(threads: Int, milliseconds: Int) -> Double {
+        nanosecondsPerOperationOverall(threads: threads, milliseconds: milliseconds) {
             DelayedWork.schedule(after: .seconds(10)) {}.cancel()
         }
     }
 
-    static func asyncAfterOverall(threads: Int, iterations: Int) -> Double {
+    static func asyncAfterOverall(threads: Int, milliseconds: Int) -> Double {
         let queue = DispatchQueue.global()
-        return nanosecondsPerOperationOverall(threads: threads, iterations: iterations) {
+        defer {
+            // The rounds' cancelled items come due 1 s later and GCD's threads
+            // work them off then: without this wait, on the next row (one core
+            // taken for part of each round: 2-thread withWatchdog read 26.5
+            // ns/op overall, 11.3 when run alone).
+            usleep(1_100_000)
+            settle()
+        }
+        return nanosecondsPerOperationOverall(threads: threads, milliseconds: milliseconds) {
             let item = DispatchWorkItem {}
             // 1 s, not 10: GCD keeps a cancelled item until its deadline and then
             // works it off on its timer thread, which (400k of them, 10 s later)
@@ -85,14 +139,22 @@ enum Parallel {
         }
     }
 
-    static func watchdogOverall(threads: Int, iterations: Int) -> Double {
-        nanosecondsPerOperationOverall(threads: threads, iterations: iterations) {
+    static func watchdogOverall(threads: Int, milliseconds: Int) -> Double {
+        nanosecondsPerOperationOverall(threads: threads, milliseconds: milliseconds) {
             withWatchdog(timeout: .seconds(10), onTimeout: {}) { blackHole(0) }
         }
     }
 
-    static func dispatchSourceIdiomOverall(threads: Int, iterations: Int) -> Double {
-        dispatchSourceIdiom(threads: threads, iterations: iterations) / Double(threads)
+    static func dispatchSourceIdiomOverall(threads: Int, milliseconds: Int) -> Double {
+        let queue = DispatchQueue(label: "bench.parallel.watchdog.overall")
+        return nanosecondsPerOperationOverall(threads: threads, milliseconds: milliseconds) {
+            let source = DispatchSource.makeTimerSource(queue: queue)
+            source.setEventHandler {}
+            source.schedule(deadline: .now() + 10)
+            source.resume()
+            blackHole(0)
+            source.cancel()
+        }
     }
 
     static func watchdog(threads: Int, iterations: Int) -> Double {
@@ -186,6 +248,25 @@ enum VirtualTime {
         body()
         return Double(monotonicNanoseconds() - began) / 1_000_000
     }
+}
+
+/// Set once by the thread that times a round; read by its workers between batches.
+private final class StopFlag: @unchecked Sendable {
+    // `@unchecked Sendable` invariant: the one stored property is an atomic.
+    private let flag = Atomic<Bool>(false)
+    var isSet: Bool { flag.load(ordering: .relaxed) }
+    func set() { flag.store(true, ordering: .relaxed) }
+}
+
+/// Each worker's operation count, written once by that worker before it leaves
+/// the round's group (the group's wait orders the reads after the writes).
+private final class OperationCounts: @unchecked Sendable {
+    // `@unchecked Sendable` invariant: slot i is written only by worker i, once,
+    // before `group.leave()`; `total` is read only after `group.wait()`.
+    private var counts: [Int]
+    init(threads: Int) { counts = Array(repeating: 0, count: threads) }
+    func set(_ index: Int, _ count: Int) { counts[index] = count }
+    var total: Int { counts.reduce(0, +) }
 }
 
 /// A counter for handlers that run on the advancing thread.

@@ -11,8 +11,8 @@ import SafeTimers
 let quick = CommandLine.arguments.contains("--quick")
 let iterations = quick ? 20_000 : 200_000
 let footprintCount = quick ? 20_000 : 100_000
-/// Operations per round of a multi-thread throughput row (over all threads).
-let parallelOperations = quick ? 200_000 : 2_000_000
+/// Wall time of each round of a multi-thread throughput row.
+let parallelMilliseconds = quick ? 20 : 200
 
 var rows: [Comparison] = []
 @MainActor
@@ -42,11 +42,14 @@ if CommandLine.arguments.contains("--profile-arm-cancel") {
 if let flag = CommandLine.arguments.firstIndex(of: "--delayed-work-threads"),
     let threads = Int(CommandLine.arguments[flag + 1])
 {
-    // One DelayedWork throughput row, round by round (for finding what makes
-    // oversubscribed runs vary).
-    let total = CommandLine.arguments.count > flag + 2 ? Int(CommandLine.arguments[flag + 2]) ?? iterations : iterations
+    // One DelayedWork throughput row, 10 times (for finding what makes
+    // oversubscribed runs vary); the optional second number is each round's
+    // wall time in milliseconds.
+    let total =
+        CommandLine.arguments.count > flag + 2
+        ? Int(CommandLine.arguments[flag + 2]) ?? parallelMilliseconds : parallelMilliseconds
     for _ in 0..<10 {
-        print(format(Parallel.delayedWorkOverall(threads: threads, iterations: total / threads), decimals: 1))
+        print(format(Parallel.delayedWorkOverall(threads: threads, milliseconds: total), decimals: 1))
     }
     exit(0)
 }
@@ -95,19 +98,15 @@ if CommandLine.arguments.contains("--scaling") {
         ArmCancel.delayedWork(pending: 0, iterations: iterations),
         ArmCancel.asyncAfter(pending: 0, iterations: iterations), "ns/op")
     for threads in [1, 2, 4, 8] {
-        // Rounds long against the kernel's time slices (a few ms): with 200k
-        // operations a 4-thread round on 2 cores took ~6 ms and ended unevenly, and
-        // showed 82 ns/op where 2M operations show 67 for the same CPU time.
-        let each = max(1, parallelOperations / threads)
-        let peerEach = max(1, parallelOperations / 5 / threads)
+        // Every thread runs for the round's wall time (see Parallel).
         add(
             "withWatchdog, \(threads) threads, ns/op overall", "DispatchSourceTimer per section",
-            Parallel.watchdogOverall(threads: threads, iterations: each),
-            Parallel.dispatchSourceIdiomOverall(threads: threads, iterations: peerEach), "ns/op")
+            Parallel.watchdogOverall(threads: threads, milliseconds: parallelMilliseconds),
+            Parallel.dispatchSourceIdiomOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
         add(
             "DelayedWork arm+cancel, \(threads) threads, ns/op overall", "asyncAfter+DispatchWorkItem",
-            Parallel.delayedWorkOverall(threads: threads, iterations: each),
-            Parallel.asyncAfterOverall(threads: threads, iterations: peerEach), "ns/op")
+            Parallel.delayedWorkOverall(threads: threads, milliseconds: parallelMilliseconds),
+            Parallel.asyncAfterOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
     }
     print("")
     printTable(rows)
@@ -173,19 +172,15 @@ for threads in [1, 2] {
 // Throughput as threads are added (issue: the engine scales with cores). Wall
 // nanoseconds per operation over all threads; 1000 / value = M ops/s.
 for threads in quick ? [1, 2] : [1, 2, 4, 8] {
-    // Rounds long against the kernel's time slices (a few ms): with 200k
-    // operations a 4-thread round on 2 cores took ~6 ms and ended unevenly, and
-    // showed 82 ns/op where 2M operations show 67 for the same CPU time.
-    let each = max(1, parallelOperations / threads)
-    let peerEach = max(1, parallelOperations / 5 / threads)
+    // Every thread runs for the round's wall time (see Parallel).
     add(
         "withWatchdog, \(threads) threads, ns/op overall", "DispatchSourceTimer per section",
-        Parallel.watchdogOverall(threads: threads, iterations: each),
-        Parallel.dispatchSourceIdiomOverall(threads: threads, iterations: peerEach), "ns/op")
+        Parallel.watchdogOverall(threads: threads, milliseconds: parallelMilliseconds),
+        Parallel.dispatchSourceIdiomOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
     add(
         "DelayedWork arm+cancel, \(threads) threads, ns/op overall", "asyncAfter+DispatchWorkItem",
-        Parallel.delayedWorkOverall(threads: threads, iterations: each),
-        Parallel.asyncAfterOverall(threads: threads, iterations: peerEach), "ns/op")
+        Parallel.delayedWorkOverall(threads: threads, milliseconds: parallelMilliseconds),
+        Parallel.asyncAfterOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
 }
 
 // What the peers' throughput rows left pending in GCD (cancelled items, due 1 s
