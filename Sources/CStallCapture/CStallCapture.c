@@ -4,7 +4,6 @@
 #if defined(__linux__)
 
 #include <errno.h>
-#include <execinfo.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -42,8 +41,9 @@ static void fill_sample(stallcapture_sample *out, void *context) {
 #else
     out->pc = out->sp = out->fp = 0;
 #endif
-    // glibc's unwinder; its one-time dlopen/malloc happened at install.
-    out->unwound_count = backtrace((void **)out->unwound, STALLCAPTURE_MAX_FRAMES);
+    // No unwinding here: glibc's backtrace() (libgcc) reads the code at each
+    // return address to recognize signal frames, and faulted on a JIT's
+    // execute-only or just-unmapped page. The sampler thread unwinds the copy.
     // Copy the stack through the kernel, which stops at the first unmapped
     // page instead of faulting.
     out->stack_size = 0;
@@ -98,8 +98,6 @@ static void handler(int signal_number, siginfo_t *info, void *context) {
 }
 
 static void install(void) {
-    void *warm_up[4];
-    backtrace(warm_up, 4);  // loads libgcc_s now, never inside the handler
     if (sem_init(&request_done, 0, 0) != 0) {
         install_result = errno;
         return;

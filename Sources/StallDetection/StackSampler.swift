@@ -22,8 +22,6 @@ struct StackCopy {
     var fp: UInt?
     /// The stack words from `sp` upward, as far as they were copied.
     var words: [UInt]
-    /// Return addresses glibc's unwinder found (signal samples only), outermost last.
-    var unwound: [UInt]
     /// Whether the copy ends before the stack does.
     var truncated: Bool
 }
@@ -143,7 +141,6 @@ final class StackSampler {
         // gone again before the next capture writes to the buffer.
         return StackCopy(
             pc: pc, sp: sp, fp: nil, words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
-            unwound: [],
             truncated: copiedWords == limitWords)
     }
 
@@ -212,12 +209,9 @@ final class StackSampler {
             } else {
                 words = Array(stackBytes.bindMemory(to: UInt.self))
             }
-            let unwound = UnsafeBufferPointer(
-                start: stallcapture_sample_unwound(sample), count: Int(sample.pointee.unwound_count)
-            ).map { UInt($0) }
             let copy = StackCopy(
                 pc: UInt(sample.pointee.pc), sp: UInt(sample.pointee.sp), fp: UInt(sample.pointee.fp),
-                words: words, unwound: unwound,
+                words: words,
                 truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES))
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):

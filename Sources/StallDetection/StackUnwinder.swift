@@ -1,16 +1,21 @@
 /// Turns a ``StackCopy`` into the call chain, innermost first, without touching the
 /// sampled thread:
 ///
-/// 1. glibc's unwinder (signal samples), which follows DWARF unwind tables through
-///    libc and Dispatch frames;
-/// 2. the frame-pointer chain: from the frame-pointer register, or, for a thread
-///    read from `/proc` (no registers but `sp` and `pc`), from the lowest frame
-///    record whose chain validates for several links;
-/// 3. below that record, the return addresses whose call instruction provably
-///    targets the function the frame inside it runs (a direct call, or a call
-///    through a GOT or PLT slot, resolved): the libc frames of a sleeping thread;
-/// 4. beyond the end of the certain chain only, a scan for words that look like
+/// 1. the frame-pointer chain: from the frame-pointer register (a signal sample)
+///    when its record validates for several links, or, for a thread read from
+///    `/proc` (no registers but `sp` and `pc`), from the lowest frame record whose
+///    chain validates;
+/// 2. above and between its records, the return addresses whose call instruction
+///    provably targets the function the frame inside it runs (a direct call, or a
+///    call through a GOT or PLT slot, resolved): frames of functions without a
+///    frame record (libc's, an interrupted leaf such as `memset`);
+/// 3. beyond the end of the certain chain only, a scan for words that look like
 ///    return addresses, marked uncertain.
+///
+/// Nothing here reads code or stack but through the copy and `readWord` (the
+/// kernel), so an unmapped or execute-only page cannot fault the process; no
+/// DWARF unwinder runs (glibc's `backtrace()` in the signal handler faulted on
+/// execute-only JIT code).
 ///
 /// Each frame is placed by the stack slot that holds its return address, so the
 /// list is in call order whatever found it; recursion keeps every frame.
@@ -220,24 +225,22 @@ struct StackUnwinder {
         var bySlot: [Int: RawFrame] = [:]
         let words = copy.words
 
-        // 1. The unwinder: skip the handler's own frames, up to the interrupted pc.
-        if let start = copy.unwound.firstIndex(of: copy.pc) {
-            var searchFrom = 0
-            for address in copy.unwound[(start + 1)...] {
-                guard let found = (searchFrom..<words.count).first(where: { words[$0] == address }) else { break }
-                bySlot[found] = RawFrame(address: address, isUncertain: false)
-                searchFrom = found + 1
-            }
-        }
-
-        // 2 and 3, segment by segment: a frame-pointer chain, and below its first
-        // record (with no unwinder) the validated return addresses; where a chain
+        // 1 and 2, segment by segment: a frame-pointer chain, and above its
+        // records the validated return addresses; where a chain
         // breaks off (a function without frame pointer, such as libc's qsort
         // calling back into Swift), the next segment starts at the next record
         // that validates.
         var inner = copy.pc
         var scanFrom = 0
-        var anchor: UInt? = copy.fp.flatMap { word(at: $0) != nil ? $0 : nil }
+        // The register is only a frame pointer in code built with one: libc may use
+        // it for data (even a pointer into the stack).
+        var anchor: UInt? = copy.fp.flatMap { validates($0, links: 3) ? $0 : nil }
+        // The interrupted function may have no frame record (a leaf such as
+        // glibc's `memset`, or one interrupted in its prologue): the frame
+        // pointer then names its caller's record, and the caller's return address
+        // lies between the stack pointer and that record — filled below like any
+        // other frameless gap.
+        var gapAboveFirstRecord = anchor != nil
         if anchor == nil { anchor = scanToAnchor(from: 0, inner: &inner, into: &bySlot) }
         // Beyond the copy (a stack deeper than it), the chain is followed by
         // reading its records from memory, two words each, up to a budget: the
@@ -259,10 +262,12 @@ struct StackUnwinder {
                 returnAddress != 0, isText(returnAddress)
             {
                 let returnSlot = slot(of: framePointer) + 1
-                if !firstRecord && copy.unwound.isEmpty && returnSlot - 1 <= words.count {
+                if (!firstRecord || gapAboveFirstRecord) && returnSlot - 1 <= words.count {
                     fillFramelessGap(
-                        from: lastSlot + 1, to: returnSlot - 1, before: returnAddress, inner: &inner, into: &bySlot)
+                        from: firstRecord ? 0 : lastSlot + 1, to: returnSlot - 1, before: returnAddress,
+                        inner: &inner, into: &bySlot)
                 }
+                gapAboveFirstRecord = false
                 firstRecord = false
                 if bySlot[returnSlot] == nil {
                     bySlot[returnSlot] = RawFrame(address: returnAddress, isUncertain: false)
@@ -281,7 +286,7 @@ struct StackUnwinder {
             anchor = scanToAnchor(from: scanFrom, inner: &inner, into: &bySlot)
         }
 
-        // 4. Beyond the certain chain: uncertain candidates, where it broke off.
+        // 3. Beyond the certain chain: uncertain candidates, where it broke off.
         let lastCertain = bySlot.keys.max() ?? -1
         var added = 0
         var index = lastCertain + 1
@@ -306,7 +311,7 @@ struct StackUnwinder {
     /// function. (Below a sleeping thread's live frames lie stale records of calls
     /// that returned long ago, whose chains are valid too.)
     ///
-    /// On the way, with no unwinder, each word whose call provably leads to
+    /// On the way, each word whose call provably leads to
     /// `inner`'s function becomes a frame and the new `inner`: a direct (or GOT,
     /// or PLT) call of a function that starts at most 256 KB before `inner`, or of
     /// a wrapper at most 4 KB after it that tail-calls it. An indirect call through
@@ -359,7 +364,7 @@ struct StackUnwinder {
                     return record
                 }
             }
-            guard copy.unwound.isEmpty, bySlot[index] == nil else { continue }
+            guard bySlot[index] == nil else { continue }
             let candidate = words[index]
             guard isReturnAddress(candidate) else { continue }
             switch target(ofCallBefore: candidate) {

@@ -732,7 +732,7 @@ struct Review13cAttackTests {
         while ContinuousClock.now < deadline {
             let blocks = MemoryBlocks()
             let unwinder = StackUnwinder(
-                copy: StackCopy(pc: returnAddress, sp: 0x1000, fp: nil, words: words, unwound: [], truncated: false),
+                copy: StackCopy(pc: returnAddress, sp: 0x1000, fp: nil, words: words, truncated: false),
                 isText: { $0 >= page && $0 < page + 4096 }, readWord: { blocks.word(at: $0) })
             _ = unwinder.unwind()
             unwinds += 1
@@ -802,9 +802,7 @@ struct Review13cAttackTests {
 
     @Test(
         "Sampling a thread asleep under a JIT stub while another thread flips the stub's page to PROT_NONE never faults",
-        .disabled(
-            "bug (signal path, not fixed): a sample that finds the sleeper running signals it, and glibc's backtrace() in the handler faults in libgcc reading the PROT_NONE page (about 1 run in 10); the unwinder's own race is fixed (codePageFlippedDuringUnwind)"
-        ))
+        )
     func jitPageFlippedWhileSampled() throws {
         let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
         let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
@@ -837,9 +835,6 @@ struct Review13cAttackTests {
 
     @Test(
         "A frame in execute-only code (PROT_EXEC alone: no read with protection keys) while sampled, asleep and spinning",
-        .disabled(
-            "bug: SIGSEGV in the SIGPROF handler: glibc's backtrace() (libgcc's fallback) reads the code at the stub's return address"
-        ),
         arguments: [false, true])
     func executeOnlyStub(spinning: Bool) throws {
         let context = SamplingContext()

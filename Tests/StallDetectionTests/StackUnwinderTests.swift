@@ -18,14 +18,14 @@ struct StackUnwinderTests {
     }
 
     func unwind(
-        _ stack: Stack, pc: UInt, fp: UInt?, calls: [UInt: CallSite.Target], unwound: [UInt] = [],
+        _ stack: Stack, pc: UInt, fp: UInt?, calls: [UInt: CallSite.Target],
         jumps: [UInt: CallSite.TailJumps] = [:], exactStarts: [UInt: UInt] = [:], copied: Int? = nil
     ) -> [RawFrame] {
         // With `copied`, only the first `copied` words are in the copy; the rest
         // can be read from "memory".
         let words = copied.map { Array(stack.words.prefix($0)) } ?? stack.words
         let memory = stack.words
-        let copy = StackCopy(pc: pc, sp: Self.sp, fp: fp, words: words, unwound: unwound, truncated: copied != nil)
+        let copy = StackCopy(pc: pc, sp: Self.sp, fp: fp, words: words, truncated: copied != nil)
         let unwinder = StackUnwinder(
             copy: copy, isText: Self.isText,
             readWord: { address in
@@ -64,6 +64,51 @@ struct StackUnwinderTests {
         let frames = unwind(stack, pc: 0x1000_1200, fp: fp, calls: calls)
         #expect(frames.map(\.address) == [0x1000_1200] + returns)
         #expect(frames.allSatisfy { !$0.isUncertain })
+    }
+
+    @Test("a signal sample inside a frameless leaf: the caller's return address above the register's record is a frame")
+    func framelessLeafAboveRegisterRecord() {
+        // pc in memset (starts 0x1800_0000), which pushed nothing; its caller
+        // (starts 0x1000_0080, returns at 0x1000_0100) has the frame record the
+        // frame-pointer register names. A stale word between whose call targets
+        // elsewhere is no frame.
+        let pc: UInt = 0x1800_0040
+        let inCaller: UInt = 0x1000_0100
+        let stale: UInt = 0x1000_0999
+        var stack = Stack()
+        stack.push(inCaller)
+        stack.push(stale)
+        stack.push(0x42)
+        let returns: [UInt] = [0x1000_0200, 0x1000_0300, 0x1000_0400]
+        let fp = pushChain(&stack, returns: returns)
+        var calls: [UInt: CallSite.Target] = [inCaller: .known(0x1800_0000), stale: .known(0x1900_0000)]
+        for address in returns { calls[address] = .known(0x1000_0080) }
+        let frames = unwind(stack, pc: pc, fp: fp, calls: calls)
+        #expect(frames.map(\.address) == [pc, inCaller] + returns)
+        #expect(frames.allSatisfy { !$0.isUncertain })
+        // The interrupted function has a record of its own: nothing above it is added.
+        calls[returns[0]] = .known(0x1800_0000)
+        let own = unwind(stack, pc: pc, fp: fp, calls: calls)
+        #expect(own.map(\.address) == [pc] + returns)
+    }
+
+    @Test("a frame-pointer register holding data (libc built without frame pointers): the chain is found by the scan")
+    func framePointerRegisterHoldingData() {
+        // The register points into the stack at words that are no frame record.
+        let pc: UInt = 0x1800_0040
+        let inUser: UInt = 0x1000_0100
+        var stack = Stack()
+        stack.push(0x42)
+        let data = stack.address
+        stack.push(0x1000_0050)  // looks like text, but no call precedes it
+        stack.push(0x1000_0060)
+        stack.push(inUser)
+        let returns: [UInt] = [0x1000_0200, 0x1000_0300, 0x1000_0400]
+        _ = pushChain(&stack, returns: returns)
+        var calls: [UInt: CallSite.Target] = [inUser: .known(0x1800_0000)]
+        for address in returns { calls[address] = .known(0x1000_0080) }
+        let frames = unwind(stack, pc: pc, fp: data, calls: calls)
+        #expect(frames.map(\.address) == [pc, inUser] + returns)
     }
 
     @Test("a thread asleep in the kernel: libc frames proven by their calls, stale words dropped, then the chain")
@@ -417,7 +462,7 @@ struct StaleImageMapTests {
         // What a sleeping thread's stack could hold: words into the stale text
         // (the first page and the second page's first bytes), no frame pointer.
         let words: [UInt] = [second + 3, base + 16, second + 5, second + 100, 0, 0]
-        let copy = StackCopy(pc: second + 200, sp: sp, fp: nil, words: words, unwound: [], truncated: false)
+        let copy = StackCopy(pc: second + 200, sp: sp, fp: nil, words: words, truncated: false)
         let unwinder = StackUnwinder(
             copy: copy, isText: { staleText.contains($0) },
             readWord: { address in

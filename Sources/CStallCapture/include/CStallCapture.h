@@ -26,7 +26,6 @@ extern ssize_t process_vm_readv(pid_t pid, const struct iovec *local_iov, unsign
 extern int pthread_setname_np(pthread_t thread, const char *name);
 #endif
 
-#define STALLCAPTURE_MAX_FRAMES 1024
 #define STALLCAPTURE_STACK_BYTES 262144
 
 /// One sample of a thread's stack, filled inside the signal handler.
@@ -35,9 +34,6 @@ typedef struct stallcapture_sample {
     uintptr_t pc;
     uintptr_t sp;
     uintptr_t fp;
-    /// Return addresses found by glibc's unwinder (`backtrace`), starting in the handler.
-    int unwound_count;
-    uintptr_t unwound[STALLCAPTURE_MAX_FRAMES];
     /// A copy of the stack from `sp` upward, as far as it is mapped (at most
     /// STALLCAPTURE_STACK_BYTES); the frame-pointer walk and the return-address
     /// scan read this copy, never the live stack.
@@ -48,11 +44,6 @@ typedef struct stallcapture_sample {
 /// The copied stack bytes (Swift does not import C arrays this large).
 static inline const unsigned char *stallcapture_sample_stack(const stallcapture_sample *sample) {
     return sample->stack;
-}
-
-/// The unwinder's return addresses.
-static inline const uintptr_t *stallcapture_sample_unwound(const stallcapture_sample *sample) {
-    return sample->unwound;
 }
 
 /// Outcomes of `stallcapture_capture`.

@@ -1,0 +1,87 @@
+import CStallCapture
+import Foundation
+import Synchronization
+import Testing
+
+@testable import StallDetection
+
+#if canImport(Glibc)
+import Glibc
+
+private let signalPathStop = Atomic<Bool>(false)
+
+/// Spends nearly all its time inside glibc's `memset`, a leaf without a frame
+/// record of its own: a sample interrupts it there, with the frame pointer still
+/// naming this function's record.
+@inline(never)
+private func signalPathMemsetLoop(_ buffer: UnsafeMutableRawPointer, _ count: Int) -> Int {
+    var rounds = 0
+    while !signalPathStop.load(ordering: .relaxed) {
+        memset(buffer, Int32(truncatingIfNeeded: rounds), count)
+        rounds &+= 1
+    }
+    return rounds
+}
+
+@inline(never)
+private func signalPathMemsetCaller(_ buffer: UnsafeMutableRawPointer, _ count: Int) -> Int {
+    signalPathMemsetLoop(buffer, count) &+ 1
+}
+
+/// A thread that runs `body` (which must keep running in user code), and its id.
+private func startRunningThread(_ body: @escaping @Sendable () -> Void) -> (tid: Int32, done: DispatchSemaphore) {
+    let tid = Atomic<Int32>(0)
+    let done = DispatchSemaphore(value: 0)
+    Thread {
+        tid.store(stallcapture_current_tid(), ordering: .releasing)
+        body()
+        done.signal()
+    }.start()
+    while tid.load(ordering: .acquiring) == 0 { usleep(1_000) }
+    return (tid.load(ordering: .acquiring), done)
+}
+
+@Suite(
+    "The signal path (a running thread)", .serialized,
+    .disabled(
+        if: underThreadSanitizer,
+        "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))
+struct SignalPathTests {
+    @Test("interrupted inside a frameless libc leaf (memset): its Swift caller, then the caller's caller, in order")
+    func framelessLeaf() throws {
+        signalPathStop.store(false, ordering: .relaxed)
+        let count = 1 << 20
+        let buffer = UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 64)
+        defer { buffer.deallocate() }
+        let address = UInt(bitPattern: buffer)
+        let thread = startRunningThread {
+            let buffer = UnsafeMutableRawPointer(bitPattern: address)!
+            _ = signalPathMemsetCaller(buffer, count)
+        }
+        let context = SamplingContext()
+        var inLeaf = 0
+        var whole = 0
+        var failures: [String] = []
+        for _ in 0..<40 {
+            let backtrace = context.backtrace(of: thread.tid)
+            let names = backtrace.frames.map { $0.function ?? "?" }
+            guard names.first?.contains("memset") == true else { continue }
+            inLeaf += 1
+            if let loop = names.firstIndex(where: { $0.contains("signalPathMemsetLoop") }),
+                loop + 1 < names.count, names[loop + 1].contains("signalPathMemsetCaller"),
+                !backtrace.frames[...loop].contains(where: \.isUncertain)
+            {
+                whole += 1
+            } else if failures.count < 3 {
+                failures.append("\(names.prefix(8))")
+            }
+            usleep(2_000)
+        }
+        signalPathStop.store(true, ordering: .relaxed)
+        thread.done.wait()
+        try #require(inLeaf >= 10, "only \(inLeaf) of 40 samples landed in memset")
+        #expect(whole == inLeaf, "\(inLeaf - whole) of \(inLeaf) samples in memset lost its caller: \(failures)")
+    }
+}
+
+#endif
