@@ -801,8 +801,8 @@ struct Review13cAttackTests {
     }
 
     @Test(
-        "Sampling a thread asleep under a JIT stub while another thread flips the stub's page to PROT_NONE never faults",
-        )
+        "Sampling a thread asleep under a JIT stub while another thread flips the stub's page to PROT_NONE never faults"
+    )
     func jitPageFlippedWhileSampled() throws {
         let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
         let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
