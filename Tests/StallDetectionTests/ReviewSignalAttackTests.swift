@@ -1,0 +1,478 @@
+import CStallCapture
+import Dispatch
+import Foundation
+import Synchronization
+import Testing
+
+@testable import StallDetection
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Adversarial review of the signal sampler without `backtrace()` in the handler:
+// the sampler unwinds the copied stack itself (frame-pointer chain validated for
+// three links, frameless gaps filled by proven calls, uncertain scan beyond).
+
+#if os(Linux) && arch(x86_64)
+
+/// C and assembly the attacks run, built at test time into one shared library
+/// (so `exactStart` does not apply: calls are checked the library way).
+///
+/// - `rs_leaf(stop)`: a frameless leaf (no frame record, like glibc's `memset`)
+///   spinning until `*stop`; `rs_caller` calls it, `rs_outer` calls `rs_caller`.
+/// - `rs_spin_rbp(value, stop)`: hand-written code that uses `rbp` as data (a
+///   pointer into its own uninitialized stack buffer) while it spins;
+///   `rs_stale_outer` first calls `rs_stale_deep` (which returns, leaving its
+///   frame records below the stack pointer), then `rs_spin_rbp` with `rbp` set to
+///   the deepest of those stale records.
+/// - `rs_interrupted_outer` → `rs_interrupted_spin` spin; the thread's own SIGALRM
+///   handler `rs_alarm_handler` (optionally on a `sigaltstack`) spins on top of it.
+private let reviewSignalSource = #"""
+    #define _GNU_SOURCE
+    #include <pthread.h>
+    #include <signal.h>
+    #include <stdlib.h>
+    #include <string.h>
+    #include <sys/mman.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+
+    __asm__(
+        ".text\n"
+        ".globl rs_leaf\n.type rs_leaf,@function\n"
+        "rs_leaf:\n"
+        "1: pause\n cmpl $0,(%rdi)\n je 1b\n ret\n"
+        ".size rs_leaf, .-rs_leaf\n"
+        ".globl rs_spin_rbp\n.type rs_spin_rbp,@function\n"
+        "rs_spin_rbp:\n"
+        " push %rbp\n sub $8192,%rsp\n mov %rdi,%rbp\n"
+        "2: pause\n cmpl $0,(%rsi)\n je 2b\n"
+        " add $8192,%rsp\n pop %rbp\n ret\n"
+        ".size rs_spin_rbp, .-rs_spin_rbp\n");
+
+    void rs_leaf(volatile int *stop);
+    void rs_spin_rbp(void *rbp_value, volatile int *stop);
+
+    __attribute__((noinline)) void rs_caller(volatile int *stop) {
+        rs_leaf(stop);
+        __asm__ volatile("" ::: "memory");
+    }
+    __attribute__((noinline)) void rs_outer(volatile int *stop) {
+        rs_caller(stop);
+        __asm__ volatile("" ::: "memory");
+    }
+
+    void *volatile rs_stale_record;
+    __attribute__((noinline)) void rs_stale_deep(int depth) {
+        if (depth == 0) {
+            rs_stale_record = __builtin_frame_address(0);
+            return;
+        }
+        rs_stale_deep(depth - 1);
+        __asm__ volatile("" ::: "memory");
+    }
+    __attribute__((noinline)) void rs_stale_outer(volatile int *stop) {
+        rs_stale_deep(4);
+        rs_spin_rbp(rs_stale_record, stop);
+        __asm__ volatile("" ::: "memory");
+    }
+
+    volatile int rs_handler_stop;
+    volatile int rs_in_handler;
+    volatile int rs_in_spin;
+    __attribute__((noinline)) void rs_alarm_handler(int signal_number) {
+        (void)signal_number;
+        rs_in_handler = 1;
+        while (!rs_handler_stop) __asm__ volatile("pause" ::: "memory");
+        rs_in_handler = 0;
+    }
+    __attribute__((noinline)) void rs_interrupted_spin(volatile int *stop) {
+        rs_in_spin = 1;
+        while (!*stop) __asm__ volatile("pause" ::: "memory");
+        rs_in_spin = 0;
+    }
+    __attribute__((noinline)) void rs_interrupted_outer(volatile int *stop) {
+        rs_interrupted_spin(stop);
+        __asm__ volatile("" ::: "memory");
+    }
+    static struct sigaction rs_previous;
+    int rs_install_alarm(int on_alternate_stack) {
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_handler = rs_alarm_handler;
+        action.sa_flags = on_alternate_stack ? SA_ONSTACK : 0;
+        sigemptyset(&action.sa_mask);
+        return sigaction(SIGALRM, &action, &rs_previous);
+    }
+    int rs_restore_alarm(void) { return sigaction(SIGALRM, &rs_previous, NULL); }
+    /// Runs on the thread: an alternate signal stack from mmap, then the spin.
+    void rs_interrupted_thread(volatile int *stop, int on_alternate_stack) {
+        void *alternate = NULL;
+        sigset_t alarm_only;
+        sigemptyset(&alarm_only);
+        sigaddset(&alarm_only, SIGALRM);
+        pthread_sigmask(SIG_UNBLOCK, &alarm_only, NULL);
+        if (on_alternate_stack) {
+            alternate = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            stack_t stack = {.ss_sp = alternate, .ss_size = 65536, .ss_flags = 0};
+            sigaltstack(&stack, NULL);
+        }
+        rs_interrupted_outer(stop);
+        __asm__ volatile("" ::: "memory");
+        if (alternate) {
+            stack_t none = {.ss_sp = NULL, .ss_size = 0, .ss_flags = SS_DISABLE};
+            sigaltstack(&none, NULL);
+            munmap(alternate, 65536);
+        }
+    }
+    #include <ucontext.h>
+    __attribute__((noinline)) void rs_ctx_inner(volatile int *stop) {
+        while (!*stop) __asm__ volatile("pause" ::: "memory");
+    }
+    __attribute__((noinline)) void rs_ctx_body(volatile int *stop) {
+        rs_ctx_inner(stop);
+        __asm__ volatile("" ::: "memory");
+    }
+    static __thread ucontext_t rs_ctx_main, rs_ctx_side;
+    static __thread volatile int *rs_ctx_stop;
+    static void rs_ctx_entry(void) { rs_ctx_body(rs_ctx_stop); }
+    /// Runs `rs_ctx_body` on a 64 KB stack of its own (makecontext/swapcontext).
+    void rs_ctx_run(volatile int *stop) {
+        void *stack = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        rs_ctx_stop = stop;
+        getcontext(&rs_ctx_side);
+        rs_ctx_side.uc_stack.ss_sp = stack;
+        rs_ctx_side.uc_stack.ss_size = 65536;
+        rs_ctx_side.uc_link = &rs_ctx_main;
+        makecontext(&rs_ctx_side, rs_ctx_entry, 0);
+        swapcontext(&rs_ctx_main, &rs_ctx_side);
+        munmap(stack, 65536);
+    }
+    int rs_alarm(int tid) { return (int)syscall(SYS_tgkill, getpid(), tid, SIGALRM); }
+    """#
+
+/// The library, built once; nil when no C compiler is installed.
+/// The handle's bit pattern (a `let` of a pointer type is not `Sendable`).
+private let reviewSignalLibrary: UInt? = {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "review-signal-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
+    try? FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    let sourcePath = directory.appendingPathComponent("rs.c").path
+    let libraryPath = directory.appendingPathComponent("librs.so").path
+    guard FileManager.default.createFile(atPath: sourcePath, contents: Data(reviewSignalSource.utf8)) else {
+        return nil
+    }
+    for compiler in ["/usr/bin/cc", "/usr/bin/gcc", "/opt/swift/usr/bin/clang"]
+    where FileManager.default.isExecutableFile(atPath: compiler) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: compiler)
+        process.arguments = [
+            "-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-o", libraryPath,
+            sourcePath,
+        ]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        guard (try? process.run()) != nil else { continue }
+        process.waitUntilExit()
+        if process.terminationStatus == 0 {
+            return dlopen(libraryPath, RTLD_NOW | RTLD_LOCAL).map { UInt(bitPattern: $0) }
+        }
+    }
+    return nil
+}()
+
+private func reviewSignalFunction<T>(_ name: String, as type: T.Type) throws -> T {
+    let handle = try #require(reviewSignalLibrary, "no C compiler to build the test library")
+    let address = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: handle), name), "no symbol \(name)")
+    return unsafeBitCast(address, to: type)
+}
+
+private func reviewSignalInt32(_ name: String) throws -> UnsafeMutablePointer<Int32> {
+    let handle = try #require(reviewSignalLibrary, "no C compiler to build the test library")
+    let address = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: handle), name), "no symbol \(name)")
+    return address.assumingMemoryBound(to: Int32.self)
+}
+
+private func reviewSignalNames(_ backtrace: StallBacktrace) -> [String] {
+    backtrace.frames.map { ($0.function ?? String(format: "0x%lx", $0.address)) + ($0.isUncertain ? " ?" : "") }
+}
+
+/// A stop flag the C code spins on (`volatile int *`), shared with a thread.
+private final class ReviewSignalFlag: @unchecked Sendable {
+    // Invariant: the memory is only read and written through volatile C
+    // accesses (the spinning thread) and `Atomic`-free stores of a whole Int32
+    // from the test; it lives until the thread was joined.
+    let pointer = UnsafeMutablePointer<Int32>.allocate(capacity: 1)
+    init() { pointer.initialize(to: 0) }
+    func raise() { pointer.pointee = 1 }
+    deinit { pointer.deallocate() }
+}
+
+/// A thread running `body`; publishes its kernel id.
+private final class ReviewSignalThread: @unchecked Sendable {
+    // Invariant: `tid` is written once before `ready` is signalled and read after.
+    private(set) var tid: Int32 = 0
+    private let ready = DispatchSemaphore(value: 0)
+    private let done = DispatchSemaphore(value: 0)
+
+    init(_ body: @escaping @Sendable () -> Void) {
+        let thread = Thread { [self] in
+            tid = stallcapture_current_tid()
+            ready.signal()
+            body()
+            done.signal()
+        }
+        thread.start()
+        ready.wait()
+    }
+
+    func join(seconds: Double = 10) -> Bool { done.wait(timeout: .now() + seconds) == .success }
+}
+
+/// Calls a C function of the library by pointer from Swift (its frame stays).
+@inline(never)
+private func reviewSignalCall(
+    _ function: @convention(c) (UnsafeMutablePointer<Int32>) -> Void, _ stop: ReviewSignalFlag
+) {
+    function(stop.pointer)
+    withExtendedLifetime(stop) {}
+}
+
+/// Samples the thread running `entry(stop)` until `accept` holds for a sample (or
+/// 20 tries), then stops it; returns the last sample.
+private func reviewSignalSample(
+    entry: String, settle: useconds_t = 20_000, accept: ([String]) -> Bool
+) throws -> [String] {
+    let function = try reviewSignalFunction(entry, as: (@convention(c) (UnsafeMutablePointer<Int32>) -> Void).self)
+    let stop = ReviewSignalFlag()
+    let thread = ReviewSignalThread { reviewSignalCall(function, stop) }
+    usleep(settle)
+    let context = SamplingContext()
+    var names: [String] = []
+    for _ in 0..<20 {
+        names = reviewSignalNames(context.backtrace(of: thread.tid))
+        if accept(names) { break }
+        usleep(5_000)
+    }
+    stop.raise()
+    #expect(thread.join())
+    return names
+}
+
+@Suite(
+    "Review signal: attacks on the sampler's own unwinding", .serialized,
+    .disabled(
+        if: underThreadSanitizer,
+        "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))
+struct ReviewSignalAttackTests {
+    /// Promise 2: a frameless leaf (no frame record) interrupted in a shared library;
+    /// `rs_caller` (frame record, called from `rs_outer` by a direct call) must stay.
+    /// The gap above `rbp`'s record is filled only when the outer record's call does
+    /// not "lead to" the pc; in a library (no `exactStart`) "leads" means "starts
+    /// up to 256 KB before, or 4 KB after": `rs_outer`'s call of `rs_caller` is
+    /// taken to lead into `rs_leaf` (a few bytes away), so the gap is not filled
+    /// and `rs_caller`, the running leaf's real caller, is dropped.
+    @Test(
+        "A frameless leaf in a library keeps its caller",
+        .disabled(
+            "bug: in a shared library the outer record's call (rs_outer → rs_caller) is taken to lead to the leaf's pc by address proximity alone, so the gap above rbp's record is not filled and rs_caller, the leaf's real caller, is dropped"
+        ))
+    func framelessLeafInLibraryKeepsCaller() throws {
+        let names = try reviewSignalSample(entry: "rs_outer") { $0.first == "rs_leaf" }
+        try #require(names.first == "rs_leaf", "never sampled inside the leaf: \(names)")
+        let caller = names.firstIndex(of: "rs_caller")
+        let outer = names.firstIndex(of: "rs_outer")
+        #expect(caller != nil && outer != nil && caller! < outer!, "the leaf's callers, in order: \(names)")
+    }
+
+    /// Promise 3: code that uses `rbp` as a data register holding a pointer into the
+    /// stack — here at frame records left by calls that returned (`rs_stale_deep`,
+    /// four levels; their chain validates, linking to live records above). No
+    /// `rs_stale_deep` frame may be reported as certain: it is not on the stack.
+    @Test(
+        "rbp pointing at stale frame records adds no certain frame",
+        .disabled(
+            "bug: rbp used as data pointing at stale frame records is accepted (the stale chain validates for 3 links, linking to live records): rs_stale_deep, returned long ago, is reported as 4 certain frames"
+        ))
+    func rbpAtStaleRecordsInventsNoFrames() throws {
+        let names = try reviewSignalSample(entry: "rs_stale_outer") { $0.first == "rs_spin_rbp" }
+        try #require(names.first == "rs_spin_rbp", "never sampled inside the spin: \(names)")
+        #expect(!names.contains("rs_stale_deep"), "frames of a function that returned, as certain: \(names)")
+        #expect(names.contains("rs_stale_outer"), "the real caller: \(names)")
+    }
+
+    /// Promise 2 with the thread's own signal handler on the stack: SIGPROF lands
+    /// while the thread's SIGALRM handler spins on top of `rs_interrupted_spin`. The
+    /// running handler and the interrupted code's callers must appear, in order.
+    @Test(
+        "A SIGPROF sample inside the thread's own SIGALRM handler keeps the interrupted code's callers",
+        .disabled(
+            "bug: no unwinding through a signal frame: the interrupted function (pc only in the sigcontext) and rs_interrupted_outer (return address on the stack) are dropped; on a sigaltstack only the handler is reported"
+        ), arguments: [false, true])
+    func ownSignalHandlerOnStack(alternateStack: Bool) throws {
+        let install = try reviewSignalFunction("rs_install_alarm", as: (@convention(c) (Int32) -> Int32).self)
+        let restore = try reviewSignalFunction("rs_restore_alarm", as: (@convention(c) () -> Int32).self)
+        let alarm = try reviewSignalFunction("rs_alarm", as: (@convention(c) (Int32) -> Int32).self)
+        let threadBody = try reviewSignalFunction(
+            "rs_interrupted_thread", as: (@convention(c) (UnsafeMutablePointer<Int32>, Int32) -> Void).self)
+        let handlerStop = try reviewSignalInt32("rs_handler_stop")
+        let inHandler = try reviewSignalInt32("rs_in_handler")
+        let inSpin = try reviewSignalInt32("rs_in_spin")
+        handlerStop.pointee = 0
+        try #require(install(alternateStack ? 1 : 0) == 0)
+        defer { _ = restore() }
+        let stop = ReviewSignalFlag()
+        let thread = ReviewSignalThread {
+            threadBody(stop.pointer, alternateStack ? 1 : 0)
+            withExtendedLifetime(stop) {}
+        }
+        var waited = 0
+        while UnsafeMutablePointer<Int32>(mutating: inSpin).pointee == 0 && waited < 2_000 {
+            usleep(1_000)
+            waited += 1
+        }
+        try #require(alarm(thread.tid) == 0)
+        waited = 0
+        while inHandler.pointee == 0 && waited < 2_000 {
+            usleep(1_000)
+            waited += 1
+        }
+        let context = SamplingContext()
+        var names: [String] = []
+        for _ in 0..<20 {
+            names = reviewSignalNames(context.backtrace(of: thread.tid))
+            if names.first == "rs_alarm_handler" { break }
+            usleep(5_000)
+        }
+        handlerStop.pointee = 1
+        stop.raise()
+        #expect(thread.join())
+        try #require(names.first == "rs_alarm_handler", "never sampled inside the handler: \(names)")
+        // gdb: rs_alarm_handler, <signal handler called>, rs_interrupted_spin,
+        // rs_interrupted_outer, rs_interrupted_thread, ...
+        let spin = names.firstIndex(of: "rs_interrupted_spin")
+        let outer = names.firstIndex(of: "rs_interrupted_outer")
+        let body = names.firstIndex(of: "rs_interrupted_thread")
+        #expect(
+            spin != nil && outer != nil && body != nil && spin! < outer! && outer! < body!,
+            "the interrupted code and its callers, as gdb shows them: \(names)")
+    }
+
+    /// Promise 1 and 2: a thread running on a makecontext/swapcontext stack of its own.
+    @Test("A thread on a makecontext stack keeps its frames")
+    func makecontextStack() throws {
+        let names = try reviewSignalSample(entry: "rs_ctx_run") { $0.first == "rs_ctx_inner" }
+        try #require(names.first == "rs_ctx_inner", "never sampled inside the spin: \(names)")
+        #expect(names.contains("rs_ctx_body"), "the caller on the context's stack: \(names)")
+    }
+
+    /// Promise 2 at every instruction: a Swift loop calling a tiny function (its
+    /// prologue and epilogue are a large share of its instructions) and libc's
+    /// frameless `memset` through the executable's PLT; 300 samples. Returns the
+    /// samples that lost the loop, and those that named a certain frame not on
+    /// the stack.
+    private func sampleTightLoop() -> (lostLoop: [[String]], invented: [[String]]) {
+        let stop = ReviewSignalFlag()
+        let thread = ReviewSignalThread { reviewSignalTightLoop(stop) }
+        usleep(20_000)
+        let context = SamplingContext()
+        var lostLoop: [[String]] = []
+        var invented: [[String]] = []
+        for _ in 0..<300 {
+            let names = reviewSignalNames(context.backtrace(of: thread.tid))
+            if !names.contains(where: { $0.hasPrefix("reviewSignalTightLoop") }) { lostLoop.append(names) }
+            let unknown = names.filter { name in
+                !name.hasSuffix(" ?") && !reviewSignalTightLoopFrames.contains { name.contains($0) }
+            }
+            if !unknown.isEmpty { invented.append(names) }
+        }
+        stop.raise()
+        #expect(thread.join())
+        return (lostLoop, invented)
+    }
+
+    @Test("Samples at any instruction of a tight call loop name no frame that is not on the stack")
+    func tightCallLoopInventsNoFrames() {
+        let invented = sampleTightLoop().invented
+        #expect(
+            invented.count == 0,
+            "\(invented.count) of 300 samples named a frame not on the stack: \(invented.prefix(3))")
+    }
+
+    /// Interrupted inside a PLT stub (`jmp *GOT`, which the symbolicator names
+    /// `_init`, the symbol before `.plt`), the stub's caller must stay. Seen in 2 to
+    /// 4 of 300 samples in most runs: the pc is in the executable, so `exactStart`
+    /// demands the return address's call target be the pc's function start; the
+    /// call (to `memset@plt`, resolved through the GOT to libc's `memset`) is not,
+    /// so the gap above the loop's record is left empty.
+    @Test(
+        "Samples at any instruction of a tight call loop keep the running function",
+        .disabled(
+            "bug: interrupted inside a PLT stub of the executable, the running Swift function (the stub's caller) is dropped (about 1 % of samples of this loop)"
+        ))
+    func tightCallLoopKeepsTheLoop() {
+        var lost: [[String]] = []
+        for _ in 0..<3 where lost.isEmpty { lost = sampleTightLoop().lostLoop }
+        #expect(lost.count == 0, "\(lost.count) of 300 samples lost the running loop: \(lost.prefix(3))")
+    }
+
+    /// Promise 2 on the cooperative pool: an async function spinning in a task.
+    @Test("An async function spinning on the cooperative pool is named")
+    func asyncFunctionOnCooperativePool() async throws {
+        let stop = ReviewSignalFlag()
+        let tid = Atomic<Int32>(0)
+        let task = Task.detached { await reviewSignalAsyncSpinner(stop, tid: tid) }
+        var waited = 0
+        while tid.load(ordering: .acquiring) == 0 && waited < 200 {
+            try await Task.sleep(for: .milliseconds(10))
+            waited += 1
+        }
+        let context = SamplingContext()
+        var names: [String] = []
+        for _ in 0..<10 {
+            names = reviewSignalNames(context.backtrace(of: tid.load(ordering: .acquiring)))
+            if names.contains(where: { $0.contains("reviewSignalAsyncSpinner") }) { break }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        stop.raise()
+        await task.value
+        #expect(names.contains { $0.contains("reviewSignalAsyncSpinner") }, "\(names)")
+    }
+}
+
+/// What the tight loop's stack may hold: the loop, its callee, memset's variants,
+/// the thread's root; `_init` is how a pc inside the executable's PLT stub is named
+/// (the symbol before `.plt`): a wrong name for a real frame.
+private let reviewSignalTightLoopFrames = [
+    "_init",
+    "reviewSignalTightLoop", "reviewSignalTiny", "memset", "Iterator", "Range",
+    "closure #1 in ReviewSignalAttackTests.sampleTightLoop()", "closure #1 in ReviewSignalThread.init",
+    "Thread.main()", "NSThreadStart", "start_thread", "clone",
+]
+
+@inline(never)
+private func reviewSignalTiny(_ value: Int) -> Int { value &* 3 &+ 1 }
+
+@inline(never)
+private func reviewSignalTightLoop(_ stop: ReviewSignalFlag) {
+    let buffer = UnsafeMutableRawPointer.allocate(byteCount: 512, alignment: 16)
+    var sum = 0
+    while stop.pointer.pointee == 0 {
+        for index in 0..<64 { sum &+= reviewSignalTiny(index) }
+        memset(buffer, Int32(sum & 0xFF), 512)
+    }
+    buffer.deallocate()
+    if sum == 42 { print(sum) }
+}
+
+@inline(never)
+private func reviewSignalAsyncSpinner(_ stop: ReviewSignalFlag, tid: borrowing Atomic<Int32>) async {
+    await Task.yield()
+    tid.store(stallcapture_current_tid(), ordering: .releasing)
+    var spins = 0
+    while stop.pointer.pointee == 0 { spins &+= 1 }
+    if spins == 42 { print(spins) }
+}
+
+#endif
