@@ -174,17 +174,15 @@ private let reviewSignalSource = #"""
     int rs_alarm(int tid) { return (int)syscall(SYS_tgkill, getpid(), tid, SIGALRM); }
     """#
 
-/// The library, built once; nil when no C compiler is installed.
-/// The handle's bit pattern (a `let` of a pointer type is not `Sendable`).
-private let reviewSignalLibrary: UInt? = {
+/// Builds `source` into a shared library and opens it; the handle's bit pattern
+/// (a pointer is not `Sendable`), or nil when no C compiler is installed.
+private func reviewSignalBuild(_ source: String, name: String) -> UInt? {
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
         "review-signal-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
     try? FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-    let sourcePath = directory.appendingPathComponent("rs.c").path
-    let libraryPath = directory.appendingPathComponent("librs.so").path
-    guard FileManager.default.createFile(atPath: sourcePath, contents: Data(reviewSignalSource.utf8)) else {
-        return nil
-    }
+    let sourcePath = directory.appendingPathComponent("\(name).c").path
+    let libraryPath = directory.appendingPathComponent("lib\(name).so").path
+    guard FileManager.default.createFile(atPath: sourcePath, contents: Data(source.utf8)) else { return nil }
     for compiler in ["/usr/bin/cc", "/usr/bin/gcc", "/opt/swift/usr/bin/clang"]
     where FileManager.default.isExecutableFile(atPath: compiler) {
         let process = Process()
@@ -202,7 +200,10 @@ private let reviewSignalLibrary: UInt? = {
         }
     }
     return nil
-}()
+}
+
+/// The attacks' library, built once.
+private let reviewSignalLibrary: UInt? = reviewSignalBuild(reviewSignalSource, name: "rs")
 
 private func reviewSignalFunction<T>(_ name: String, as type: T.Type) throws -> T {
     let handle = try #require(reviewSignalLibrary, "no C compiler to build the test library")
@@ -364,6 +365,109 @@ struct ReviewSignalAttackTests {
         #expect(compare != nil && sorter != nil && compare! < sorter!, "\(names)")
     }
 
+    /// Promises 1 and 2, deep recursion while running: 6,000 frames (more than the
+    /// 256 KB copy) above a spinning function. The sample keeps the spinning
+    /// function and reaches the thread's root, or says it is truncated.
+    @Test("A spinning function under 6,000 recursive frames is sampled whole or marked truncated")
+    func deepRecursionRunning() {
+        let stop = ReviewSignalFlag()
+        let thread = ReviewSignalThread { _ = reviewSignalRecurse(6_000, stop) }
+        usleep(50_000)
+        let context = SamplingContext()
+        var backtrace = context.backtrace(of: thread.tid)
+        for _ in 0..<20 where reviewSignalNames(backtrace).first?.hasPrefix("reviewSignalRecurse") != true {
+            usleep(5_000)
+            backtrace = context.backtrace(of: thread.tid)
+        }
+        stop.raise()
+        #expect(thread.join())
+        let names = reviewSignalNames(backtrace)
+        let recursive = names.filter { $0.hasPrefix("reviewSignalRecurse") }.count
+        #expect(names.first?.hasPrefix("reviewSignalRecurse") == true, "\(names.prefix(5))")
+        #expect(names.contains("start_thread") || backtrace.isTruncated, "\(names.suffix(5))")
+        #expect(recursive >= 1_000, "\(recursive) recursive frames")
+    }
+
+    /// Promise 2 through JIT code without a frame record: a stub in anonymous
+    /// r-x memory (`sub rsp, 8; movabs rax, callee; call rax; add rsp, 8; ret`)
+    /// calls a Swift callback that spins. Its caller (`reviewSignalCallStub`)
+    /// must stay, after the callback.
+    @Test(
+        "A frameless JIT stub between a spinning callback and its caller keeps the caller",
+        .disabled(
+            "bug: the return address into reviewSignalCallStub (after its `call *%rax` into the JIT stub) lies between two chained records and its indirect call cannot be proven, so the running Swift caller of the JIT code is dropped, not even kept uncertain"
+        ))
+    func framelessJITStub() throws {
+        guard
+            let memory = mmap(nil, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+            memory != MAP_FAILED
+        else { throw ReviewSignalError.noMemory }
+        defer { munmap(memory, 4096) }
+        let callee = unsafeBitCast(reviewSignalStubCallee, to: UInt.self)
+        var code: [UInt8] = [0x48, 0x83, 0xEC, 0x08, 0x48, 0xB8]
+        withUnsafeBytes(of: callee.littleEndian) { code += $0 }
+        code += [0xFF, 0xD0, 0x48, 0x83, 0xC4, 0x08, 0xC3]
+        code.withUnsafeBytes { memory.advanced(by: 0x800).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+        try #require(mprotect(memory, 4096, PROT_READ | PROT_EXEC) == 0)
+        let stub = UInt(bitPattern: memory.advanced(by: 0x800))
+        reviewSignalStubGate.store(0, ordering: .releasing)
+        let thread = ReviewSignalThread { reviewSignalCallStub(stub) }
+        usleep(20_000)
+        let context = SamplingContext()
+        var names: [String] = []
+        for _ in 0..<20 {
+            names = reviewSignalNames(context.backtrace(of: thread.tid))
+            if names.first?.contains("reviewSignalStubCallee") == true { break }
+            usleep(5_000)
+        }
+        reviewSignalStubGate.store(1, ordering: .releasing)
+        #expect(thread.join())
+        let callback = names.firstIndex { $0.contains("reviewSignalStubCallee") }
+        let caller = names.firstIndex { $0.hasPrefix("reviewSignalCallStub") }
+        #expect(callback != nil && caller != nil && callback! < caller!, "\(names)")
+    }
+
+    /// Naming after a library is loaded: a first context samples (and names) a
+    /// spinning thread, a fresh library is opened, a second context samples the
+    /// same thread. Its libc and Foundation frames (`start_thread`,
+    /// `Thread.main()`) must stay named, so that the thread's root is recognized.
+    @Test(
+        "A library loaded after the first sample leaves libc and Foundation frames named",
+        .disabled(
+            "bug: once a frame in a library loaded after the first symbolication is sampled, the image map is taken again and names no libc or Foundation frame (addresses only; start_thread unrecognized, an uncertain tail added), in that context and every new one"
+        ))
+    func libraryLoadedAfterFirstSampleKeepsNames() throws {
+        let stop = ReviewSignalFlag()
+        let thread = ReviewSignalThread { _ = reviewSignalRecurse(3, stop) }
+        defer {
+            stop.raise()
+            #expect(thread.join())
+        }
+        usleep(20_000)
+        let before = reviewSignalNames(SamplingContext().backtrace(of: thread.tid))
+        try #require(before.contains("start_thread"), "\(before)")
+        // A fresh library, and a thread running in it (its frame makes the map be taken again).
+        let source = """
+            void rs_fresh_spin(volatile int *stop) { while (!*stop) __asm__ volatile("pause" ::: "memory"); }
+            int rs_fresh_\(UInt32.random(in: 0...UInt32.max))(void) { return 1; }
+            """
+        let handle = try #require(reviewSignalBuild(source, name: "rsfresh"), "no C compiler")
+        let spin = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: handle), "rs_fresh_spin"))
+        let function = unsafeBitCast(spin, to: (@convention(c) (UnsafeMutablePointer<Int32>) -> Void).self)
+        let freshStop = ReviewSignalFlag()
+        let fresh = ReviewSignalThread { reviewSignalCall(function, freshStop) }
+        usleep(20_000)
+        let context = SamplingContext()
+        let inFresh = reviewSignalNames(context.backtrace(of: fresh.tid))
+        freshStop.raise()
+        #expect(fresh.join())
+        let after = reviewSignalNames(context.backtrace(of: thread.tid))
+        let afresh = reviewSignalNames(SamplingContext().backtrace(of: thread.tid))
+        #expect(inFresh.contains("rs_fresh_spin"), "\(inFresh)")
+        #expect(afresh.contains("start_thread") && afresh.contains("Thread.main()"), "new context: \(afresh)")
+        #expect(after.contains("start_thread") && after.contains("Thread.main()"), "before: \(before), after: \(after)")
+    }
+
     /// Promise 2 with the thread's own signal handler on the stack: SIGPROF lands
     /// while the thread's SIGALRM handler spins on top of `rs_interrupted_spin`. The
     /// running handler and the interrupted code's callers must appear, in order.
@@ -445,7 +549,11 @@ struct ReviewSignalAttackTests {
             let names = reviewSignalNames(context.backtrace(of: thread.tid))
             if !names.contains(where: { $0.hasPrefix("reviewSignalTightLoop") }) { lostLoop.append(names) }
             let unknown = names.filter { name in
-                !name.hasSuffix(" ?") && !reviewSignalTightLoopFrames.contains { name.contains($0) }
+                // Unnamed addresses are not judged (a library loaded by an earlier
+                // test makes libc's frames lose their names: see
+                // `libraryLoadedAfterFirstSampleKeepsNames`).
+                !name.hasSuffix(" ?") && !name.hasPrefix("0x")
+                    && !reviewSignalTightLoopFrames.contains { name.contains($0) }
             }
             if !unknown.isEmpty { invented.append(names) }
         }
@@ -530,6 +638,37 @@ struct ReviewSignalAttackTests {
         await task.value
         #expect(names.contains { $0.contains("reviewSignalAsyncSpinner") }, "\(names)")
     }
+}
+
+/// Recurses `depth` times, then spins until `stop` is raised.
+@inline(never)
+private func reviewSignalRecurse(_ depth: Int, _ stop: ReviewSignalFlag) -> Int {
+    if depth == 0 {
+        var spins = 0
+        while stop.pointer.pointee == 0 { spins &+= 1 }
+        return spins & 1
+    }
+    return reviewSignalRecurse(depth - 1, stop) &+ 1
+}
+
+private enum ReviewSignalError: Error { case noMemory }
+
+/// Opened by the JIT stub test to let its callback return.
+private let reviewSignalStubGate = Atomic<Int>(0)
+
+/// The callback a frameless JIT stub calls: spins until the gate opens.
+private let reviewSignalStubCallee: @convention(c) () -> Void = {
+    var spins = 0
+    while reviewSignalStubGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
+    _ = spins
+}
+
+/// Calls the stub at `code`.
+@inline(never)
+private func reviewSignalCallStub(_ code: UInt) {
+    let function = unsafeBitCast(code, to: (@convention(c) () -> Void).self)
+    function()
+    withExtendedLifetime(code) {}
 }
 
 /// Opened by the qsort test to let its comparator return.
