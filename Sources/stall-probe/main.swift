@@ -237,6 +237,9 @@ case _ where profileScenarios.contains(scenario):
 case _ where review13cScenarios.contains(scenario):
     runReview13cScenario(scenario, number)
 
+case _ where reviewSignalScenarios.contains(scenario):
+    runReviewSignalScenario(scenario, number)
+
 default:
     print("unknown scenario \(scenario)")
     exit(2)
