@@ -188,10 +188,17 @@ private let review13cReuseHit = Atomic<Bool>(false)
 private func review13cReuseBody(_: UnsafeMutableRawPointer?) -> UnsafeMutableRawPointer? {
     if stallcapture_current_tid() == review13cWantedTid.load(ordering: .acquiring) {
         review13cReuseHit.store(true, ordering: .releasing)
+        review13cReuseChecked.add(1, ordering: .releasing)
         review13cDecoyHolder(0, count: 1)
+    } else {
+        review13cReuseChecked.add(1, ordering: .releasing)
     }
     return nil
 }
+
+/// How many short-lived threads have compared their id (the creator waits for each
+/// before it joins it: joining the one that got the id would wait for the gate).
+private let review13cReuseChecked = Atomic<Int>(0)
 
 /// Starts a thread running `body` (which waits on the gate), samples it once with
 /// `context`, lets it go and joins it.
@@ -340,16 +347,35 @@ struct Review13cAttackTests {
         let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(100))
         detector.start()
         defer { detector.stop() }
-        var iterator = detector.events.makeAsyncIterator()
+        // Events are counted aside, and a round blocks the queue again (when idle)
+        // every 3 s until a stall ended, for 30 s at most: with both cores busy the
+        // detector may miss a block, and waiting for the next event would then
+        // wait forever (one loaded run still waited after 10 minutes).
+        let ended = Locked(0)
+        let collector = Task {
+            for await event in detector.events where event.phase == .ended { ended.withLock { $0 += 1 } }
+        }
+        defer { collector.cancel() }
+        let blocking = Locked(false)
         try await Task.sleep(for: .milliseconds(100))
         for round in 0..<2 {
-            queue.async {
-                blockedTid.withLock { $0 = stallcapture_current_tid() }
-                usleep(500_000)
+            let before = ended.withLock { $0 }
+            let deadline = ContinuousClock.now + .seconds(30)
+            var nextBlock = ContinuousClock.now
+            while ended.withLock({ $0 }) == before, ContinuousClock.now < deadline {
+                if ContinuousClock.now >= nextBlock, !blocking.withLock({ $0 }) {
+                    blocking.withLock { $0 = true }
+                    queue.async {
+                        blockedTid.withLock { $0 = stallcapture_current_tid() }
+                        usleep(500_000)
+                        blocking.withLock { $0 = false }
+                    }
+                    nextBlock = ContinuousClock.now + .seconds(3)
+                }
+                try await Task.sleep(for: .milliseconds(10))
             }
-            var ended = false
-            while !ended, let event = await iterator.next() { ended = event.phase == .ended }
-            #expect(ended)
+            #expect(ended.withLock { $0 } > before, "round \(round): no stall ended within 30 s")
+            while blocking.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(10)) }
             let tid = blockedTid.withLock { $0 }
             // Closed on the detector queue once the stall ended.
             var held = review13cTaskDescriptors()[tid] ?? 0
@@ -761,17 +787,17 @@ struct Review13cAttackTests {
         review13cGate.store(0, ordering: .releasing)
         review13cWantedTid.store(tid, ordering: .releasing)
         review13cReuseHit.store(false, ordering: .releasing)
+        review13cReuseChecked.store(0, ordering: .releasing)
         var holder: pthread_t?
-        for _ in 0..<200_000 {
+        for created in 1...200_000 {
             var thread = pthread_t()
             guard pthread_create(&thread, nil, review13cReuseBody, nil) == 0 else { break }
-            usleep(0)
+            while review13cReuseChecked.load(ordering: .acquiring) < created { sched_yield() }
             if review13cReuseHit.load(ordering: .acquiring) {
                 holder = thread
                 break
             }
             pthread_join(thread, nil)
-            if review13cReuseHit.load(ordering: .acquiring) { break }
         }
         guard let holder else {
             print("REVIEW13C no thread got id \(tid) again; nothing to test")
