@@ -92,10 +92,13 @@ private func review13cTaskDescriptors() -> [Int32: Int] {
     return counts
 }
 
-/// Builds a shared library from C source with the system compiler; nil when there is none.
-private func review13cBuildLibrary(named name: String, source: String) -> String? {
+/// Builds a shared library from C source with the system compiler (`-O1` unless
+/// `flags` are given, frame pointers kept); its path, or nil when there is no compiler.
+func review13cBuildLibrary(
+    named name: String, source: String, flags: [String] = ["-O1", "-fno-omit-frame-pointer"]
+) -> String? {
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
-        "review13c-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
+        "review-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
     try? FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     let sourcePath = directory.appendingPathComponent("\(name).c").path
     let libraryPath = directory.appendingPathComponent("lib\(name).so").path
@@ -104,7 +107,7 @@ private func review13cBuildLibrary(named name: String, source: String) -> String
     where FileManager.default.isExecutableFile(atPath: compiler) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: compiler)
-        process.arguments = ["-shared", "-fPIC", "-O1", "-fno-omit-frame-pointer", "-o", libraryPath, sourcePath]
+        process.arguments = ["-shared", "-fPIC"] + flags + ["-o", libraryPath, sourcePath]
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
         guard (try? process.run()) != nil else { continue }

@@ -177,29 +177,11 @@ private let reviewSignalSource = #"""
 /// Builds `source` into a shared library and opens it; the handle's bit pattern
 /// (a pointer is not `Sendable`), or nil when no C compiler is installed.
 private func reviewSignalBuild(_ source: String, name: String) -> UInt? {
-    let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
-        "review-signal-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
-    try? FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-    let sourcePath = directory.appendingPathComponent("\(name).c").path
-    let libraryPath = directory.appendingPathComponent("lib\(name).so").path
-    guard FileManager.default.createFile(atPath: sourcePath, contents: Data(source.utf8)) else { return nil }
-    for compiler in ["/usr/bin/cc", "/usr/bin/gcc", "/opt/swift/usr/bin/clang"]
-    where FileManager.default.isExecutableFile(atPath: compiler) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: compiler)
-        process.arguments = [
-            "-shared", "-fPIC", "-O2", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-o", libraryPath,
-            sourcePath,
-        ]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        guard (try? process.run()) != nil else { continue }
-        process.waitUntilExit()
-        if process.terminationStatus == 0 {
-            return dlopen(libraryPath, RTLD_NOW | RTLD_LOCAL).map { UInt(bitPattern: $0) }
-        }
-    }
-    return nil
+    guard
+        let libraryPath = review13cBuildLibrary(
+            named: name, source: source, flags: ["-O2", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer"])
+    else { return nil }
+    return dlopen(libraryPath, RTLD_NOW | RTLD_LOCAL).map { UInt(bitPattern: $0) }
 }
 
 /// The attacks' library, built once.

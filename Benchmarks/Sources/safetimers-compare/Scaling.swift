@@ -146,15 +146,9 @@ enum Parallel {
     }
 
     static func dispatchSourceIdiomOverall(threads: Int, milliseconds: Int) -> Double {
-        let queue = DispatchQueue(label: "bench.parallel.watchdog.overall")
-        return nanosecondsPerOperationOverall(threads: threads, milliseconds: milliseconds) {
-            let source = DispatchSource.makeTimerSource(queue: queue)
-            source.setEventHandler {}
-            source.schedule(deadline: .now() + 10)
-            source.resume()
-            blackHole(0)
-            source.cancel()
-        }
+        nanosecondsPerOperationOverall(
+            threads: threads, milliseconds: milliseconds,
+            sourceIdiom(DispatchQueue(label: "bench.parallel.watchdog.overall")))
     }
 
     static func watchdog(threads: Int, iterations: Int) -> Double {
@@ -164,8 +158,13 @@ enum Parallel {
     }
 
     static func dispatchSourceIdiom(threads: Int, iterations: Int) -> Double {
-        let queue = DispatchQueue(label: "bench.parallel.watchdog")
-        return nanosecondsPerOperation(threads: threads, iterations: iterations) {
+        nanosecondsPerOperation(
+            threads: threads, iterations: iterations, sourceIdiom(DispatchQueue(label: "bench.parallel.watchdog")))
+    }
+
+    /// The GCD idiom for a guarded section: a `DispatchSourceTimer` per section.
+    private static func sourceIdiom(_ queue: DispatchQueue) -> @Sendable () -> Void {
+        {
             let source = DispatchSource.makeTimerSource(queue: queue)
             source.setEventHandler {}
             source.schedule(deadline: .now() + 10)
