@@ -184,6 +184,9 @@ struct Review12AttackTests {
             made.append(
                 DelayedWork.schedule(atTicks: { _ in deadline }, executor: .globalQueue, engine: engine) {
                     ran.with { $0[i] += 1 }
+                    // Under ThreadSanitizer making the 200 works took longer than
+                    // the 10 ms to their deadline: the array is not there yet.
+                    while works.with({ $0.isEmpty }) { usleep(100) }
                     let all = works.with { $0 }
                     if all[i].cancel() { selfCancelTrue.add(1, ordering: .relaxed) }
                     if i % 5 == 0 { usleep(1_500) }
@@ -493,6 +496,8 @@ struct Review12AttackTests {
             madeDogs.append(
                 Watchdog(timeout: .milliseconds(5), scheduler: scheduler) {
                     dogFired.with { $0[i] += 1 }
+                    // The watchdogs may fire before all 30 are made (ThreadSanitizer).
+                    while dogs.with({ $0.isEmpty }) { usleep(100) }
                     dogs.with { $0 }[i].invalidate()
                 })
         }
