@@ -209,13 +209,19 @@ enum ThreadState {
     /// whether it sleeps at all.
     static func isWaitingInEpoll(thread: Int32, files: ProcTaskFiles) -> Bool {
         guard let line = files.read(.syscall, thread: thread) else { return true }
-        guard let number = line.split(separator: " ").first.flatMap({ Int($0) }), let epoll = isEpollWait(number)
-        else { return isAsleep(files.stateLetter(thread: thread)) }
+        guard let epoll = syscallNumber(in: line).flatMap(isEpollWait) else {
+            return isAsleep(files.stateLetter(thread: thread))
+        }
         return epoll
     }
 
     private static func syscallNumber(thread: Int32, files: ProcTaskFiles) -> Int? {
-        files.read(.syscall, thread: thread)?.split(separator: " ").first.flatMap { Int($0) }
+        files.read(.syscall, thread: thread).flatMap(syscallNumber(in:))
+    }
+
+    /// The system call number a `syscall` line starts with (nil for "running").
+    private static func syscallNumber(in line: String) -> Int? {
+        line.split(separator: " ").first.flatMap { Int($0) }
     }
 
     /// Whether system call `number` waits in epoll (`epoll_wait`, `epoll_pwait`,

@@ -244,6 +244,19 @@ private func reviewSignalCall(
     withExtendedLifetime(stop) {}
 }
 
+/// The names of a sample of thread `tid`, sampled again (5 ms apart, 20 tries at
+/// most, with one context) until `accept` holds; the last sample's names.
+private func reviewSignalSampleNames(of tid: Int32, until accept: ([String]) -> Bool) -> [String] {
+    let context = SamplingContext()
+    var names: [String] = []
+    for _ in 0..<20 {
+        names = reviewSignalNames(context.backtrace(of: tid))
+        if accept(names) { break }
+        usleep(5_000)
+    }
+    return names
+}
+
 /// Samples the thread running `entry(stop)` until `accept` holds for a sample (or
 /// 20 tries), then stops it; returns the last sample.
 private func reviewSignalSample(
@@ -253,13 +266,7 @@ private func reviewSignalSample(
     let stop = ReviewSignalFlag()
     let thread = ReviewSignalThread { reviewSignalCall(function, stop) }
     usleep(settle)
-    let context = SamplingContext()
-    var names: [String] = []
-    for _ in 0..<20 {
-        names = reviewSignalNames(context.backtrace(of: thread.tid))
-        if accept(names) { break }
-        usleep(5_000)
-    }
+    let names = reviewSignalSampleNames(of: thread.tid, until: accept)
     stop.raise()
     #expect(thread.join())
     return names
@@ -333,13 +340,7 @@ struct ReviewSignalAttackTests {
         reviewSignalCompareGate.store(0, ordering: .releasing)
         let thread = ReviewSignalThread { reviewSignalSorter() }
         usleep(20_000)
-        let context = SamplingContext()
-        var names: [String] = []
-        for _ in 0..<20 {
-            names = reviewSignalNames(context.backtrace(of: thread.tid))
-            if names.first?.contains("reviewSignalCompare") == true { break }
-            usleep(5_000)
-        }
+        let names = reviewSignalSampleNames(of: thread.tid) { $0.first?.contains("reviewSignalCompare") == true }
         reviewSignalCompareGate.store(1, ordering: .releasing)
         #expect(thread.join())
         let compare = names.firstIndex { $0.contains("reviewSignalCompare") }
@@ -395,13 +396,7 @@ struct ReviewSignalAttackTests {
         reviewSignalStubGate.store(0, ordering: .releasing)
         let thread = ReviewSignalThread { reviewSignalCallStub(stub) }
         usleep(20_000)
-        let context = SamplingContext()
-        var names: [String] = []
-        for _ in 0..<20 {
-            names = reviewSignalNames(context.backtrace(of: thread.tid))
-            if names.first?.contains("reviewSignalStubCallee") == true { break }
-            usleep(5_000)
-        }
+        let names = reviewSignalSampleNames(of: thread.tid) { $0.first?.contains("reviewSignalStubCallee") == true }
         reviewSignalStubGate.store(1, ordering: .releasing)
         #expect(thread.join())
         let callback = names.firstIndex { $0.contains("reviewSignalStubCallee") }
@@ -486,13 +481,7 @@ struct ReviewSignalAttackTests {
             usleep(1_000)
             waited += 1
         }
-        let context = SamplingContext()
-        var names: [String] = []
-        for _ in 0..<20 {
-            names = reviewSignalNames(context.backtrace(of: thread.tid))
-            if names.first == "rs_alarm_handler" { break }
-            usleep(5_000)
-        }
+        let names = reviewSignalSampleNames(of: thread.tid) { $0.first == "rs_alarm_handler" }
         handlerStop.pointee = 1
         stop.raise()
         #expect(thread.join())
