@@ -47,9 +47,24 @@ private func startRunningThread(_ body: @escaping @Sendable () -> Void) -> (tid:
         if: underThreadSanitizer,
         "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))
 struct SignalPathTests {
-    @Test("interrupted inside a frameless libc leaf (memset): its Swift caller, then the caller's caller, in order")
-    func framelessLeaf() throws {
+    @Test(
+        "interrupted inside a frameless libc leaf (memset): its Swift caller, then the caller's caller, in order",
+        arguments: [false, true])
+    func framelessLeaf(bothCoresBusy: Bool) throws {
         signalPathStop.store(false, ordering: .relaxed)
+        // With both cores busy the sampled thread is often preempted when the
+        // signal is sent: the handler runs once it is scheduled again.
+        let spinners = bothCoresBusy ? 2 : 0
+        let spinning = Atomic<Int>(0)
+        for _ in 0..<spinners {
+            Thread {
+                spinning.add(1, ordering: .relaxed)
+                var spins = 0
+                while !signalPathStop.load(ordering: .relaxed) { spins &+= 1 }
+                blackHoleForTests(spins)
+            }.start()
+        }
+        while spinning.load(ordering: .relaxed) < spinners { usleep(1_000) }
         let count = 1 << 20
         let buffer = UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 64)
         defer { buffer.deallocate() }
