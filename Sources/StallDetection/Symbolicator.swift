@@ -18,7 +18,9 @@ import Foundation
 #endif
 
 /// Turns raw addresses into named frames with the toolchain's `Runtime` module, and
-/// remembers every address it named.
+/// remembers every address it named. One symbolicator serves the whole process
+/// (``shared``): every detector's stacks are named once, whichever detector saw
+/// them first.
 ///
 /// `Runtime.Backtrace` has no public initializer from addresses, but its `Codable`
 /// form carries the addresses in the Compact Backtrace Format (a header byte, then
@@ -27,48 +29,64 @@ import Foundation
 /// lies in a file's executable mapping that no known image covers, that is after a
 /// `dlopen`; names already found stay cached.
 ///
+/// Two ways to name, at very different prices:
+/// - ``functionNames(_:)``: function names from the symbol tables alone (tens of
+///   microseconds for an address never seen), what a sample needs to tell a
+///   thread running a job from an idle one;
+/// - ``symbolicate(_:)``: names, inlined frames, files and lines from the debug
+///   information (about 15 ms for each address of a debug build seen for the
+///   first time), for reports and profiles, off the sampling path.
+///
 /// Inlined frames: `symbolicated()` lists the frames inlined at an address
 /// *before* the frame they were inlined into (innermost first, as a stack is read),
 /// and every one of them carries the captured address it came from; each is given
 /// that address and that frame's "uncertain" flag.
 ///
-/// The cache: an address (with its kind: the interrupted instruction or a return
-/// address) always names the same frames while its image stays loaded, so each is
-/// symbolicated once; a repeated stall costs dictionary look-ups. The cache is
-/// dropped when the image map is refreshed.
-///
-/// Not thread-safe: one symbolicator belongs to one detector queue.
+/// Thread-safe: the caches and the image map are behind `state`'s lock, held for
+/// look-ups only; `Runtime` runs outside it, one call at a time in the process
+/// (`runtimeAccess`), so one thread naming new code never holds up another's
+/// cached look-ups.
 #if os(Linux)
-final class Symbolicator {
-    private var images: ImageMap
-    private var encodedImages: String
-    /// The executable mappings of the process (`r-x` in `/proc/self/maps`), sorted
-    /// by start: the only memory the call decoder reads directly.
-    private var textRanges: [(start: UInt, end: UInt)] = []
-
-    struct Key: Hashable {
+final class Symbolicator: Sendable {
+    struct Key: Hashable, Sendable {
         var address: UInt
         var isReturnAddress: Bool
     }
 
-    /// Frames (innermost first, inlined ones included) per address.
-    private var cache: [Key: [StackFrame]] = [:]
-    /// The start of the function (not inlined) each cached address lies in, when the
-    /// image's symbols tell.
-    private var starts: [Key: UInt] = [:]
-    /// Executable mappings of files (not the vDSO or anonymous code).
-    private var fileTextRanges: [(start: UInt, end: UInt)] = []
-    /// The main executable's text, whose symbol table is complete.
-    private var executableText: [(start: UInt, end: UInt)] = []
+    /// The image map and what is cached per address.
+    private struct State: @unchecked Sendable {
+        // `@unchecked`: `ImageMap` is not `Sendable`; it is only read (to encode it
+        // and to find an address's image) under the lock, and replaced whole.
+        var images: ImageMap
+        var encodedImages: String
+        var code: CodeRanges
+        /// Frames (innermost first, inlined ones included) per address.
+        var cache: [Key: [StackFrame]] = [:]
+        /// The start of the function (not inlined) each cached address lies in,
+        /// when the image's symbols tell.
+        var starts: [Key: UInt] = [:]
+        /// Function names alone per address; "" for none.
+        var shortNames: [Key: String] = [:]
+        /// Function names alone per function start (``ElfSymbolTable``), so that
+        /// a new address in a known function costs no symbolication.
+        var namesByStart: [UInt: String] = [:]
+        /// How many times the image map was taken again.
+        var imageGeneration = 0
+        var namingCost: Int64 = 0
+    }
 
-    /// One use of `Runtime` at a time in the process (another detector's stall
-    /// waits for it), and the process's image map, shared by every symbolicator
-    /// (each detector has one) and taken before the first symbolication. A map
-    /// taken *after* one (a second detector's) also lists the debug-information
-    /// files `Runtime` has mapped meanwhile (`/usr/lib/debug/.build-id/…`, with the
-    /// same build id as their library), and with it `Runtime` named nothing at
-    /// all: 0 of 6 libc frames (`ImageOffsetTests`). Replaced only when a library
-    /// is loaded later.
+    private let state: Locked<State>
+
+    /// The process's symbolicator.
+    static let shared = Symbolicator()
+
+    /// One use of `Runtime` at a time in the process, and the process's image
+    /// map, shared by every symbolicator and taken before the first
+    /// symbolication. A map taken *after* one also lists the debug-information
+    /// files `Runtime` has mapped meanwhile (`/usr/lib/debug/.build-id/…`, with
+    /// the same build id as their library), and with it `Runtime` named nothing
+    /// at all: 0 of 6 libc frames (`ImageOffsetTests`). Replaced only when a
+    /// library is loaded later.
     private static let runtimeAccess = Locked<ImageMap?>(nil)
 
     private static func processImages(refreshing: Bool) -> ImageMap {
@@ -81,17 +99,33 @@ final class Symbolicator {
     }
 
     init() {
-        images = Self.processImages(refreshing: false)
-        encodedImages = Self.encode(images)
-        textRanges = Self.textRanges(images)
-        fileTextRanges = Self.textRanges(images, of: "/")
-        executableText = Self.textRanges(images, of: Self.executablePath)
+        let images = Self.processImages(refreshing: false)
+        state = Locked(State(images: images, encodedImages: Self.encode(images), code: Self.codeRanges(images)))
     }
 
+    /// The process's executable code as the unwinder reads it: a value, taken
+    /// once per unwind.
+    var code: CodeRanges { state.withLock { $0.code } }
+
     /// Whether `address` lies in an executable mapping of a file.
-    func isFileBackedText(_ address: UInt) -> Bool {
-        fileTextRanges.contains { address >= $0.start && address < $0.end }
-    }
+    func isFileBackedText(_ address: UInt) -> Bool { code.isFileBackedText(address) }
+
+    /// Whether `address` lies in the main executable's text.
+    func isInExecutable(_ address: UInt) -> Bool { code.isInExecutable(address) }
+
+    /// Whether `address` lies in an executable mapping, with the 7 bytes before it
+    /// (where the call instruction would be) in the same mapping.
+    func isTextAddress(_ address: UInt) -> Bool { code.isText(address) }
+
+    /// How many times the image map was taken again (a library loaded since):
+    /// what is cached by code address elsewhere may be stale then.
+    var imageGeneration: Int { state.withLock { $0.imageGeneration } }
+
+    /// CPU nanoseconds spent naming addresses not cached yet, by any thread.
+    var namingCost: Int64 { state.withLock { $0.namingCost } }
+
+    /// The number of cached addresses.
+    var cachedCount: Int { state.withLock { $0.cache.count } }
 
     private static let executablePath: String = {
         var buffer = [CChar](repeating: 0, count: 4096)
@@ -100,89 +134,109 @@ final class Symbolicator {
         return String(decoding: buffer.prefix(count).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }()
 
-    /// Whether `address` lies in the main executable's text.
-    func isInExecutable(_ address: UInt) -> Bool {
-        executableText.contains { address >= $0.start && address < $0.end }
-    }
-
     /// The start of the function `address` lies in (the interrupted instruction, or
-    /// a return address), from the image's symbols; nil when unknown.
-    ///
-    /// An address not cached yet is named in full (and cached for the frames that
-    /// come later), so its cost counts as naming: the unwinder asks for every
-    /// candidate return address in the executable while it proves a sleeping
-    /// thread's frames, and the first such unwind in a process took 47 ms here
-    /// (which, charged to the profiler's pace, stopped sampling for 4.5 s).
+    /// a return address): from the executable's symbol table when it is there (a
+    /// binary search), else from a full symbolication (cached); nil when unknown.
     func functionStart(of address: UInt, isReturnAddress: Bool) -> UInt? {
-        let key = Key(address: address, isReturnAddress: isReturnAddress)
-        if cache[key] == nil {
-            let before = StallProfiler.threadCPU()
-            resolve([key])
-            namingCost += StallProfiler.threadCPU() - before
+        if let table = ElfSymbolTable.executable, code.isInExecutable(address) {
+            return table.function(containing: isReturnAddress ? address &- 1 : address)?.start
         }
-        return starts[key]
+        let key = Key(address: address, isReturnAddress: isReturnAddress)
+        if state.withLock({ $0.cache[key] == nil }) { resolve([key]) }
+        return state.withLock { $0.starts[key] }
     }
 
     /// Symbolicates the current stack once, so that the first real stall does not
-    /// pay for loading symbol tables and debug information.
+    /// pay for loading symbol tables and debug information. Once per process.
     func warmUp() {
+        guard !Self.warmedUp.withLock({ warmed in defer { warmed = true }; return warmed }) else { return }
+        let images = state.withLock { $0.images }
         Self.runtimeAccess.withLock { _ in
             if let here = try? Backtrace.capture(limit: 16) {
                 _ = here.symbolicated(with: images)
             }
         }
+        _ = ElfSymbolTable.executable
+        _ = ElfSymbolTable.vdso
     }
 
-    /// CPU nanoseconds spent naming addresses not cached yet (the profiler's pace
-    /// tells it from the cost of sampling).
-    private(set) var namingCost: Int64 = 0
-
-    /// The number of cached addresses.
-    var cachedCount: Int { cache.count }
-
-    /// Whether `address` lies in an executable mapping, with the 7 bytes before it
-    /// (where the call instruction would be) in the same mapping.
-    func isTextAddress(_ address: UInt) -> Bool {
-        var low = 0
-        var high = textRanges.count
-        while low < high {
-            let middle = (low + high) / 2
-            if textRanges[middle].start <= address { low = middle + 1 } else { high = middle }
-        }
-        guard low > 0 else { return false }
-        let range = textRanges[low - 1]
-        return address >= range.start + 8 && address < range.end
-    }
+    private static let warmedUp = Locked(false)
 
     /// Names the frames; unknown ones keep only their address. The first frame is
     /// the interrupted instruction, the others return addresses.
     func symbolicate(_ raw: [RawFrame]) -> [StackFrame] {
         guard !raw.isEmpty else { return [] }
         let keys = raw.enumerated().map { Key(address: $0.element.address, isReturnAddress: $0.offset > 0) }
-        var missing: [Key] = []
-        var seen = Set<Key>()
-        for key in keys where cache[key] == nil && seen.insert(key).inserted { missing.append(key) }
-        if !missing.isEmpty {
-            let before = StallProfiler.threadCPU()
-            // A new image (a `dlopen` since the map was taken): executable text of a
-            // file the map does not know. (The vDSO is in no image map: taking the
-            // map again for it lost every library's symbols.)
-            if missing.contains(where: {
-                isFileBackedText($0.address) && images.indexOfImage(at: Backtrace.Address(UInt64($0.address))) == nil
-            }) {
-                refreshImages()
-            }
-            resolve(missing)
-            namingCost += StallProfiler.threadCPU() - before
+        let missing = state.withLock { state in
+            var seen = Set<Key>()
+            return keys.filter { state.cache[$0] == nil && seen.insert($0).inserted }
         }
-        var frames: [StackFrame] = []
-        frames.reserveCapacity(raw.count)
-        for (frame, key) in zip(raw, keys) {
-            for named in cache[key] ?? [unnamedFrame(frame.address)] {
-                frames.append(named.with(isUncertain: frame.isUncertain))
+        if !missing.isEmpty { resolve(missing) }
+        return state.withLock { state in
+            var frames: [StackFrame] = []
+            frames.reserveCapacity(raw.count)
+            for (frame, key) in zip(raw, keys) {
+                for named in state.cache[key] ?? [Self.unnamedFrame(frame.address, state)] {
+                    frames.append(named.with(isUncertain: frame.isUncertain))
+                }
+            }
+            return frames
+        }
+    }
+
+    /// The names of the functions at `keys`, without inlined frames or source
+    /// locations: what a sample needs to tell a thread running a job from an
+    /// idle one. A symbol-table look-up, with no debug information read, so it
+    /// stays cheap for code never seen before; cached per address. The vDSO's
+    /// functions are named from its own table.
+    func functionNames(_ keys: [Key]) -> [String?] {
+        let missing = state.withLock { state in
+            var seen = Set<Key>()
+            return keys.filter { state.shortNames[$0] == nil && seen.insert($0).inserted }
+        }
+        if !missing.isEmpty { resolveNames(missing) }
+        return state.withLock { state in
+            keys.map { key in state.shortNames[key].flatMap { $0.isEmpty ? nil : $0 } }
+        }
+    }
+
+    /// Names `keys` with the symbol tables alone (`""`: no name): by the
+    /// function each lies in where that function was named before, else by
+    /// `Runtime` (one call for all of them).
+    private func resolveNames(_ keys: [Key]) {
+        let before = StallProfiler.threadCPU()
+        let starts = keys.map { ElfSymbolTable.function(at: $0.lookupAddress)?.start }
+        let unknown = state.withLock { state in
+            zip(keys, starts).filter { key, start in
+                guard let start, let name = state.namesByStart[start] else { return true }
+                state.shortNames[key] = name
+                return false
+            }.map(\.0)
+        }
+        var found: [UInt: String] = [:]
+        if !unknown.isEmpty {
+            let (images, encoded) = state.withLock { ($0.images, $0.encodedImages) }
+            let symbolicated = Self.runtimeAccess.withLock { _ in
+                Self.decodeBacktrace(unknown.map(\.lookupAddress), images: encoded).flatMap {
+                    $0.symbolicated(with: images, options: [.useSymbolCache])
+                }
+            }
+            for frame in symbolicated?.frames ?? [] where !frame.inlined {
+                if let original = UInt(frame.captured.originalProgramCounter), let symbol = frame.symbol {
+                    found[original] = symbol.name
+                }
             }
         }
-        return frames
+        let cost = StallProfiler.threadCPU() - before
+        state.withLock { state in
+            for (key, start) in zip(keys, starts) where state.shortNames[key] == nil {
+                let name =
+                    found[key.lookupAddress] ?? ElfSymbolTable.vdso?.function(containing: key.address)?.name ?? ""
+                state.shortNames[key] = name
+                if let start, !name.isEmpty { state.namesByStart[start] = name }
+            }
+            state.namingCost += cost
+        }
     }
 
     /// Symbolicates `keys` and fills the cache, one entry per key.
@@ -194,78 +248,122 @@ final class Symbolicator {
     /// tried once more on its own; one that stays unnamed is cached only when it
     /// lies outside every image.
     private func resolve(_ keys: [Key], retrying: Bool = true) {
-        func lookup(_ key: Key) -> UInt { key.isReturnAddress ? key.address &- 1 : key.address }
-        var named = Set<Key>()
+        let before = StallProfiler.threadCPU()
+        refreshImagesIfNeeded(for: keys)
+        let (images, encoded) = state.withLock { ($0.images, $0.encodedImages) }
         let symbolicated = Self.runtimeAccess.withLock { _ in
-            decodeBacktrace(keys.map(lookup)).flatMap { $0.symbolicated(with: images) }
+            // Another thread may have named them meanwhile.
+            let left = state.withLock { state in keys.filter { state.cache[$0] == nil } }
+            return left.isEmpty
+                ? nil : Self.decodeBacktrace(left.map(\.lookupAddress), images: encoded)?.symbolicated(with: images)
         }
-        if let symbolicated {
-            var group: [StackFrame] = []
-            for frame in symbolicated.frames {
-                let original = UInt(frame.captured.originalProgramCounter) ?? 0
-                let symbol = frame.symbol
-                group.append(
-                    StackFrame(
-                        address: original,
-                        function: symbol.map { $0.name },
-                        file: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.path : nil },
-                        line: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.line : nil },
-                        image: symbol?.imageName,
-                        isUncertain: false,
-                        isInlined: frame.inlined))
-                guard !frame.inlined else { continue }
-                // A key's inlined frames, then its own: match the group to the first
-                // key with this address that has no name yet (by address, not by
-                // position, so that a frame the batch leaves out shifts nothing).
-                if let key = keys.first(where: { lookup($0) == original && !named.contains($0) }) {
-                    named.insert(key)
-                    let offset = imageOffset(of: key.address)
-                    cache[key] = group.map { $0.with(address: key.address, imageOffset: offset) }
-                    if let symbol, symbol.offset >= 0 { starts[key] = original &- UInt(symbol.offset) }
-                }
-                group = []
-            }
+        let named = state.withLock { state in
+            let named = Self.store(symbolicated, for: keys, in: &state)
+            state.namingCost += StallProfiler.threadCPU() - before
+            return named
         }
         let unnamed = keys.filter { !named.contains($0) }
         if retrying && keys.count > 1 {
             for key in unnamed { resolve([key], retrying: false) }
         } else {
-            for key in unnamed where images.indexOfImage(at: Backtrace.Address(UInt64(key.address))) == nil {
-                cache[key] = [StackFrame(address: key.address, isUncertain: false)]
+            state.withLock { state in
+                for key in unnamed where state.cache[key] == nil {
+                    if let vdso = Self.vdsoFrame(key.address) {
+                        state.cache[key] = [vdso]
+                    } else if state.images.indexOfImage(at: Backtrace.Address(UInt64(key.address))) == nil {
+                        state.cache[key] = [StackFrame(address: key.address, isUncertain: false)]
+                    }
+                }
             }
         }
     }
 
+    /// Caches the frames `symbolicated` gives for `keys`; returns the keys named.
+    private static func store(_ symbolicated: SymbolicatedBacktrace?, for keys: [Key], in state: inout State) -> Set<Key>
+    {
+        var named = Set<Key>(keys.filter { state.cache[$0] != nil })
+        var group: [StackFrame] = []
+        for frame in symbolicated?.frames ?? [] {
+            let original = UInt(frame.captured.originalProgramCounter) ?? 0
+            let symbol = frame.symbol
+            group.append(
+                StackFrame(
+                    address: original,
+                    function: symbol.map { $0.name },
+                    file: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.path : nil },
+                    line: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.line : nil },
+                    image: symbol?.imageName,
+                    isUncertain: false,
+                    isInlined: frame.inlined))
+            guard !frame.inlined else { continue }
+            // A key's inlined frames, then its own: match the group to the first
+            // key with this address that has no name yet (by address, not by
+            // position, so that a frame the batch leaves out shifts nothing).
+            if let key = keys.first(where: { $0.lookupAddress == original && !named.contains($0) }) {
+                named.insert(key)
+                let offset = imageOffset(of: key.address, state.images)
+                state.cache[key] =
+                    symbol == nil && group.count == 1
+                    ? vdsoFrame(key.address).map { [$0] } ?? group
+                    : group.map { $0.with(address: key.address, imageOffset: offset) }
+                if let symbol, symbol.offset >= 0 { state.starts[key] = original &- UInt(symbol.offset) }
+            }
+            group = []
+        }
+        return named
+    }
+
+    /// A frame of the vDSO, named from its symbol table (no image map lists it).
+    private static func vdsoFrame(_ address: UInt) -> StackFrame? {
+        guard let table = ElfSymbolTable.vdso, let function = table.function(containing: address) else { return nil }
+        return StackFrame(
+            address: address, function: function.name, file: nil, line: nil, image: table.imageName,
+            isUncertain: false, imageOffset: address &- table.range.lowerBound)
+    }
+
     /// A frame `Runtime` could not name: its image and offset when an image holds
     /// it (not cached, so that a later stall tries again).
-    private func unnamedFrame(_ address: UInt) -> StackFrame {
-        guard let index = images.indexOfImage(at: Backtrace.Address(UInt64(address))) else {
+    private static func unnamedFrame(_ address: UInt, _ state: State) -> StackFrame {
+        guard let index = state.images.indexOfImage(at: Backtrace.Address(UInt64(address))) else {
             return StackFrame(address: address, isUncertain: false)
         }
         return StackFrame(
-            address: address, function: nil, file: nil, line: nil, image: images[index].name, isUncertain: false,
-            imageOffset: imageOffset(of: address))
+            address: address, function: nil, file: nil, line: nil, image: state.images[index].name,
+            isUncertain: false, imageOffset: imageOffset(of: address, state.images))
     }
 
     /// `address` relative to the load address of the image it lies in.
-    private func imageOffset(of address: UInt) -> UInt? {
+    private static func imageOffset(of address: UInt, _ images: ImageMap) -> UInt? {
         guard let index = images.indexOfImage(at: Backtrace.Address(UInt64(address))),
             let base = UInt(images[index].baseAddress)
         else { return nil }
         return address &- base
     }
 
-    /// How many times the image map was taken again (a library loaded since):
-    /// what is cached by code address elsewhere may be stale then.
-    private(set) var imageGeneration = 0
+    /// A new image (a `dlopen` since the map was taken): executable text of a
+    /// file the map does not know. (The vDSO is in no image map: taking the map
+    /// again for it lost every library's symbols.)
+    private func refreshImagesIfNeeded(for keys: [Key]) {
+        let stale = state.withLock { state in
+            keys.contains {
+                state.code.isFileBackedText($0.address)
+                    && state.images.indexOfImage(at: Backtrace.Address(UInt64($0.address))) == nil
+            }
+        }
+        guard stale else { return }
+        let images = Self.processImages(refreshing: true)
+        let encoded = Self.encode(images)
+        let code = Self.codeRanges(images)
+        state.withLock { state in
+            state.imageGeneration += 1
+            (state.images, state.encodedImages, state.code) = (images, encoded, code)
+        }
+    }
 
-    private func refreshImages() {
-        imageGeneration += 1
-        images = Self.processImages(refreshing: true)
-        encodedImages = Self.encode(images)
-        textRanges = Self.textRanges(images)
-        fileTextRanges = Self.textRanges(images, of: "/")
-        executableText = Self.textRanges(images, of: Self.executablePath)
+    private static func codeRanges(_ images: ImageMap) -> CodeRanges {
+        CodeRanges(
+            text: textRanges(images), fileText: textRanges(images, of: "/"),
+            executableText: textRanges(images, of: executablePath))
     }
 
     /// The executable mappings from `/proc/self/maps`, but not writable ones.
@@ -302,7 +400,7 @@ final class Symbolicator {
         return String(decoding: data, as: UTF8.self)
     }
 
-    private func decodeBacktrace(_ addresses: [UInt]) -> Backtrace? {
+    private static func decodeBacktrace(_ addresses: [UInt], images encodedImages: String) -> Backtrace? {
         let frames = addresses.map { (address: $0, isReturnAddress: false) }
         let encoded = Data(CompactBacktrace.encode(frames)).base64EncodedString()
         #if arch(x86_64)
@@ -315,6 +413,12 @@ final class Symbolicator {
         let json = "{\"architecture\":\"\(architecture)\",\"backtrace\":\"\(encoded)\",\"imageMap\":\(encodedImages)}"
         return try? JSONDecoder().decode(Backtrace.self, from: Data(json.utf8))
     }
+}
+
+extension Symbolicator.Key {
+    /// The address handed to `Runtime`: a return address as the address before
+    /// it (inside the call instruction, the line of the call).
+    var lookupAddress: UInt { isReturnAddress ? address &- 1 : address }
 }
 
 #endif

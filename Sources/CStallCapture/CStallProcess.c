@@ -1,0 +1,48 @@
+#define _GNU_SOURCE
+#include "CStallProcess.h"
+
+#if defined(__linux__)
+#include <dlfcn.h>
+#include <string.h>
+#include <sys/auxv.h>
+
+// Exported by libdispatch; the Swift overlay does not import it.
+extern void *dispatch_get_current_queue(void);
+
+extern const char *dispatch_queue_get_label(void *queue);
+
+uintptr_t stallcapture_current_queue(void) { return (uintptr_t)dispatch_get_current_queue(); }
+
+uintptr_t stallcapture_current_serial_queue(void) {
+    void *queue = dispatch_get_current_queue();
+    const char *label = queue == NULL ? NULL : dispatch_queue_get_label(queue);
+    // libdispatch's global (root) queues: "com.apple.root.default-qos", ….
+    if (queue == NULL || (label != NULL && strncmp(label, "com.apple.root.", 15) == 0)) return 0;
+    return (uintptr_t)queue;
+}
+
+uintptr_t stallcapture_auxiliary_value(unsigned long type) { return (uintptr_t)getauxval(type); }
+
+int stallcapture_image_of(uintptr_t address, char *path, size_t size, uintptr_t *base) {
+    Dl_info info;
+    if (size == 0 || dladdr((void *)address, &info) == 0 || info.dli_fname == NULL) return 0;
+    strncpy(path, info.dli_fname, size - 1);
+    path[size - 1] = 0;
+    *base = (uintptr_t)info.dli_fbase;
+    return 1;
+}
+#else
+uintptr_t stallcapture_current_queue(void) { return 0; }
+
+uintptr_t stallcapture_current_serial_queue(void) { return 0; }
+
+uintptr_t stallcapture_auxiliary_value(unsigned long type) {
+    (void)type;
+    return 0;
+}
+
+int stallcapture_image_of(uintptr_t address, char *path, size_t size, uintptr_t *base) {
+    (void)address; (void)path; (void)size; (void)base;
+    return 0;
+}
+#endif
