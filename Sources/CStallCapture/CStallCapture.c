@@ -15,13 +15,22 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-// The request the handler answers: the thread id it is for, or 0 (none) or -1
-// (being answered right now). Only the thread named here fills `request_out`.
-static _Atomic pid_t request_tid = 0;
-static stallcapture_sample *request_out = NULL;
-static sem_t request_done;
+// Requests the handler answers, several at once (one detector per queue or event
+// loop samples at the same moments): each slot names the thread it is for (0:
+// free or withdrawn, -1: being answered right now) and where its answer goes.
+// Only the named thread fills a slot; a thread signalled for two requests (the
+// signals merge into one) answers both.
+#define STALLCAPTURE_SLOTS 32
+typedef struct {
+    _Atomic pid_t tid;
+    _Atomic int taken;
+    stallcapture_sample *out;
+    sem_t done;
+} request_slot;
+static request_slot slots[STALLCAPTURE_SLOTS];
+// Counts the free slots: a capture waits here when all are taken.
+static sem_t slots_free;
 
-static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t install_once = PTHREAD_ONCE_INIT;
 static int install_result = 0;
 static struct sigaction previous_action;
@@ -41,6 +50,7 @@ static void fill_sample(stallcapture_sample *out, void *context) {
 #else
     out->pc = out->sp = out->fp = 0;
 #endif
+    out->queue = stallcapture_current_queue();
     // No unwinding here: glibc's backtrace() (libgcc) reads the code at each
     // return address to recognize signal frames, and faulted on a JIT's
     // execute-only or just-unmapped page. The sampler thread unwinds the copy.
@@ -85,15 +95,18 @@ static void chain(int signal_number, siginfo_t *info, void *context) {
 static void handler(int signal_number, siginfo_t *info, void *context) {
     int saved_errno = errno;
     pid_t self = (pid_t)syscall(SYS_gettid);
-    pid_t expected = self;
-    if (info != NULL && info->si_code == SI_TKILL && info->si_pid == getpid() &&
-        atomic_compare_exchange_strong(&request_tid, &expected, -1)) {
-        fill_sample(request_out, context);
-        atomic_store(&request_tid, 0);
-        sem_post(&request_done);
-    } else {
-        chain(signal_number, info, context);
+    int answered = 0;
+    if (info != NULL && info->si_code == SI_TKILL && info->si_pid == getpid()) {
+        for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
+            pid_t expected = self;
+            if (!atomic_compare_exchange_strong(&slots[index].tid, &expected, -1)) continue;
+            fill_sample(slots[index].out, context);
+            atomic_store(&slots[index].tid, 0);
+            sem_post(&slots[index].done);
+            answered = 1;
+        }
     }
+    if (!answered) chain(signal_number, info, context);
     errno = saved_errno;
 }
 
@@ -108,6 +121,7 @@ static void bind_handler_functions(void) {
     (void)process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
     (void)syscall(SYS_gettid);
     (void)sysconf(_SC_PAGESIZE);
+    (void)stallcapture_current_queue();
     int saved_errno = errno;  // __errno_location
     errno = saved_errno;
     sem_t bound;
@@ -119,7 +133,13 @@ static void bind_handler_functions(void) {
 
 static void install(void) {
     bind_handler_functions();
-    if (sem_init(&request_done, 0, 0) != 0) {
+    for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
+        if (sem_init(&slots[index].done, 0, 0) != 0) {
+            install_result = errno;
+            return;
+        }
+    }
+    if (sem_init(&slots_free, 0, STALLCAPTURE_SLOTS) != 0) {
         install_result = errno;
         return;
     }
@@ -136,28 +156,26 @@ int stallcapture_install(void) {
     return install_result;
 }
 
-int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, int *error_number) {
-    if (stallcapture_install() != 0) return STALLCAPTURE_NOT_INSTALLED;
-    pthread_mutex_lock(&capture_lock);
-    while (sem_trywait(&request_done) == 0) {}  // nothing stale may count as an answer
-    // Signal only while the handler is still ours: code that set SIGPROF back
-    // to SIG_DFL after the detector started would be killed by the signal
-    // ("Profiling timer expired"); a handler installed over ours would get a
-    // signal it did not ask for.
-    struct sigaction current;
-    if (sigaction(SIGPROF, NULL, &current) != 0 || !(current.sa_flags & SA_SIGINFO)
-        || current.sa_sigaction != handler) {
-        pthread_mutex_unlock(&capture_lock);
-        return STALLCAPTURE_HANDLER_REPLACED;
+/// Takes a free slot (waiting while all are taken).
+static request_slot *take_slot(void) {
+    while (sem_wait(&slots_free) != 0) {}
+    for (;;) {
+        for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
+            int expected = 0;
+            if (atomic_compare_exchange_strong(&slots[index].taken, &expected, 1)) return &slots[index];
+        }
     }
-    request_out = out;
-    atomic_store(&request_tid, tid);
-    if (syscall(SYS_tgkill, getpid(), tid, SIGPROF) != 0) {
-        if (error_number) *error_number = errno;
-        atomic_store(&request_tid, 0);
-        pthread_mutex_unlock(&capture_lock);
-        return STALLCAPTURE_SIGNAL_FAILED;
-    }
+}
+
+static void release_slot(request_slot *slot) {
+    slot->out = NULL;
+    atomic_store(&slot->taken, 0);
+    sem_post(&slots_free);
+}
+
+/// Waits for the slot's answer until `timeout_ms`; withdraws the request when
+/// none came, unless the handler is answering it right now.
+static int await_answer(request_slot *slot, pid_t tid, int timeout_ms) {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     deadline.tv_sec += timeout_ms / 1000;
@@ -166,21 +184,39 @@ int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, in
         deadline.tv_sec += 1;
         deadline.tv_nsec -= 1000000000L;
     }
-    int result = STALLCAPTURE_OK;
-    while (sem_timedwait(&request_done, &deadline) != 0) {
+    while (sem_timedwait(&slot->done, &deadline) != 0) {
         if (errno == EINTR) continue;
-        // Timed out: withdraw the request, unless the handler is answering it
-        // right now, in which case its answer is moments away.
         pid_t expected = tid;
-        if (atomic_compare_exchange_strong(&request_tid, &expected, 0)) {
-            result = STALLCAPTURE_TIMEOUT;
-        } else {
-            while (sem_wait(&request_done) != 0 && errno == EINTR) {}
-        }
+        if (atomic_compare_exchange_strong(&slot->tid, &expected, 0)) return STALLCAPTURE_TIMEOUT;
+        while (sem_wait(&slot->done) != 0 && errno == EINTR) {}
         break;
     }
-    request_out = NULL;
-    pthread_mutex_unlock(&capture_lock);
+    return STALLCAPTURE_OK;
+}
+
+int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, int *error_number) {
+    if (stallcapture_install() != 0) return STALLCAPTURE_NOT_INSTALLED;
+    // Signal only while the handler is still ours: code that set SIGPROF back
+    // to SIG_DFL after the detector started would be killed by the signal
+    // ("Profiling timer expired"); a handler installed over ours would get a
+    // signal it did not ask for.
+    struct sigaction current;
+    if (sigaction(SIGPROF, NULL, &current) != 0 || !(current.sa_flags & SA_SIGINFO)
+        || current.sa_sigaction != handler) {
+        return STALLCAPTURE_HANDLER_REPLACED;
+    }
+    request_slot *slot = take_slot();
+    while (sem_trywait(&slot->done) == 0) {}  // nothing stale may count as an answer
+    slot->out = out;
+    atomic_store(&slot->tid, tid);
+    if (syscall(SYS_tgkill, getpid(), tid, SIGPROF) != 0) {
+        if (error_number) *error_number = errno;
+        atomic_store(&slot->tid, 0);
+        release_slot(slot);
+        return STALLCAPTURE_SIGNAL_FAILED;
+    }
+    int result = await_answer(slot, tid, timeout_ms);
+    release_slot(slot);
     return result;
 }
 

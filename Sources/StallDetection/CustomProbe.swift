@@ -5,15 +5,15 @@ import CStallCapture
 ///
 /// The user's code decides what happens to the closure that wraps it: it may run
 /// it on the executor (the intended use), run it inline inside `post`, run it
-/// twice, drop it, or keep it forever. `outcome` is called exactly once: with the
-/// running thread's id at the first run, or with nil when the probe is released
+/// twice, drop it, or keep it forever. `outcome` is called exactly once: with
+/// where it ran (``ProbeAnswer/here()``) at the first run, or with nil when the probe is released
 /// without ever having run. It holds the detector weakly, so a kept probe keeps
 /// nothing alive but itself.
 final class CustomProbe: Sendable {
     private let hasRun = Locked(false)
-    private let outcome: @Sendable (_ thread: Int32?) -> Void
+    private let outcome: @Sendable (_ answer: ProbeAnswer?) -> Void
 
-    init(outcome: @escaping @Sendable (_ thread: Int32?) -> Void) {
+    init(outcome: @escaping @Sendable (_ answer: ProbeAnswer?) -> Void) {
         self.outcome = outcome
     }
 
@@ -27,11 +27,25 @@ final class CustomProbe: Sendable {
             defer { hasRun = true }
             return !hasRun
         }
-        if first { outcome(stallcapture_current_tid()) }
+        if first { outcome(.here()) }
     }
 
     deinit {
         // The last reference is gone, so nothing runs concurrently.
         if !hasRun.withLock({ $0 }) { outcome(nil) }
+    }
+}
+
+/// Where a probe ran: the thread, and the serial dispatch queue whose job it was
+/// (nil outside one), so that the blocked thread can later be told from a worker
+/// that has moved on to another queue's job.
+struct ProbeAnswer: Sendable {
+    var thread: Int32
+    var queue: UInt?
+
+    /// The calling thread and the serial queue it drains now.
+    static func here() -> ProbeAnswer {
+        let queue = stallcapture_current_serial_queue()
+        return ProbeAnswer(thread: stallcapture_current_tid(), queue: queue == 0 ? nil : queue)
     }
 }

@@ -65,6 +65,8 @@ final class DetectorCore: Sendable {
         var overdueTimeout: Int64 = 0
         var observer: RunLoopObserverHandle?
         var lastAnsweringThread: Int32?
+        /// The serial queue the last probe ran on (the watched queue's address).
+        var lastAnsweringQueue: UInt?
         /// A custom target's probe was posted and has neither run nor been released.
         var postedProbeOutstanding = false
         /// The last moments the detector saw the process run (answers, firings).
@@ -129,7 +131,7 @@ final class DetectorCore: Sendable {
             queue: detectorQueue, scheduler: scheduler, sampling: sampling, target: target,
             fatalReportPath: fatalReportPath,
             lateAfter: target.usesHeartbeat ? lead + max(1_000_000, Monotonic.nanoseconds(heartbeat)) / 2 : lead,
-            lastAnswering: { state.withLock { $0.lastAnsweringThread } },
+            lastAnswering: { state.withLock { ($0.lastAnsweringThread, $0.lastAnsweringQueue) } },
             owesAnswer: { [reportsWhileDebugged, isTraced] in
                 let owes = state.withLock { state in
                     state.lifecycle == .running && !state.tracker.isStalled && state.tracker.dueTime != nil
@@ -223,7 +225,7 @@ final class DetectorCore: Sendable {
         }
         let probe = RepeatingTimer(interval: heartbeat, missedTicks: .skip, queue: queue, scheduler: scheduler) {
             [weak self] in
-            self?.record(answerAt: Monotonic.now(), thread: stallcapture_current_tid())
+            self?.record(answerAt: Monotonic.now(), answer: .here())
         }
         state.probeGridStart = now
         state.tracker.probeSent(at: now + heartbeatTicks)
@@ -256,19 +258,19 @@ final class DetectorCore: Sendable {
             return true
         }
         guard posting else { return }
-        let probe = CustomProbe { [weak self] thread in
-            self?.postedProbeFinished(ranOn: thread)
+        let probe = CustomProbe { [weak self] answer in
+            self?.postedProbeFinished(answer)
         }
         // A block of its own, after this timer handler has returned: cancelling the
         // timer waits for a handler under way, and `stop()` must not wait for `post`.
         postQueue.async { post(probe.closure) }
     }
 
-    /// A custom probe ran on `thread` (an answer), or was released without running
-    /// (nil: the next heartbeat posts another; the answer is still owed).
-    private func postedProbeFinished(ranOn thread: Int32?) {
+    /// A custom probe ran (an answer), or was released without running (nil:
+    /// the next heartbeat posts another; the answer is still owed).
+    private func postedProbeFinished(_ answer: ProbeAnswer?) {
         state.withLock { $0.postedProbeOutstanding = false }
-        if let thread { record(answerAt: Monotonic.now(), thread: thread) }
+        if let answer { record(answerAt: Monotonic.now(), answer: answer) }
     }
 
     /// The next probe after an answer at `time`: the next point of the timer's grid.
@@ -283,7 +285,7 @@ final class DetectorCore: Sendable {
         let generation = state.overdueGeneration
         return DelayedWork.schedule(after: .nanoseconds(timeout), on: detectorQueue, scheduler: scheduler) {
             [weak self] in
-            self?.overdue(generation: generation)
+            DetectorThreads.work { self?.overdue(generation: generation) }
         }
     }
 
@@ -322,45 +324,56 @@ final class DetectorCore: Sendable {
 
     // MARK: Facts from the target
 
-    private func record(answerAt time: Int64, thread: Int32) {
+    private func record(answerAt time: Int64, answer: ProbeAnswer) {
         var replaced: DelayedWork?
         var settled = false
-        let ended = state.withLock { state -> StallEvent? in
+        let outcome = state.withLock { state -> Outcome? in
             guard state.lifecycle == .running else { return nil }
-            state.lastAnsweringThread = thread
+            state.lastAnsweringThread = answer.thread
+            state.lastAnsweringQueue = answer.queue
             state.lastObservation = max(state.lastObservation, time)
-            let ended = finish(state.tracker.progress(at: time), &state, thread: thread)
+            let outcome = finish(state.tracker.progress(at: time), &state, thread: answer.thread)
             replaced = rearmOverdue(&state)
             state.tracker.probeSent(at: nextProbe(after: time, state))
             settled = state.open == nil
-            return ended
+            return outcome
         }
         releaseOnDetectorQueue(replaced)
-        if settled { profiler.end() }
+        let gathered = settled ? profiler.end() : nil
         profiler.answered()
-        if let ended { deliver([ended]) }
+        if let outcome { conclude(outcome, gathered: gathered) }
     }
 
     private func record(activityAt time: Int64, idle: Bool) {
         var replaced: DelayedWork?
         var settled = false
-        let ended = state.withLock { state -> StallEvent? in
+        let outcome = state.withLock { state -> Outcome? in
             guard state.lifecycle == .running else { return nil }
             state.lastObservation = max(state.lastObservation, time)
             let event = idle ? state.tracker.idle(at: time) : state.tracker.progress(at: time, busyAfterwards: true)
-            let ended = finish(event, &state, thread: nil)
+            let outcome = finish(event, &state, thread: nil)
             if !idle { replaced = rearmOverdue(&state) }
             settled = state.open == nil
-            return ended
+            return outcome
         }
         releaseOnDetectorQueue(replaced)
-        if settled { profiler.end() }
+        let gathered = settled ? profiler.end() : nil
         if idle { profiler.idle() } else { profiler.answered() }
-        if let ended { deliver([ended]) }
+        if let outcome { conclude(outcome, gathered: gathered) }
     }
 
-    /// The `.ended` event for a tracker event, if it ends the open stall.
-    private func finish(_ event: StallTracker.Event?, _ state: inout State, thread: Int32?) -> StallEvent? {
+    /// What an answer (or run-loop activity) concluded: a reported stall ended,
+    /// or a stall no look saw in time has come and gone.
+    private enum Outcome {
+        case ended(id: UInt64, duration: Int64, backtrace: StallBacktrace, sampling: Int64)
+        case missed(id: UInt64, duration: Int64, since: Int64)
+    }
+
+    /// The outcome of a tracker event for the open stall, if any.
+    private func finish(_ event: StallTracker.Event?, _ state: inout State, thread: Int32?) -> Outcome? {
+        if case .missed(let id, let duration) = event {
+            return .missed(id: id, duration: duration, since: state.lastContinueSeen)
+        }
         guard case .ended(let id, let duration) = event, var stall = state.open, stall.id == id else { return nil }
         switch stall.phase {
         case .sampling:
@@ -378,7 +391,47 @@ final class DetectorCore: Sendable {
         state.open = nil
         if stall.suppressed { return nil }
         let confirmed = Self.endedBacktrace(answeredBy: thread, samples: stall.samples, reported: stall.reported)
-        return makeEvent(id: id, phase: .ended, duration: duration, backtrace: confirmed, sampling: stall.sampling)
+        return .ended(id: id, duration: duration, backtrace: confirmed, sampling: stall.sampling)
+    }
+
+    /// Emits an outcome's events on the detector queue, where the stall's samples
+    /// are named: never on the target's thread, whose answer concluded it.
+    private func conclude(_ outcome: Outcome, gathered: StallProfiler.Gathered?) {
+        detectorQueue.async { [self] in DetectorThreads.work { emit(outcome, gathered: gathered) } }
+    }
+
+    private func emit(_ outcome: Outcome, gathered: StallProfiler.Gathered?) {
+        let profile = gathered.map { profiler.profile(of: $0) } ?? .empty
+        let activities = gathered?.activities ?? []
+        switch outcome {
+        case .ended(let id, let duration, let backtrace, let sampling):
+            deliver([
+                makeEvent(
+                    id: id, phase: .ended, duration: duration, backtrace: backtrace, sampling: sampling,
+                    profile: (profile, activities))
+            ])
+        case .missed(let id, let duration, let since):
+            // Not a stall if the process was stopped meanwhile (the witness may
+            // need a moment to record the continue), nor while debugged.
+            let now = Monotonic.now()
+            let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
+            guard continued.map({ $0 < now - duration }) ?? true, reportsWhileDebugged || !isTraced() else { return }
+            let backtrace =
+                lastSample(gathered) ?? .unavailable("the stall ended before the detector could sample it")
+            for phase in [StallEvent.Phase.started, .ended] {
+                continuation.yield(
+                    makeEvent(
+                        id: id, phase: phase, duration: duration, backtrace: backtrace, sampling: 0,
+                        profile: (profile, activities)))
+            }
+        }
+    }
+
+    /// The last sample a session took, named: a missed stall's stack.
+    private func lastSample(_ gathered: StallProfiler.Gathered?) -> StallBacktrace? {
+        guard let last = gathered?.recorder.samples.last, last.frames != StallProfiler.unsampledRaw else { return nil }
+        let frames = sampling.names([last.frames])[0]
+        return StallBacktrace(frames: frames, threadID: nil, unavailableReason: nil)
     }
 
     // MARK: The overdue deadline (on the detector queue)
@@ -442,8 +495,9 @@ final class DetectorCore: Sendable {
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")
         var samples: [Int32: StallBacktrace] = [:]
         if !decision.suppressed {
-            let lastAnswering = state.withLock { $0.lastAnsweringThread }
-            (reported, samples) = sampling.sampleBlockedThread(target: target, lastAnswering: lastAnswering)
+            let (lastAnswering, queue) = state.withLock { ($0.lastAnsweringThread, $0.lastAnsweringQueue) }
+            (reported, samples) = sampling.sampleBlockedThread(
+                target: target, lastAnswering: lastAnswering, queue: queue)
         }
         let samplingTime = Monotonic.now() - sampleStart
         if !decision.suppressed {
@@ -516,9 +570,10 @@ final class DetectorCore: Sendable {
     }
 
     private func makeEvent(
-        id: UInt64, phase: StallEvent.Phase, duration: Int64, backtrace: StallBacktrace, sampling: Int64
+        id: UInt64, phase: StallEvent.Phase, duration: Int64, backtrace: StallBacktrace, sampling: Int64,
+        profile gathered: (StallProfile, [String])? = nil
     ) -> StallEvent {
-        let (profile, activities) = profiler.snapshot()
+        let (profile, activities) = gathered ?? profiler.snapshot()
         return StallEvent(
             id: id, phase: phase, duration: .nanoseconds(duration), threshold: threshold,
             target: target.description, backtrace: backtrace, samplingTime: .nanoseconds(sampling), profile: profile,

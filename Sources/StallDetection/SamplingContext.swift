@@ -1,20 +1,61 @@
 import CStallCapture
 
-/// Everything the detector queue needs to sample and name a blocked thread: the
-/// sampler, the symbolicator and its cache.
+/// A thread's stack as sampled and unwound, before any frame is named in full.
+struct RawStack: Sendable {
+    var thread: Int32
+    /// Innermost first: the interrupted instruction, then return addresses.
+    var frames: [RawFrame]
+    /// The copy of the stack ended before the stack did.
+    var copyTruncated: Bool
+    /// The watched queue's address, if one is watched.
+    var queue: UInt?
+    /// The queue whose job the thread ran when signalled (exact); nil for a
+    /// thread read from `/proc`.
+    var currentQueue: UInt?
+    /// Whether the watched queue's address is among the stack's words (the
+    /// queue's drain keeps it while its job runs).
+    var wordsHoldQueue: Bool
+}
+
+/// What sampling one thread gave.
+enum ThreadSample {
+    case stack(RawStack)
+    /// No stack: why (``StallBacktrace/unavailableReason``), or a running thread
+    /// that gave none (``StallBacktrace/whileRunning``).
+    case failed(StallBacktrace)
+}
+
+/// Everything a detector queue needs to sample a blocked thread and name its
+/// frames: the sampler, the process's symbolicator, and what each address was
+/// judged to be.
+///
+/// A sample is captured and unwound, judged by its functions' names from the
+/// symbol tables (``FrameKind``: cheap, cached per address), and named in full
+/// (files, lines, inlined frames: the debug information) only when a report or
+/// a profile needs it.
 ///
 /// `@unchecked Sendable` invariant: every method is called on the owning
 /// detector's serial queue only (`DetectorCore.detectorQueue`), so the mutable
-/// sampler and symbolicator are never used by two threads at once.
+/// sampler, caches and counters are never used by two threads at once (the
+/// symbolicator is shared and thread-safe).
 final class SamplingContext: @unchecked Sendable {
     private var sampler: StackSampler?
-    private var symbolicator: Symbolicator?
     private var installError: String?
+    private let symbolicator: Symbolicator
     /// Calls and wrappers' tail jumps decoded in earlier samples (each read its
     /// code, PLT stub and GOT slot through the kernel), and the image map they
     /// belong to.
     private let code = StackUnwinder.CodeCache()
     private var codeGeneration = 0
+    /// What the function at each address says about its thread.
+    private var kinds: [Symbolicator.Key: FrameKind] = [:]
+    /// CPU nanoseconds this context spent naming addresses seen for the first
+    /// time (in full, or by their symbols).
+    private(set) var namingCost: Int64 = 0
+
+    init(symbolicator: Symbolicator = .shared) {
+        self.symbolicator = symbolicator
+    }
 
     /// Closes the `/proc` files kept open for the sampled threads (a stall
     /// ended: the program may need the descriptors).
@@ -22,27 +63,25 @@ final class SamplingContext: @unchecked Sendable {
         sampler?.files.closeAll()
     }
 
-    /// Installs the signal handler and loads symbols before the first stall.
+    /// Installs the signal handler and loads symbols before the first stall
+    /// (once per process).
     func warmUp() {
         _ = prepared()
-        symbolicator?.warmUp()
+        symbolicator.warmUp()
     }
 
-    /// CPU nanoseconds spent so far naming addresses seen for the first time.
-    var namingCost: Int64 { symbolicator?.namingCost ?? 0 }
-
-    private func prepared() -> (StackSampler, Symbolicator) {
-        if let sampler, let symbolicator { return (sampler, symbolicator) }
+    private func prepared() -> StackSampler {
+        if let sampler { return sampler }
         installError = StackSampler.install()
-        let made = (StackSampler(timeout: .milliseconds(100)), Symbolicator())
-        (sampler, symbolicator) = made
+        let made = StackSampler(timeout: .milliseconds(100))
+        sampler = made
         return made
     }
 
     /// The id a report shows for kernel thread `thread`: the Linux tid. (Apple
     /// platforms have no sampler yet, so their reports carry no thread id rather
     /// than a wrong one.)
-    private static func reportedID(_ thread: Int32) -> UInt64? {
+    static func reportedID(_ thread: Int32) -> UInt64? {
         #if os(Linux)
         return UInt64(UInt32(bitPattern: thread))
         #else
@@ -59,160 +98,250 @@ final class SamplingContext: @unchecked Sendable {
 
     /// Samples one thread and names its frames.
     func backtrace(of thread: Int32) -> StallBacktrace {
-        let (sampler, _) = prepared()
-        let first = sampler.capture(thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes)
-        let (backtrace, wentBeyond) = named(first, thread: thread)
-        if case .copied(let copy, signalled: false) = first, copy.truncated, wentBeyond || backtrace.isTruncated {
-            return named(sampler.capture(thread: thread), thread: thread).backtrace
+        switch sample(thread) {
+        case .stack(let raw): name(raw)
+        case .failed(let backtrace): backtrace
         }
-        return backtrace
     }
 
-    /// Unwinds and names a captured stack; also whether the unwind followed the
-    /// chain beyond the copy.
-    private func named(
-        _ outcome: StackSampler.Outcome, thread: Int32
-    ) -> (backtrace: StallBacktrace, wentBeyondCopy: Bool) {
-        let (_, symbolicator) = prepared()
-        switch outcome {
+    /// Samples and unwinds one thread, naming nothing in full; `queue` is the
+    /// watched queue's address, if known (``RawStack/runsQueue``).
+    func sample(_ thread: Int32, queue: UInt? = nil) -> ThreadSample {
+        let sampler = prepared()
+        let first = sampler.capture(thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes)
+        switch first {
         case .unavailable(let reason):
-            return (.unavailable(reason, threadID: Self.reportedID(thread)), false)
+            return .failed(.unavailable(reason, threadID: Self.reportedID(thread)))
         case .runningUnsampled(let reason):
-            return (.unavailableWhileRunning(reason, threadID: Self.reportedID(thread)), false)
+            return .failed(.unavailableWhileRunning(reason, threadID: Self.reportedID(thread)))
         case .copied(let copy, let signalled):
             if signalled, let installError {
-                return (.unavailable(installError, threadID: Self.reportedID(thread)), false)
+                return .failed(.unavailable(installError, threadID: Self.reportedID(thread)))
             }
-            let blocks = MemoryBlocks()
-            if codeGeneration != symbolicator.imageGeneration {
-                code.removeAll()
-                codeGeneration = symbolicator.imageGeneration
+            let (raw, wentBeyond) = unwind(copy, thread: thread, queue: queue)
+            if !signalled, copy.truncated, wentBeyond || !summary(raw).reachesRoot,
+                case .copied(let whole, signalled: false) = sampler.capture(thread: thread)
+            {
+                return .stack(unwind(whole, thread: thread, queue: queue).raw)
             }
-            let unwinder = StackUnwinder(
-                copy: copy, isText: symbolicator.isTextAddress,
-                readWord: { blocks.word(at: $0) },
-                exactStart: { candidate, inner, innerIsReturnAddress in
-                    // Both in the main executable, whose symbol table is complete; a
-                    // call into a library may reach its target through a tail call
-                    // (`qsort` to `qsort_r`).
-                    guard symbolicator.isInExecutable(candidate), symbolicator.isInExecutable(inner) else {
-                        return nil
-                    }
-                    return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
-                }, codeCache: code)
-            let frames = StackShape.prune(symbolicator.symbolicate(unwinder.unwind()))
-            let backtrace = StallBacktrace(
-                frames: frames, threadID: Self.reportedID(thread), unavailableReason: nil,
-                isTruncated: copy.truncated && !StackShape.reachesRoot(frames))
-            return (backtrace, unwinder.wentBeyondCopy)
+            return .stack(raw)
         }
     }
 
-    /// Samples the thread that is most likely blocked: the main thread for the
-    /// main run loop; for a custom executor, see `sampleCustomExecutor`;
-    /// otherwise the first thread seen running a job for a queue or run loop, among
-    /// the candidates in order (the main thread for the main queue, the thread that
-    /// answered the last probe, then every other thread); failing that, the first
-    /// thread that is neither idle nor unreadable. Returns the chosen backtrace and
-    /// every sample taken (keyed by thread), so the `.ended` event can use the one
-    /// of the thread that finally answered.
-    ///
-    /// With `candidatesOnly`, the other threads are not tried (the profile's
-    /// samples before the threshold, which must not hold up the detector's looks).
+    /// Unwinds a captured stack; also whether the unwind followed the chain
+    /// beyond the copy.
+    private func unwind(_ copy: StackCopy, thread: Int32, queue: UInt?) -> (raw: RawStack, wentBeyond: Bool) {
+        let ranges = symbolicator.code
+        let generation = symbolicator.imageGeneration
+        if codeGeneration != generation {
+            code.removeAll()
+            codeGeneration = generation
+        }
+        let blocks = MemoryBlocks()
+        let symbolicator = self.symbolicator
+        let unwinder = StackUnwinder(
+            copy: copy, isText: ranges.isText,
+            readWord: { blocks.word(at: $0) },
+            exactStart: { candidate, inner, innerIsReturnAddress in
+                // Both in the main executable, whose symbol table is complete; a
+                // call into a library may reach its target through a tail call
+                // (`qsort` to `qsort_r`).
+                guard ranges.isInExecutable(candidate), ranges.isInExecutable(inner) else { return nil }
+                return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
+            }, codeCache: code)
+        let frames = unwinder.unwind()
+        let raw = RawStack(
+            thread: thread, frames: frames, copyTruncated: copy.truncated, queue: queue, currentQueue: copy.queue,
+            wordsHoldQueue: queue.map { copy.words.contains($0) } ?? false)
+        return (raw, unwinder.wentBeyondCopy)
+    }
+
+    /// Names a sampled stack in full.
+    func name(_ raw: RawStack) -> StallBacktrace {
+        let before = StallProfiler.threadCPU()
+        let frames = StackShape.prune(symbolicator.symbolicate(raw.frames))
+        namingCost += StallProfiler.threadCPU() - before
+        return StallBacktrace(
+            frames: frames, threadID: Self.reportedID(raw.thread), unavailableReason: nil,
+            isTruncated: raw.copyTruncated && !StackShape.reachesRoot(frames))
+    }
+
+    /// Names sampled stacks in full, for a profile: the frames found only by a
+    /// scan go first unless the chain does not reach the root (as in a report).
+    func names(_ stacks: [[RawFrame]]) -> [[StackFrame]] {
+        let before = StallProfiler.threadCPU()
+        let named = stacks.map { StackShape.prune(symbolicator.symbolicate($0)) }
+        namingCost += StallProfiler.threadCPU() - before
+        return named
+    }
+
+    /// Whether the thread was running a job of the watched queue (nil when no
+    /// queue is watched). A signalled thread says which queue it drains; a job
+    /// that waits inside another queue's `sync` drains that one, and counts when
+    /// the watched queue's address is on its stack below a second callout. A
+    /// thread read from `/proc` is judged by its stack's words alone.
+    func runsQueue(_ raw: RawStack) -> Bool? {
+        guard let queue = raw.queue else { return nil }
+        guard let current = raw.currentQueue else { return raw.wordsHoldQueue }
+        return current == queue || (raw.wordsHoldQueue && summary(raw).callouts >= 2)
+    }
+
+    /// What a sampled stack's functions say about its thread (names from the
+    /// symbol tables, each address judged once).
+    func summary(_ raw: RawStack) -> StackSummary {
+        let keys = raw.frames.enumerated().map {
+            Symbolicator.Key(address: $0.element.address, isReturnAddress: $0.offset > 0)
+        }
+        let missing = keys.filter { kinds[$0] == nil }
+        if !missing.isEmpty {
+            let before = StallProfiler.threadCPU()
+            let names = symbolicator.functionNames(missing)
+            namingCost += StallProfiler.threadCPU() - before
+            if kinds.count > 100_000 { kinds.removeAll() }
+            for (key, name) in zip(missing, names) { kinds[key] = FrameKind(name: name) }
+        }
+        return StackSummary(kinds: keys.map { kinds[$0] ?? [] }, certain: raw.frames.map { !$0.isUncertain })
+    }
+
+    /// What looking for a target's blocked thread found: the thread running the
+    /// target's job (its raw stack), or why none was found; for the cooperative
+    /// pool, every thread running a Swift job.
+    struct Search {
+        var found: RawStack?
+        var failure: StallBacktrace
+        var others: [RawStack] = []
+    }
+
+    /// Samples the thread that is most likely blocked (see ``find(target:lastAnswering:queue:candidatesOnly:)``)
+    /// and names it. Returns the chosen backtrace and the named samples of the
+    /// threads that ran the job (keyed by thread), so the `.ended` event can use
+    /// the one of the thread that finally answered.
     func sampleBlockedThread(
-        target: StallDetector.Target, lastAnswering: Int32?, candidatesOnly: Bool = false
+        target: StallDetector.Target, lastAnswering: Int32?, queue: UInt? = nil, candidatesOnly: Bool = false
     ) -> (StallBacktrace, [Int32: StallBacktrace]) {
-        if case .custom = target { return sampleCustomExecutor(lastAnswering: lastAnswering) }
-        if case .cooperativePool = target { return sampleCooperativePool() }
+        let search = find(target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly)
+        guard let found = search.found else { return (search.failure, [:]) }
+        let named = name(found)
+        var samples = [found.thread: named]
+        for other in search.others where other.thread != found.thread { samples[other.thread] = name(other) }
+        return (named, samples)
+    }
+
+    /// Finds the thread that runs the target's job, naming nothing in full: the
+    /// main thread for the main run loop; for a custom executor, see
+    /// `findCustomExecutorThread`; for the pool, every thread running a Swift
+    /// job; otherwise the first thread seen running a job of the watched queue,
+    /// among the candidates in order (the main thread for the main queue, the
+    /// thread that answered the last probe, then every other thread). A thread
+    /// running another queue's job (a worker that answered this queue's probe
+    /// earlier) is never taken: `queue`, the watched queue's address, tells them
+    /// apart. When none is found, `failure` says why: never another thread's
+    /// stack. With `candidatesOnly`, the other threads are not tried (the
+    /// profile's samples before the threshold, which must not hold up the
+    /// detector's looks).
+    func find(target: StallDetector.Target, lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool) -> Search {
+        if case .custom = target {
+            return findCustomExecutorThread(lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly)
+        }
+        if case .cooperativePool = target { return findPoolThreads() }
         let mainThread = ProcessFacts.mainThreadID
         var candidates: [Int32] = []
         switch target {
-        case .mainRunLoop:
-            candidates = [mainThread]
-        case .mainQueue:
-            candidates = [mainThread] + (lastAnswering.map { [$0] } ?? [])
-        case .queue, .custom, .cooperativePool:
-            candidates = lastAnswering.map { [$0] } ?? []
+        case .mainRunLoop: candidates = [mainThread]
+        case .mainQueue: candidates = [mainThread] + (lastAnswering.map { [$0] } ?? [])
+        case .queue, .custom, .cooperativePool: candidates = lastAnswering.map { [$0] } ?? []
         }
-        var samples: [Int32: StallBacktrace] = [:]
         var firstFailure: StallBacktrace?
-        var firstIdle: StallBacktrace?
-        var firstOther: StallBacktrace?
-        /// Samples `threads`; returns the first that runs a job for a queue or run
-        /// loop, if any; remembers the others by kind.
-        func sample(_ threads: [Int32], alone: Bool) -> StallBacktrace? {
-            for thread in threads {
-                let backtrace = backtrace(of: thread)
-                if backtrace.unavailableReason != nil {
+        var otherJobs = 0
+        /// Samples `threads`; returns the first that runs the queue's job.
+        func look(_ threads: [Int32], alone: Bool) -> RawStack? {
+            for thread in threads where !DetectorThreads.contains(thread) {
+                switch sample(thread, queue: queue) {
+                case .failed(let backtrace):
                     if firstFailure == nil { firstFailure = backtrace }
-                    continue
-                }
-                samples[thread] = backtrace
-                if alone || StackShape.runsJob(backtrace.frames) { return backtrace }
-                if Self.isIdle(backtrace, thread: thread) {
-                    if firstIdle == nil { firstIdle = backtrace }
-                } else if firstOther == nil {
-                    firstOther = backtrace
+                case .stack(let raw):
+                    // A thread that says it drains the queue runs its job, even
+                    // when the copy of its stack ends before the job's frames.
+                    if alone || (raw.currentQueue != nil && runsQueue(raw) == true) { return raw }
+                    guard summary(raw).runsJob else { continue }
+                    if runsQueue(raw) != false { return raw }
+                    otherJobs += 1
                 }
             }
             return nil
         }
         let alone = !target.usesHeartbeat && candidates.count == 1
-        if let found = sample(candidates, alone: alone) { return (found, samples) }
-        if target.usesHeartbeat && !candidatesOnly {
-            // No likely thread runs a job: every other thread, once.
-            let own = stallcapture_current_tid()
-            let others = ProcessFacts.threads().filter { id, name in
-                id != own && !candidates.contains(id) && !Self.ignoredThreadNames.contains(name)
-            }.map(\.id)
-            if let found = sample(Self.sleepersFirst(Array(others.prefix(48))), alone: false) {
-                return (found, samples)
-            }
+        if let raw = look(candidates, alone: alone) { return Search(found: raw, failure: .unavailable("")) }
+        if target.usesHeartbeat && !candidatesOnly,
+            let raw = look(otherThreads(excluding: candidates), alone: false)
+        {
+            return Search(found: raw, failure: .unavailable(""))
         }
-        // An idle thread is never the blocked one: a thread that could not be
-        // sampled (and says why) is the more honest answer.
-        return (firstOther ?? firstFailure ?? firstIdle ?? .unavailable("no thread to sample"), samples)
+        return Search(found: nil, failure: Self.noJobFound(firstFailure: firstFailure, otherJobs: otherJobs))
+    }
+
+    /// The process's other threads that may run a job (not a detector's, the stop
+    /// witness's or SafeTimers' scheduler's), at most 48, those asleep first.
+    private func otherThreads(excluding excluded: [Int32]) -> [Int32] {
+        let own = stallcapture_current_tid()
+        let others = ProcessFacts.threads().filter { id, name in
+            id != own && !excluded.contains(id) && !Self.ignoredThreadNames.contains(name)
+                && !DetectorThreads.contains(id)
+        }.map(\.id)
+        return Self.sleepersFirst(Array(others.prefix(48)))
+    }
+
+    /// Why no thread was found running the queue's job.
+    private static func noJobFound(firstFailure: StallBacktrace?, otherJobs: Int) -> StallBacktrace {
+        if let firstFailure, let reason = firstFailure.unavailableReason {
+            let text = "no thread was seen running this queue's job; one could not be sampled: \(reason)"
+            return firstFailure.whileRunning
+                ? .unavailableWhileRunning(text, threadID: firstFailure.threadID)
+                : .unavailable(text, threadID: firstFailure.threadID)
+        }
+        let others = otherJobs == 0 ? "" : " (\(otherJobs) ran other queues' jobs)"
+        return .unavailable(
+            "no thread was seen running this queue's job\(others): the queue may be suspended, or waiting for a thread")
     }
 
     /// A custom executor's thread is the one that last ran a probe (an event
-    /// loop's thread): it is sampled first, and taken unless it waits for work.
-    /// If it does (a dispatch queue's jobs move from worker to worker), the first
-    /// other thread running a dispatch job is taken; failing that, the waiting
-    /// thread's sample (the second look then reports it). Never the detector's own
-    /// thread.
-    private func sampleCustomExecutor(lastAnswering: Int32?) -> (StallBacktrace, [Int32: StallBacktrace]) {
+    /// loop's thread): it is sampled first, and taken unless it waits for work
+    /// or runs another queue's job. Failing that, the first other thread running
+    /// the watched queue's job is taken (a dispatch queue's jobs move from worker
+    /// to worker); failing that, the failure says the executor's thread waits for
+    /// work (the second look then reports the stall without a stack). Never the
+    /// detector's own thread, never an idle thread's stack.
+    private func findCustomExecutorThread(lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool) -> Search {
         let own = stallcapture_current_tid()
-        var samples: [Int32: StallBacktrace] = [:]
         guard let thread = lastAnswering, thread != own else {
             let unknown =
                 lastAnswering == nil
                 ? "no probe has run yet, so the executor's thread is unknown"
                 : "the last probe ran inside `post`, on the detector's own thread"
-            return (.unavailable(unknown), samples)
+            return Search(found: nil, failure: .unavailable(unknown))
         }
-        let lastProbeSample = backtrace(of: thread)
-        if lastProbeSample.unavailableReason == nil {
-            samples[thread] = lastProbeSample
-            if !Self.isIdle(lastProbeSample, thread: thread) { return (lastProbeSample, samples) }
+        var failure = StallBacktrace.unavailable(
+            "the executor's thread \(thread) is waiting for work, and no other thread was seen running its job",
+            threadID: Self.reportedID(thread))
+        switch sample(thread, queue: queue) {
+        case .failed(let backtrace):
+            failure = backtrace
+        case .stack(let raw):
+            if runsQueue(raw) != false && !isIdle(raw) { return Search(found: raw, failure: failure) }
         }
-        let others = ProcessFacts.threads().filter { id, name in
-            id != own && id != lastAnswering && !Self.ignoredThreadNames.contains(name)
-        }.map(\.id)
-        for thread in Self.sleepersFirst(Array(others.prefix(48))) {
-            let backtrace = backtrace(of: thread)
-            guard backtrace.unavailableReason == nil else { continue }
-            samples[thread] = backtrace
-            if StackShape.runsJob(backtrace.frames) { return (backtrace, samples) }
+        guard !candidatesOnly else { return Search(found: nil, failure: failure) }
+        for other in otherThreads(excluding: [thread]) {
+            guard case .stack(let raw) = sample(other, queue: queue), summary(raw).runsJob, runsQueue(raw) != false
+            else { continue }
+            return Search(found: raw, failure: failure)
         }
-        return (lastProbeSample, samples)
+        return Search(found: nil, failure: failure)
     }
 
     /// Every thread running a Swift job (at most 48 threads are looked at): the
-    /// pool's blocked threads. Returns the first and all of them, keyed by thread.
-    private func sampleCooperativePool() -> (StallBacktrace, [Int32: StallBacktrace]) {
+    /// pool's blocked threads; the first is `found`.
+    private func findPoolThreads() -> Search {
         let own = stallcapture_current_tid()
-        var samples: [Int32: StallBacktrace] = [:]
-        var first: StallBacktrace?
         // The main thread is never a pool thread (it runs an async `main` or the
         // main actor's jobs with the same frames).
         let mainThread = ProcessFacts.mainThreadID
@@ -225,13 +354,22 @@ final class SamplingContext: @unchecked Sendable {
         let threads =
             candidates.filter { $0.name.contains("qos") }.map(\.id)
             + candidates.filter { !$0.name.contains("qos") }.map(\.id)
+        var running: [RawStack] = []
         for thread in threads.prefix(48) {
-            let backtrace = backtrace(of: thread)
-            guard backtrace.unavailableReason == nil, StackShape.runsSwiftJob(backtrace.frames) else { continue }
-            samples[thread] = backtrace
-            if first == nil { first = backtrace }
+            guard case .stack(let raw) = sample(thread), summary(raw).runsSwiftJob else { continue }
+            running.append(raw)
         }
-        return (first ?? .unavailable("no thread was running a Swift job"), samples)
+        return Search(
+            found: running.first, failure: .unavailable("no thread was running a Swift job"), others: running)
+    }
+
+    /// Whether a sampled thread waits for work: its stack says so, or (Linux) the
+    /// kernel says it sleeps in `epoll_wait` with no job on its stack (an event
+    /// loop parked; the C library's frames may have no names).
+    func isIdle(_ raw: RawStack) -> Bool {
+        let summary = summary(raw)
+        if summary.looksIdle { return true }
+        return !summary.runsJob && ThreadState.isInEventWait(thread: raw.thread)
     }
 
     /// Whether a sampled thread waits for work: its stack says so, or (Linux) the

@@ -7,7 +7,7 @@ import Darwin
 #endif
 
 /// A raw frame before symbolication.
-struct RawFrame: Equatable, Sendable {
+struct RawFrame: Hashable, Sendable {
     var address: UInt
     /// Found only by the return-address scan.
     var isUncertain: Bool
@@ -24,6 +24,9 @@ struct StackCopy {
     var words: [UInt]
     /// Whether the copy ends before the stack does.
     var truncated: Bool
+    /// The dispatch queue whose job the thread ran when it was signalled; nil for
+    /// a thread read from `/proc` (its stack words are searched instead).
+    var queue: UInt? = nil
 }
 
 /// Samples another thread's stack without changing what it does:
@@ -212,7 +215,8 @@ final class StackSampler {
             let copy = StackCopy(
                 pc: UInt(sample.pointee.pc), sp: UInt(sample.pointee.sp), fp: UInt(sample.pointee.fp),
                 words: words,
-                truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES))
+                truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES),
+                queue: UInt(sample.pointee.queue))
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
             return .runningUnsampled("thread \(tid) did not answer within \(timeoutMilliseconds) ms")

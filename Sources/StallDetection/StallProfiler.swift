@@ -35,9 +35,18 @@ final class StallProfiler: Sendable {
     private struct Session: Sendable {
         var generation: UInt64
         var thread: Int32?
-        var recorder = ProfileRecorder()
+        var recorder = RawProfile()
         var activities: [String] = []
         var stall: OpenStall?
+    }
+
+    /// What a session gathered, for its `.ended` event: its samples are named
+    /// (``profile(of:)``) on the detector queue, never on the target's thread
+    /// whose answer ended the stall.
+    struct Gathered: Sendable {
+        var recorder: RawProfile
+        var activities: [String]
+        var interval: Int64
     }
 
     private struct State: Sendable {
@@ -48,25 +57,20 @@ final class StallProfiler: Sendable {
         /// Due when an answer is late enough to start sampling; every answer
         /// pushes it back.
         var earlyLook: DelayedWork?
-        /// A stall was reported: the stacks it ran in are named and cached, so
-        /// samples before the threshold are cheap enough to take.
-        var warm = false
         var stopped = false
         /// CPU time for naming new code that is not charged to the pace.
         var namingAllowance = StallProfiler.namingAllowance
     }
 
     private let state = Locked(State())
-    /// Whether the frames at an address run a queue's job (sampling on the
-    /// detector queue only; behind a lock of its own).
-    private let jobAddresses = Locked<[UInt: JobFrame]>([:])
     /// Whether a session is open: read on every answer without the lock.
     private let active = Atomic<Bool>(false)
     private let queue: DispatchQueue
     private let scheduler: any TimerScheduler
     private let sampling: SamplingContext
     private let target: StallDetector.Target
-    private let lastAnswering: @Sendable () -> Int32?
+    /// The thread that last answered a probe, and the serial queue it ran on.
+    private let lastAnswering: @Sendable () -> (thread: Int32?, queue: UInt?)
     /// Whether the target owes an answer and no stall is open (and sampling is
     /// allowed: no debugger, or reports while debugged).
     private let owesAnswer: @Sendable () -> Bool
@@ -91,12 +95,17 @@ final class StallProfiler: Sendable {
                 line: nil, image: nil, isUncertain: false)
         ], threadID: nil, unavailableReason: nil)
 
+    /// A running thread that gave no stack, in a raw profile (named
+    /// ``unsampledRunning``).
+    static let unsampledRaw = [RawFrame(address: 0, isUncertain: false)]
+
     /// How often the fatal report is rewritten while a stall lasts.
     static let fatalRefresh: Int64 = 250_000_000
 
     init(
         queue: DispatchQueue, scheduler: any TimerScheduler, sampling: SamplingContext, target: StallDetector.Target,
-        fatalReportPath: String?, lateAfter: Int64, lastAnswering: @escaping @Sendable () -> Int32?,
+        fatalReportPath: String?, lateAfter: Int64,
+        lastAnswering: @escaping @Sendable () -> (thread: Int32?, queue: UInt?),
         owesAnswer: @escaping @Sendable () -> Bool
     ) {
         self.queue = queue
@@ -137,14 +146,11 @@ final class StallProfiler: Sendable {
         }
     }
 
-    /// On the detector queue, `lateAfter` after the last answer.
-    ///
-    /// Not before this detector has reported a stall: until then its symbol cache
-    /// is cold, and naming code for the first time (tens of milliseconds, far
-    /// more on a loaded machine) on the detector's queue would hold up the look
-    /// that detects the stall. The first stall is profiled from `.started` on.
+    /// On the detector queue, `lateAfter` after the last answer: sampling starts,
+    /// so that the profile covers the stall from its start (the first stall too:
+    /// a sample names nothing in full, so code never seen before costs it no more
+    /// than code seen a thousand times).
     private func lateAnswer() {
-        guard state.withLock({ $0.warm }) else { return }
         if owesAnswer() { begin(now: Monotonic.now()) }
     }
 
@@ -164,9 +170,10 @@ final class StallProfiler: Sendable {
         if let (generation, at) = due { schedule(generation: generation, at: at, now: now) }
     }
 
-    /// `.started` is about to be emitted: the sample it took joins the profile
-    /// (opening a session if none is), samples from before the stall's `start` go,
-    /// and the activities of the sampled thread are kept for the stall's events.
+    /// `.started` is about to be emitted: samples from before the stall's `start`
+    /// go (opening a session if none is), the thread it sampled is the one the
+    /// profile follows, and the activities of the sampled thread are kept for the
+    /// stall's events.
     func stallStarted(backtrace: StallBacktrace, activities: [String], start: Int64, at time: Int64) {
         let schedule = state.withLock { state -> (UInt64, Int64)? in
             guard !state.stopped else { return nil }
@@ -186,7 +193,6 @@ final class StallProfiler: Sendable {
                     state.session?.recorder.dropSamples(before: .max)
                 }
                 state.session?.thread = id
-                state.session?.recorder.add(backtrace.frames, at: time)
             }
             state.session?.activities = activities
             return opened
@@ -198,29 +204,51 @@ final class StallProfiler: Sendable {
     func stallReported(_ event: StallEvent, start: Int64, at time: Int64) {
         state.withLock { state in
             state.session?.stall = OpenStall(event: event, start: start, lastWrite: time)
-            state.warm = true
         }
         fatal?.write(event)
     }
 
-    /// The profile and activities so far (for an event); cheap: the counts are kept
-    /// up to date. Empty when no session is open.
+    /// The profile and activities so far (for an event), its samples named now:
+    /// on the detector queue only. Empty when no session is open.
     func snapshot() -> (profile: StallProfile, activities: [String]) {
+        guard let gathered = gathered() else { return (.empty, []) }
+        return (profile(of: gathered), gathered.activities)
+    }
+
+    /// What the open session gathered so far, if one is open.
+    private func gathered() -> Gathered? {
         state.withLock { state in
-            guard let session = state.session else { return (.empty, []) }
-            return (session.recorder.profile(interval: state.pace.interval), session.activities)
+            state.session.map { Gathered(recorder: $0.recorder, activities: $0.activities, interval: state.pace.interval) }
         }
     }
 
-    /// The target answered: the session ends. Safe on any thread (the target's);
-    /// never waits. A sample scheduled meanwhile finds its generation stale.
-    func end() {
-        guard active.load(ordering: .acquiring) else { return }
-        state.withLock { state in
-            state.session = nil
-            active.store(false, ordering: .releasing)
+    /// The profile of gathered samples, each distinct stack named in full (on
+    /// the detector queue: naming code for the first time reads debug
+    /// information).
+    func profile(of gathered: Gathered) -> StallProfile {
+        gathered.recorder.profile(interval: gathered.interval) { [sampling] stacks in
+            let named = sampling.names(stacks.map { $0 == Self.unsampledRaw ? [] : $0 })
+            return zip(stacks, named).map { $0 == Self.unsampledRaw ? Self.unsampledRunning.frames : $1 }
+        }
+    }
+
+    /// The target answered: the session ends, and what it gathered is returned
+    /// (for the `.ended` event). Safe on any thread (the target's); never waits.
+    /// A sample scheduled meanwhile finds its generation stale.
+    @discardableResult
+    func end() -> Gathered? {
+        guard active.load(ordering: .acquiring) else { return nil }
+        let gathered = state.withLock { state -> Gathered? in
+            defer {
+                state.session = nil
+                active.store(false, ordering: .releasing)
+            }
+            return state.session.map {
+                Gathered(recorder: $0.recorder, activities: $0.activities, interval: state.pace.interval)
+            }
         }
         releaseFilesLater()
+        return gathered
     }
 
     /// The `/proc` files kept open for a stall's samples are closed on the
@@ -255,7 +283,7 @@ final class StallProfiler: Sendable {
     private func schedule(generation: UInt64, at time: Int64, now: Int64) {
         let delay = Duration.nanoseconds(max(0, time - now))
         let work = DelayedWork.schedule(after: delay, on: queue, scheduler: scheduler) { [weak self] in
-            self?.sample(generation: generation)
+            DetectorThreads.work { self?.sample(generation: generation) }
         }
         let stopped = state.withLock { state -> Bool in
             if !state.stopped { state.pending = work }
@@ -274,44 +302,18 @@ final class StallProfiler: Sendable {
         let start = Monotonic.now()
         let cpuBefore = Self.threadCPU()
         let namingBefore = sampling.namingCost
-        var backtrace: StallBacktrace?
-        var found: Int32?
-        if let known {
-            let sampled = sampling.backtrace(of: known)
-            if sampled.unavailableReason == nil, keeps(sampled.frames) {
-                backtrace = sampled
-                found = known
-            } else if sampled.whileRunning {
-                // The thread ran code it could not be asked about (signals
-                // blocked, or no answer): that time counts, as unknown code,
-                // rather than vanishing from the shares.
-                backtrace = Self.unsampledRunning
-                found = known
-            }
-        } else {
-            // Before `.started`, only the likely threads (the main thread, the
-            // one that answered last): trying every thread holds up the
-            // detector's queue, and `.started` finds the thread anyway.
-            let (chosen, _) = sampling.sampleBlockedThread(
-                target: target, lastAnswering: lastAnswering(), candidatesOnly: !reported)
-            if chosen.unavailableReason == nil, keeps(chosen.frames),
-                let id = chosen.threadID
-            {
-                backtrace = chosen
-                found = Int32(truncatingIfNeeded: id)
-            }
-        }
+        let (frames, found) = take(known: known, reported: reported)
         let cost = Self.threadCPU() - cpuBefore
         let naming = max(0, min(cost, sampling.namingCost - namingBefore))
         let taken = Monotonic.now()
-        var refresh: StallEvent?
+        var refresh: Gathered?
         let next = state.withLock { state -> (UInt64, Int64)? in
             guard !state.stopped, state.session?.generation == generation else { return nil }
             state.session?.thread = found
-            if let backtrace { state.session?.recorder.add(backtrace.frames, at: taken) }
+            if let frames { state.session?.recorder.add(frames, at: taken) }
             let stride = state.session?.recorder.stride ?? 1
-            // Naming code never seen before (2–20 ms for a stack in a process'
-            // first stall, then cached for good) is paid from a one-time
+            // Naming functions never seen before by their symbols (tens of
+            // microseconds each, then cached for good) is paid from a one-time
             // allowance first, and charged only beyond it.
             let forgiven = min(naming, state.namingAllowance)
             state.namingAllowance -= forgiven
@@ -322,8 +324,38 @@ final class StallProfiler: Sendable {
             refresh = dueRefresh(&state, now: taken)
             return (generation, nextTime)
         }
-        if let refresh { fatal?.write(refresh) }
+        if let refresh { writeRefresh(refresh) }
+        if Self.traced {
+            SamplingTrace.sample(cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken })
+        }
         if let (generation, at) = next { schedule(generation: generation, at: at, now: Monotonic.now()) }
+    }
+
+    /// One sample of the blocked thread (`known`, or found as `.started` finds
+    /// it): its raw stack, and the thread to sample next time (nil: find it
+    /// again, the job moved).
+    private func take(known: Int32?, reported: Bool) -> (frames: [RawFrame]?, thread: Int32?) {
+        let (answering, queue) = lastAnswering()
+        guard let known else {
+            // Before `.started`, only the likely threads (the main thread, the
+            // one that answered last): trying every thread holds up the
+            // detector's queue, and `.started` finds the thread anyway.
+            let search = sampling.find(
+                target: target, lastAnswering: answering, queue: queue, candidatesOnly: !reported)
+            guard let raw = search.found, keeps(raw) else { return (nil, nil) }
+            return (raw.frames, raw.thread)
+        }
+        switch sampling.sample(known, queue: queue) {
+        case .stack(let raw) where keeps(raw):
+            return (raw.frames, known)
+        case .failed(let backtrace) where backtrace.whileRunning:
+            // The thread ran code it could not be asked about (signals blocked,
+            // or no answer): that time counts, as unknown code, rather than
+            // vanishing from the shares.
+            return (Self.unsampledRaw, known)
+        default:
+            return (nil, nil)
+        }
     }
 
     /// The detector's look during a stall (every heartbeat): the fatal report is
@@ -331,63 +363,50 @@ final class StallProfiler: Sendable {
     /// came meanwhile.
     func refreshFatalReport(now: Int64) {
         guard fatal != nil else { return }
-        if let event = state.withLock({ dueRefresh(&$0, now: now) }) { fatal?.write(event) }
+        if let due = state.withLock({ dueRefresh(&$0, now: now) }) { writeRefresh(due) }
     }
 
-    /// The report to write now, if a stall was reported and its file is
-    /// `fatalRefresh` old.
-    private func dueRefresh(_ state: inout State, now: Int64) -> StallEvent? {
-        guard fatal != nil, let stall = state.session?.stall, now - stall.lastWrite >= Self.fatalRefresh,
-            let profile = state.session?.recorder.profile(interval: state.pace.interval)
+    /// What to write now, if a stall was reported and its file is `fatalRefresh`
+    /// old.
+    private func dueRefresh(_ state: inout State, now: Int64) -> Gathered? {
+        guard fatal != nil, let session = state.session, let stall = session.stall,
+            now - stall.lastWrite >= Self.fatalRefresh
         else { return nil }
         state.session?.stall?.lastWrite = now
-        return stall.event.inProgress(duration: now - stall.start, profile: profile)
+        return Gathered(recorder: session.recorder, activities: session.activities, interval: state.pace.interval)
+    }
+
+    /// Writes the fatal report of the open stall with `gathered`'s samples
+    /// (named here, on the detector queue).
+    private func writeRefresh(_ gathered: Gathered) {
+        let profile = profile(of: gathered)
+        guard let event = state.withLock({ $0.session?.stall }).map({ stall in
+            stall.event.inProgress(duration: Monotonic.now() - stall.start, profile: profile)
+        })
+        else { return }
+        fatal?.write(event)
     }
 
     /// Whether a sample of the blocked thread counts: a queue's or the pool's
-    /// thread must be running a job; a custom executor's thread (an event loop,
-    /// which runs no dispatch job) must only not be waiting for work.
-    private func keeps(_ frames: [StackFrame]) -> Bool {
-        if case .custom = target { return !StackShape.looksIdle(frames) }
-        return !target.usesHeartbeat || runsJob(frames)
-    }
-
-    /// ``StackShape/runsJob(_:)``, with what the frames at each address say
-    /// remembered: it runs on every sample.
-    private func runsJob(_ frames: [StackFrame]) -> Bool {
-        jobAddresses.withLock { known in
-            if known.count > 100_000 { known.removeAll() }
-            var job = false
-            var index = 0
-            while index < frames.count {
-                var end = index + 1
-                while end < frames.count && frames[end].address == frames[index].address { end += 1 }
-                let address = frames[index].address
-                let kind: JobFrame
-                if let cached = known[address] {
-                    kind = cached
-                } else {
-                    let group = Array(frames[index..<end])
-                    let names = group.compactMap(\.function)
-                    if names.contains(where: { name in StackShape.managerMarkers.contains { name.containsText($0) } }) {
-                        kind = .manager
-                    } else {
-                        kind = StackShape.runsJob(group) ? .job : .other
-                    }
-                    known[address] = kind
-                }
-                if kind == .manager { return false }
-                if kind == .job { job = true }
-                index = end
-            }
-            return job
+    /// thread must be running a job (of the watched queue, where it is known); a
+    /// custom executor's thread (an event loop, which runs no dispatch job) must
+    /// only not be waiting for work.
+    private func keeps(_ raw: RawStack) -> Bool {
+        switch sampling.runsQueue(raw) {
+        case false?: return false
+        case true? where raw.currentQueue != nil: return true
+        default: break
+        }
+        switch target {
+        case .custom: return !sampling.isIdle(raw)
+        case .mainRunLoop: return true
+        case .cooperativePool: return sampling.summary(raw).runsSwiftJob
+        default: return sampling.summary(raw).runsJob
         }
     }
 
-    /// What the frames at one address say about the thread.
-    enum JobFrame: Sendable {
-        case job, manager, other
-    }
+    /// Whether each sample is traced (``SamplingTrace``).
+    private static let traced = SamplingTrace.isEnabled
 
     /// The calling thread's CPU time in nanoseconds.
     static func threadCPU() -> Int64 {

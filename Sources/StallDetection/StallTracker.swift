@@ -9,13 +9,19 @@
 ///   when the loop goes to sleep.
 ///
 /// A stall starts when the target has owed an answer for `threshold`; it ends at the
-/// next progress. Its start is estimated as the midpoint between the last progress
-/// and the moment an answer became owed: exact for the run loop (the two are the
-/// same), within half a heartbeat for a probe.
+/// next progress. An answer that comes past the threshold before any look saw
+/// the stall is a stall all the same (``Event/missed(id:duration:)``). Its start is
+/// estimated as the midpoint between the last progress and the moment an answer
+/// became owed: exact for the run loop (the two are the same), within half a
+/// heartbeat for a probe.
 struct StallTracker: Sendable {
     enum Event: Equatable, Sendable {
         case started(id: UInt64, duration: Int64)
         case ended(id: UInt64, duration: Int64)
+        /// The answer came `duration` after the stall's estimated start, past the
+        /// threshold, and no look had seen the stall: a stall that has already
+        /// ended (the detector's looks were late, on a loaded machine).
+        case missed(id: UInt64, duration: Int64)
     }
 
     let threshold: Int64
@@ -41,7 +47,7 @@ struct StallTracker: Sendable {
     /// The target did something at `time` (a probe ran, or the run loop moved on);
     /// for a run loop it is busy from then on.
     mutating func progress(at time: Int64, busyAfterwards: Bool = false) -> Event? {
-        let event = finish(at: time)
+        let event = finish(at: time) ?? missed(at: time)
         lastProgress = max(lastProgress, time)
         pendingSince = busyAfterwards ? time : nil
         return event
@@ -49,7 +55,7 @@ struct StallTracker: Sendable {
 
     /// The run loop went to sleep at `time`: it owes nothing.
     mutating func idle(at time: Int64) -> Event? {
-        let event = finish(at: time)
+        let event = finish(at: time) ?? missed(at: time)
         lastProgress = max(lastProgress, time)
         pendingSince = nil
         return event
@@ -92,6 +98,16 @@ struct StallTracker: Sendable {
     private func estimatedStart(pendingSince: Int64) -> Int64 {
         let earliest = min(lastProgress, pendingSince)
         return earliest + (pendingSince - earliest) / 2
+    }
+
+    /// A stall no look saw: nothing open, and the answer owed since before
+    /// `time - threshold`.
+    private mutating func missed(at time: Int64) -> Event? {
+        guard stall == nil, let pendingSince else { return nil }
+        let start = estimatedStart(pendingSince: pendingSince)
+        guard time - start >= threshold else { return nil }
+        lastID &+= 1
+        return .missed(id: lastID, duration: time - start)
     }
 
     private mutating func finish(at time: Int64) -> Event? {

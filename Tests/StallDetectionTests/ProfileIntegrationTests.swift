@@ -103,7 +103,7 @@ extension StallDetectorIntegrationTests {
             #expect((run.ended.first?.milliseconds ?? 0) >= 1_200)
         }
 
-        @Test("sampling a 3 s stall costs about 1 % of a core: every other thread's CPU over the stall, counted")
+        @Test("sampling a 3 s stall costs the sampling budget and little more: every other thread's CPU, counted")
         func samplingCost() throws {
             // The best of two runs by sample count: the machine is shared, and a
             // sample that costs more under others' load leaves the budget fewer.
@@ -117,10 +117,12 @@ extension StallDetectorIntegrationTests {
             let percent = cpu / 3_000 * 100
             let rate = Double(profile.count) / (profile.span / 1000)
             print("3 s stall: \(percent) % of a core, \(profile.count) samples, \(rate) per second")
-            // Everything the process did besides the sleeping thread: the samples,
-            // naming the stack for the first time (once per process), the
-            // detector's looks, the event stream, this helper's printing.
-            #expect(percent <= 3.0, "\(cpu) ms of CPU over 3 s")
+            // Everything the process did besides the sleeping thread: the samples
+            // (2 % of a core in a release build, 4 % in a debug one), naming the
+            // stack for the first time (once per process), the detector's looks,
+            // the event stream, this helper's printing.
+            let budget = ProbeRun.probeIsRelease ? 2.0 : 4.0
+            #expect(percent <= budget + 2.0, "\(cpu) ms of CPU over 3 s")
             #expect(profile.count <= StallProfile.maximumSampleCount)
             #expect(rate <= 1000.0 / 5.0 + 1, "at most one sample per minimum interval")
             // 68 samples, or 34 when the first stall's naming outran its allowance

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "CStallActivity.h"
+#include "CStallProcess.h"
 
 #if defined(__linux__)
 // System declarations that Swift's Glibc module does not export, used from Swift
@@ -34,6 +35,10 @@ typedef struct stallcapture_sample {
     uintptr_t pc;
     uintptr_t sp;
     uintptr_t fp;
+    /// The dispatch queue whose job the thread was running when interrupted
+    /// (`stallcapture_current_queue`), so that a worker that moved on to another
+    /// queue's job is not taken for this queue's.
+    uintptr_t queue;
     /// A copy of the stack from `sp` upward, as far as it is mapped (at most
     /// STALLCAPTURE_STACK_BYTES); the frame-pointer walk and the return-address
     /// scan read this copy, never the live stack.

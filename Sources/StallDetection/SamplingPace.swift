@@ -1,0 +1,99 @@
+/// When to take the next profile sample: bounded in rate and in CPU, and evenly
+/// spaced, so that each function's share of the samples is its share of the time.
+///
+/// Samples are `minimumInterval × stride` apart, where the stride is a power of two
+/// that only grows during a stall: when the recent samples cost more than the
+/// budget allows at the current interval, or the profile is full, the stride
+/// doubles and the profile keeps every second sample, so the samples stay evenly
+/// spread (a costly phase of a stall must not get fewer samples than a cheap one).
+///
+/// Under that, a token bucket of CPU time guarantees the budget: it fills at
+/// `budget` (``defaultBudget``, 2 %: 20 µs of CPU per millisecond) up to `burst`, each sample spends
+/// what it cost, and when it is empty the next sample waits until it has refilled.
+/// So over any stretch of time `T` sampling costs at most `budget × T + burst` of
+/// CPU, whatever a sample costs. The bucket outlives a stall: stalls in a row
+/// share it.
+struct SamplingPace: Sendable {
+    /// The share of one core sampling may use: 2 %, and 4 % in a debug build of
+    /// this package, whose unoptimized unwinder makes a sample about 5 times
+    /// costlier (so that a debug build still samples about 50 times a second).
+    /// A sample names nothing in full, so this pays for capturing and
+    /// unwinding alone.
+    static let defaultBudget: Double = {
+        #if DEBUG
+        return 0.04
+        #else
+        return 0.02
+        #endif
+    }()
+
+    let minimumInterval: Int64
+    let budget: Double
+    let burst: Double
+    /// CPU nanoseconds that may be spent now (negative: owed).
+    private(set) var tokens: Double
+    private var refilled: Int64?
+    /// The recent cost of a sample (exponential average), this stall.
+    private var averageCost: Double?
+    /// The earliest moment the next sample may start.
+    private(set) var earliest: Int64 = .min
+    /// The interval between samples in effect.
+    private(set) var interval: Int64
+
+    init(
+        minimumInterval: Int64 = Monotonic.nanoseconds(StallProfile.minimumInterval),
+        budget: Double = SamplingPace.defaultBudget,
+        burst: Int64 = 2_000_000
+    ) {
+        self.minimumInterval = max(1, minimumInterval)
+        self.budget = min(1, max(0.0001, budget))
+        self.burst = Double(max(0, burst))
+        self.tokens = Double(max(0, burst))
+        self.interval = self.minimumInterval
+    }
+
+    /// A new stall: its samples' cost is learnt afresh.
+    mutating func beginStall() {
+        averageCost = nil
+        interval = minimumInterval
+    }
+
+    /// The interval for a stride.
+    func interval(stride: Int) -> Int64 {
+        let product = minimumInterval.multipliedReportingOverflow(by: Int64(max(1, stride)))
+        return product.overflow ? .max / 4 : min(.max / 4, product.partialValue)
+    }
+
+    /// Records a sample that started at `start` and cost `cost` nanoseconds of
+    /// CPU, taken at `stride`. Returns when the next may start, and whether the
+    /// stride must double first (the samples cost more than the budget allows).
+    ///
+    /// A sample that had to find the blocked thread (sampling several threads)
+    /// passes `typical: false`: it spends from the bucket, but does not teach the
+    /// pace what a sample of this stall costs.
+    mutating func sampled(start: Int64, cost: Int64, stride: Int, typical: Bool = true) -> (next: Int64, slower: Bool) {
+        refill(to: start)
+        let cost = Double(max(0, cost))
+        tokens -= cost
+        // One sample's spike (a page fault, a preemption) counts at most 4 times
+        // the average, so that it cannot halve the rate by itself.
+        if typical { averageCost = averageCost.map { $0 * 0.75 + min(cost, 4 * $0) * 0.25 } ?? cost }
+        let current = interval(stride: stride)
+        let slower = (averageCost ?? 0) > budget * Double(current) || tokens < -burst
+        interval = slower ? interval(stride: stride.multipliedReportingOverflow(by: 2).partialValue) : current
+        let untilRefilled = tokens >= 0 ? 0 : Int64(min(Double(Int64.max / 4), (-tokens / budget).rounded(.up)))
+        let wait = max(interval, untilRefilled)
+        earliest = start.addingReportingOverflow(wait).overflow ? .max : start + wait
+        return (earliest, slower)
+    }
+
+    /// When a sample wanted at `now` may start.
+    func next(now: Int64) -> Int64 { max(now, earliest) }
+
+    private mutating func refill(to time: Int64) {
+        if let refilled, time > refilled {
+            tokens = min(burst, tokens + Double(time - refilled) * budget)
+        }
+        refilled = max(refilled ?? time, time)
+    }
+}

@@ -1,0 +1,115 @@
+import Dispatch
+import Foundation
+import StallDetection
+
+// Scenarios that stage stalls as users meet them: a detector's first stall in a
+// fresh process, and many detectors (one per queue or event loop) whose targets
+// all stall at once. Extra output lines:
+//   FIRSTSTALL <phase> <samples> <samples of A> <samples of B> <span ms>
+//   DETECTOR <index> <phase> <received ms> <duration ms> <blocker depth in the stack, -1: not named>
+//   BLOCKED <index> <begin ms> <end ms>      monotonic times a queue's block began and ended
+
+/// The scenarios this file runs.
+let realConditionScenarios: Set<String> = ["first-stall", "first-stall-main", "many-queues", "many-loops"]
+
+func runRealConditionScenario(_ scenario: String, _ number: Int) {
+    switch scenario {
+    case "first-stall", "first-stall-main":
+        // A detector's first stall: 600 ms busy in profileStepA, then 300 ms asleep
+        // in profileStepB, with nothing before it (no warm-up stall).
+        let onMain = scenario == "first-stall-main"
+        let queue = DispatchQueue(label: "probe.first")
+        let detector = StallDetector(target: onMain ? .mainRunLoop : .queue(queue), threshold: .milliseconds(250))
+        detector.start()
+        Task.detached {
+            for await event in detector.events {
+                report(event)
+                let profile = event.profile
+                let share = { (name: String) in
+                    profile.functions.first { $0.name.contains(name) }?.samples ?? 0
+                }
+                emit(
+                    "FIRSTSTALL \(event.phase.rawValue) \(profile.sampleCount) \(share("profileStepA")) "
+                        + "\(share("profileStepB")) \(milliseconds(profile.span))")
+                if event.phase == .ended { finishAndExit(detector)() }
+            }
+        }
+        let target = onMain ? DispatchQueue.main : queue
+        target.asyncAfter(deadline: .now() + 0.3) {
+            measuredStall {
+                profileStepA(600)
+                profileStepB(300)
+            }
+        }
+        if onMain { RunLoop.main.run() } else { dispatchMain() }
+
+    case "many-queues", "many-loops":
+        // `number` serial queues (default 8), one detector each (`.queue`, or
+        // `.custom` posting to the queue as to an event loop), all blocked at once
+        // for 1.5 s, each in queueBlocker recursed index + 1 deep: a report that
+        // names another queue's blocker shows another depth.
+        let count = max(1, min(number, 64))
+        let queues = (0..<count).map { DispatchQueue(label: "probe.many.\($0)") }
+        let detectors = queues.enumerated().map { index, queue in
+            let target: StallDetector.Target =
+                scenario == "many-queues"
+                ? .queue(queue) : .custom(name: "loop \(index)") { probe in queue.async(execute: probe) }
+            return StallDetector(target: target, threshold: .milliseconds(250))
+        }
+        watchMany(detectors)
+        DispatchQueue.global().asyncAfter(deadline: .now() + 1.0) {
+            for (index, queue) in queues.enumerated() {
+                queue.async {
+                    let begin = monotonicMilliseconds()
+                    queueBlocker(depth: index + 1, ms: 1_500)
+                    emit("BLOCKED \(index) \(begin) \(monotonicMilliseconds())")
+                }
+            }
+        }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 6.0) {
+            for detector in detectors { detector.stop() }
+            emit("CPU \(cpuMilliseconds())")
+            exit(0)
+        }
+        dispatchMain()
+
+    default:
+        print("unknown scenario \(scenario)")
+        exit(2)
+    }
+}
+
+/// Prints a `DETECTOR` line for every event of each detector.
+private func watchMany(_ detectors: [StallDetector]) {
+    for (index, detector) in detectors.enumerated() {
+        detector.start()
+        Task.detached(priority: .high) {
+            for await event in detector.events {
+                let depth = event.backtrace.frames.filter { $0.function?.contains("queueBlocker") == true }.count
+                let named = event.backtrace.unavailableReason == nil ? depth : -1
+                emit(
+                    "DETECTOR \(index) \(event.phase.rawValue) \(monotonicMilliseconds()) "
+                        + "\(milliseconds(event.duration)) \(named) \(milliseconds(event.samplingTime))")
+                if named <= 0 {
+                    let top = event.backtrace.frames.prefix(6).map { $0.function ?? "?" }.joined(separator: " < ")
+                    emit("DETAIL \(index) \(event.backtrace.unavailableReason ?? top)")
+                }
+            }
+        }
+    }
+}
+
+/// Recurses `depth` times, then spins for `ms`: the depth of a report's
+/// `queueBlocker` frames tells which queue it sampled.
+@inline(never)
+func queueBlocker(depth: Int, ms: Int) {
+    if depth > 1 {
+        queueBlocker(depth: depth - 1, ms: ms)
+        blackHole(depth)  // not a tail call: each level keeps its frame
+        return
+    }
+    let end = ContinuousClock.now + .milliseconds(ms)
+    var spins = 0
+    while ContinuousClock.now < end { spins &+= 1 }
+    blackHole(spins)
+}
