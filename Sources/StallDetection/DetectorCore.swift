@@ -160,6 +160,9 @@ final class DetectorCore: Sendable {
             })
         }
         let now = Monotonic.now()
+        // Started from the main run loop's own pass (an app's launch): that pass
+        // is busy now, and the observer sees its end, not its start.
+        let inRunLoopPass = observer != nil && RunLoopObserverHandle.isInMainRunLoopPass
         let removeObserver = state.withLock { state -> Bool in
             guard state.lifecycle == .running else { return true }
             state.observer = observer
@@ -168,12 +171,14 @@ final class DetectorCore: Sendable {
             state.lastContinueSeen = now
             if target.usesHeartbeat {
                 startProbe(&state, now: now)
-                state.overdue = makeOverdue(&state, timeout: overdueTimeout)
+            } else if inRunLoopPass {
+                _ = state.tracker.progress(at: now, busyAfterwards: true)
             }
+            if target.usesHeartbeat || inRunLoopPass { state.overdue = makeOverdue(&state, timeout: overdueTimeout) }
             return false
         }
         if removeObserver { observer?.remove() }
-        if target.usesHeartbeat { profiler.answered() }
+        if target.usesHeartbeat || inRunLoopPass { profiler.answered() }
     }
 
     func stop() {

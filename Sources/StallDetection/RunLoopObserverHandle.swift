@@ -1,3 +1,4 @@
+import CStallCapture
 import SafeTimers
 
 #if canImport(CoreFoundation)
@@ -29,6 +30,18 @@ final class RunLoopObserverHandle: @unchecked Sendable {
         if let observer {
             CFRunLoopAddObserver(CFRunLoopGetMain(), observer, kCFRunLoopCommonModes)
         }
+        #endif
+    }
+
+    /// Whether the calling thread is the main thread inside a pass of the main
+    /// run loop (a handler the loop called, such as an app's launch): the loop is
+    /// busy now, and the observer will see the end of this pass, not its start.
+    static var isInMainRunLoopPass: Bool {
+        #if canImport(CoreFoundation)
+        guard stallcapture_current_tid() == ProcessFacts.mainThreadID else { return false }
+        return CFRunLoopCopyCurrentMode(CFRunLoopGetMain()) != nil
+        #else
+        return false
         #endif
     }
 

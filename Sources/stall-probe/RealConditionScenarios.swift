@@ -10,7 +10,9 @@ import StallDetection
 //   BLOCKED <index> <begin ms> <end ms>      monotonic times a queue's block began and ended
 
 /// The scenarios this file runs.
-let realConditionScenarios: Set<String> = ["first-stall", "first-stall-main", "many-queues", "many-loops"]
+let realConditionScenarios: Set<String> = [
+    "first-stall", "first-stall-main", "many-queues", "many-loops", "runloop-start-pass", "suspended-queue",
+]
 
 func runRealConditionScenario(_ scenario: String, _ number: Int) {
     switch scenario {
@@ -73,6 +75,24 @@ func runRealConditionScenario(_ scenario: String, _ number: Int) {
         }
         dispatchMain()
 
+    case "runloop-start-pass":
+        runStartInsideRunLoopPass(number)
+
+    case "suspended-queue":
+        // The watched queue suspended for `number` ms while other threads work:
+        // no thread runs its job, and none may be blamed.
+        let queue = DispatchQueue(label: "probe.suspended")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        let busy = DispatchQueue(label: "probe.bystander")
+        DispatchQueue.global().asyncAfter(deadline: .now() + 0.5) {
+            queue.suspend()
+            busy.async { uniquelyNamedMainThreadBlocker(number + 500) }
+            usleep(UInt32(number) * 1_000)
+            queue.resume()
+        }
+        dispatchMain()
+
     default:
         print("unknown scenario \(scenario)")
         exit(2)
@@ -112,4 +132,20 @@ func queueBlocker(depth: Int, ms: Int) {
     var spins = 0
     while ContinuousClock.now < end { spins &+= 1 }
     blackHole(spins)
+}
+
+/// A detector of the main run loop started inside a run-loop pass that then
+/// blocks for `ms` (an app that starts its detector at launch and then does
+/// slow launch work in the same pass).
+func runStartInsideRunLoopPass(_ ms: Int) {
+    DispatchQueue.main.async {
+        let detector = StallDetector(target: .mainRunLoop, threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        uniquelyNamedMainThreadBlocker(ms)
+    }
+    DispatchQueue.main.asyncAfter(deadline: .now() + 4) {
+        emit("NOEVENT")
+        exit(0)
+    }
+    RunLoop.main.run()
 }

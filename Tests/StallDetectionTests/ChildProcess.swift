@@ -54,8 +54,11 @@ struct ProbeRun {
     /// Runs a scenario; `whileRunning` gets the child's pid once it started. A child
     /// still running after `timeLimit` is killed, so a broken detector fails the
     /// test instead of hanging it.
+    /// With `traced`, the helper runs with `STALLDETECTION_TRACE=1` and its
+    /// standard error (the `stalldetection sample` lines) joins ``lines``.
     static func run(
-        _ arguments: [String], niceness: Int? = nil, timeLimit: Double = 60, whileRunning: (Int32) -> Void = { _ in }
+        _ arguments: [String], niceness: Int? = nil, timeLimit: Double = 60, traced: Bool = false,
+        whileRunning: (Int32) -> Void = { _ in }
     ) throws -> ProbeRun {
         let process = Process()
         if let niceness {
@@ -68,7 +71,10 @@ struct ProbeRun {
         }
         let output = Pipe()
         process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
+        process.standardError = traced ? output : FileHandle.nullDevice
+        if traced {
+            process.environment = ProcessInfo.processInfo.environment.merging(["STALLDETECTION_TRACE": "1"]) { $1 }
+        }
         try process.run()
         let pid = process.processIdentifier
         DispatchQueue.global().asyncAfter(deadline: .now() + timeLimit) { kill(pid, SIGKILL) }
@@ -100,6 +106,18 @@ struct ProbeRun {
     func value(_ key: String) -> [Double] {
         guard let line = lines.first(where: { $0.hasPrefix(key + " ") }) else { return [] }
         return line.split(separator: " ").dropFirst().compactMap { Double($0) }
+    }
+
+    /// The `stalldetection sample <cost µs> <naming µs> <kept> <next µs>` lines
+    /// of a traced run.
+    var tracedSamples: [(cost: Double, naming: Double, kept: Bool)] {
+        lines.compactMap { line in
+            let fields = line.split(separator: " ")
+            guard fields.count == 6, fields[0] == "stalldetection", fields[1] == "sample",
+                let cost = Double(fields[2]), let naming = Double(fields[3])
+            else { return nil }
+            return (cost, naming, fields[4] == "1")
+        }
     }
 
     var started: [Event] { events.filter { $0.phase == "started" } }

@@ -36,6 +36,54 @@ struct StallTrackerTests {
         #expect(tracker.tick(now: 900 * ms) == nil)
     }
 
+    @Test("an answer past the threshold that no look saw is a missed stall of its whole length, reported once")
+    func answerAfterTheThresholdWithoutALook() {
+        var tracker = StallTracker(threshold: 250 * ms, now: 0)
+        tracker.probeSent(at: 0)
+        // No tick ran (the detector's looks were late); the answer comes at 400 ms.
+        guard case .missed(let id, let duration)? = tracker.progress(at: 400 * ms) else {
+            Issue.record("a 400 ms stall must not be lost")
+            return
+        }
+        #expect(id == 1)
+        #expect(duration == 400 * ms)
+        #expect(tracker.tick(now: 500 * ms) == nil, "nothing is owed any more")
+        // A late answer under the threshold is none (the stall's start is the
+        // midpoint of the last answer, 400 ms, and the probe, 500 ms); the next
+        // stall gets the next id.
+        tracker.probeSent(at: 500 * ms)
+        #expect(tracker.progress(at: 650 * ms) == nil)
+        tracker.probeSent(at: 700 * ms)
+        guard case .missed(let next, _)? = tracker.progress(at: 1_000 * ms) else {
+            Issue.record("expected a second missed stall")
+            return
+        }
+        #expect(next == 2)
+    }
+
+    @Test("a run loop that goes to sleep past the threshold, with no look, had a missed stall")
+    func runLoopIdleAfterTheThreshold() {
+        var tracker = StallTracker(threshold: 250 * ms, now: 0)
+        _ = tracker.progress(at: 10 * ms, busyAfterwards: true)
+        guard case .missed(_, let duration)? = tracker.idle(at: 310 * ms) else {
+            Issue.record("expected a missed stall")
+            return
+        }
+        #expect(duration == 300 * ms)
+        #expect(tracker.idle(at: 900 * ms) == nil, "asleep, nothing owed")
+    }
+
+    @Test("an answer that ends a reported stall is its end, not a missed stall")
+    func reportedStallEndsOnce() {
+        var tracker = StallTracker(threshold: 250 * ms, now: 0)
+        tracker.probeSent(at: 0)
+        guard case .started(let id, _)? = tracker.tick(now: 260 * ms) else {
+            Issue.record("expected a start")
+            return
+        }
+        #expect(tracker.progress(at: 400 * ms) == .ended(id: id, duration: 400 * ms))
+    }
+
     @Test("run loop: start and end are exact")
     func runLoopStall() {
         var tracker = StallTracker(threshold: 250 * ms, now: 0)
