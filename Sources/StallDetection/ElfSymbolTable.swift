@@ -53,9 +53,15 @@ struct ElfSymbolTable: Sendable {
             let middle = (low + high) / 2
             if functions[middle].start <= address { low = middle + 1 } else { high = middle }
         }
-        guard low > 0 else { return nil }
-        let found = functions[low - 1]
-        return address < found.start &+ max(1, found.size) ? found : nil
+        // The nearest start below may be a symbol nested in a larger function (a
+        // local label, an alias of its tail): the few before it are tried too.
+        var index = low - 1
+        while index >= 0 && index >= low - 8 {
+            let found = functions[index]
+            if address < found.start &+ max(1, found.size) { return found }
+            index -= 1
+        }
+        return nil
     }
 
     /// The main executable's functions (no names), read once from

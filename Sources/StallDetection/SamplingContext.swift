@@ -73,7 +73,7 @@ final class SamplingContext: @unchecked Sendable {
     private func prepared() -> StackSampler {
         if let sampler { return sampler }
         installError = StackSampler.install()
-        let made = StackSampler(timeout: .milliseconds(100))
+        let made = StackSampler(timeout: Self.signalTimeout)
         sampler = made
         return made
     }
@@ -88,6 +88,12 @@ final class SamplingContext: @unchecked Sendable {
         return nil
         #endif
     }
+
+    /// How long a signalled thread may take to answer: a running thread answers
+    /// when it next gets a core, which on a loaded machine (load average 14 on 2
+    /// cores) took over 100 ms. Threads that cannot answer (the signal blocked,
+    /// the handler replaced) are never signalled.
+    static let signalTimeout = Duration.milliseconds(500)
 
     /// How much of a sleeping thread's stack a sample copies first: most stacks
     /// end well within it (a thread's stack is followed by whatever is mapped

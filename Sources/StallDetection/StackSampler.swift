@@ -97,7 +97,7 @@ final class StackSampler {
             if state == "Z" || state == "X" { return .unavailable("thread \(tid) has exited") }
             if state == "R" {
                 // A thread that blocks the signal would leave the sample to time
-                // out (100 ms, each time: a detector's looks fell behind). The
+                // out (the signal time-out, each time: a detector's looks fell behind). The
                 // mask is looked at again shortly first: a thread still returning
                 // from the last sample's handler (which runs with SIGPROF blocked)
                 // or starting up (glibc blocks every signal meanwhile) blocks it

@@ -44,7 +44,7 @@ import SafeTimers
 /// only a thread running user code gets a `SIGPROF`, sent to it alone, whose C
 /// handler copies its registers and stack. The detector unwinds and symbolicates
 /// afterwards, on its own queue, and remembers each symbolicated address. A thread
-/// that does not answer the signal within 100 ms yields "stack unavailable: …"
+/// that does not answer the signal within 500 ms yields "stack unavailable: …"
 /// instead of a hang. The handler stays installed for the life of the process, idle
 /// between samples, and passes other `SIGPROF`s to the handler installed before it.
 ///

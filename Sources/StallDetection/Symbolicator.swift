@@ -67,6 +67,8 @@ final class Symbolicator: Sendable {
         var starts: [Key: UInt] = [:]
         /// Function names alone per address; "" for none.
         var shortNames: [Key: String] = [:]
+        /// Addresses some thread waits to have named in full.
+        var waiting: Set<Key> = []
         /// Function names alone per function start (``ElfSymbolTable``), so that
         /// a new address in a known function costs no symbolication.
         var namesByStart: [UInt: String] = [:]
@@ -250,17 +252,24 @@ final class Symbolicator: Sendable {
     private func resolve(_ keys: [Key], retrying: Bool = true) {
         let before = StallProfiler.threadCPU()
         refreshImagesIfNeeded(for: keys)
-        let (images, encoded) = state.withLock { ($0.images, $0.encodedImages) }
-        let symbolicated = Self.runtimeAccess.withLock { _ in
-            // Another thread may have named them meanwhile.
-            let left = state.withLock { state in keys.filter { state.cache[$0] == nil } }
-            return left.isEmpty
-                ? nil : Self.decodeBacktrace(left.map(\.lookupAddress), images: encoded)?.symbolicated(with: images)
+        state.withLock { $0.waiting.formUnion(keys) }
+        Self.runtimeAccess.withLock { _ in
+            // Every address waiting for a name, this thread's and any other's,
+            // in one call: each call reads the images' tables again, so threads
+            // naming at the same moment (a detector per queue) pay once.
+            let (batch, images, encoded) = state.withLock { state in
+                defer { state.waiting.removeAll() }
+                return (state.waiting.filter { state.cache[$0] == nil }, state.images, state.encodedImages)
+            }
+            guard !batch.isEmpty else { return }
+            let batchKeys = Array(batch)
+            let symbolicated = Self.decodeBacktrace(batchKeys.map(\.lookupAddress), images: encoded)?
+                .symbolicated(with: images)
+            state.withLock { _ = Self.store(symbolicated, for: batchKeys, in: &$0) }
         }
         let named = state.withLock { state in
-            let named = Self.store(symbolicated, for: keys, in: &state)
             state.namingCost += StallProfiler.threadCPU() - before
-            return named
+            return Set(keys.filter { state.cache[$0] != nil })
         }
         let unnamed = keys.filter { !named.contains($0) }
         if retrying && keys.count > 1 {
