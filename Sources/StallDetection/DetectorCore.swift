@@ -421,8 +421,10 @@ final class DetectorCore: Sendable {
             let now = Monotonic.now()
             let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
             guard continued.map({ $0 < now - duration }) ?? true, reportsWhileDebugged || !isTraced() else { return }
-            let backtrace =
-                lastSample(gathered) ?? .unavailable("the stall ended before the detector could sample it")
+            // Only with evidence that the target ran its own code meanwhile (a
+            // sample of the thread running its job): a process that did not get
+            // the CPU at all (stopped, or starved) answers late too.
+            guard let backtrace = lastSample(gathered) else { return }
             for phase in [StallEvent.Phase.started, .ended] {
                 continuation.yield(
                     makeEvent(

@@ -12,6 +12,7 @@ import StallDetection
 /// The scenarios this file runs.
 let realConditionScenarios: Set<String> = [
     "first-stall", "first-stall-main", "many-queues", "many-loops", "runloop-start-pass", "suspended-queue",
+    "short-stalls",
 ]
 
 func runRealConditionScenario(_ scenario: String, _ number: Int) {
@@ -77,6 +78,24 @@ func runRealConditionScenario(_ scenario: String, _ number: Int) {
 
     case "runloop-start-pass":
         runStartInsideRunLoopPass(number)
+
+    case "short-stalls":
+        // 50 stalls of `number` ms (default 275: the threshold + 10 %), 400 ms
+        // apart, each its own block on a serial queue.
+        let queue = DispatchQueue(label: "probe.short")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+        watch(detector, endedCount: 50, then: finishAndExit(detector))
+        Thread {
+            usleep(300_000)
+            for _ in 0..<50 {
+                queue.sync { uniquelyNamedQueueBlocker(number) }
+                usleep(400_000)
+            }
+            usleep(1_000_000)
+            emit("DONE")
+            finishAndExit(detector)()
+        }.start()
+        dispatchMain()
 
     case "suspended-queue":
         // The watched queue suspended for `number` ms while other threads work:

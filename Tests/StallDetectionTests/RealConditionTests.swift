@@ -104,6 +104,19 @@ struct RealConditionTests {
         #expect(result.right == count, "\(result)")
     }
 
+    @Test("50 stalls just over the threshold (275 ms at 250 ms), beside two busy processes: each reported once")
+    func stallsJustOverTheThreshold() throws {
+        let burners = try (0..<2).map { _ in try ProbeRun.spawnBurner() }
+        defer { for burner in burners { burner.terminate() } }
+        let run = try ProbeRun.run(["short-stalls", "275"], timeLimit: 90)
+        #expect(run.exitStatus == 0)
+        let ids = Set(run.started.map(\.id))
+        print("short stalls beside two busy processes: \(run.started.count) of 50 reported, \(run.ended.count) ended")
+        #expect(run.started.count == 50, "\(run.started.count) of 50 reported")
+        #expect(ids.count == run.started.count, "each once")
+        #expect(run.ended.count == run.started.count)
+    }
+
     @Test("a main-run-loop detector started inside a run-loop pass reports a stall in that same pass")
     func startedInsideARunLoopPass() throws {
         let run = try ProbeRun.run(["runloop-start-pass", "600"])
