@@ -387,9 +387,11 @@ final class DetectorCore: Sendable {
             state.open = stall
             return nil
         case .awaitingConfirmation:
-            // Never confirmed: the target answered before a second look.
+            // Not confirmed by the first look, and the target answered before a
+            // second one: reported as a missed stall if the profile's samples
+            // saw the target's job running meanwhile.
             state.open = nil
-            return nil
+            return stall.suppressed ? nil : .missed(id: id, duration: duration, since: state.lastContinueSeen)
         case .reported:
             break
         }

@@ -38,6 +38,8 @@ final class StallProfiler: Sendable {
         var recorder = RawProfile()
         var activities: [String] = []
         var stall: OpenStall?
+        /// When the last sample joined the profile.
+        var lastTaken: Int64?
     }
 
     /// What a session gathered, for its `.ended` event: its samples are named
@@ -310,8 +312,8 @@ final class StallProfiler: Sendable {
         let next = state.withLock { state -> (UInt64, Int64)? in
             guard !state.stopped, state.session?.generation == generation else { return nil }
             state.session?.thread = found
-            if let frames { state.session?.recorder.add(frames, at: taken) }
             let stride = state.session?.recorder.stride ?? 1
+            if let frames { Self.add(frames, at: taken, interval: state.pace.interval(stride: stride), to: &state) }
             // Naming functions never seen before by their symbols (tens of
             // microseconds each, then cached for good) is paid from a one-time
             // allowance first, and charged only beyond it.
@@ -329,6 +331,21 @@ final class StallProfiler: Sendable {
             SamplingTrace.sample(cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken })
         }
         if let (generation, at) = next { schedule(generation: generation, at: at, now: Monotonic.now()) }
+    }
+
+    /// Adds a sample for the time since the last one: once per interval of the
+    /// pace that passed (4 at most). On a loaded machine a running thread
+    /// answers its signal only when it gets a core, so samples of running code
+    /// come further apart than samples of a sleeping thread (read at once from
+    /// `/proc`); counting each for the time it stands for keeps shares of samples
+    /// shares of time.
+    private static func add(_ frames: [RawFrame], at taken: Int64, interval: Int64, to state: inout State) {
+        let gap = state.session?.lastTaken.map { taken - $0 } ?? interval
+        let copies = max(1, min(4, Int((Double(gap) / Double(max(1, interval))).rounded())))
+        for copy in 0..<copies {
+            state.session?.recorder.add(frames, at: taken - Int64(copies - 1 - copy) * interval)
+        }
+        state.session?.lastTaken = taken
     }
 
     /// One sample of the blocked thread (`known`, or found as `.started` finds
