@@ -119,7 +119,8 @@ struct ElfSymbolTable: Sendable {
         return library(containing: address)?.function(containing: address)
     }
 
-    /// The tables of the libraries read so far, by path (nil: none to read).
+    /// The tables of the libraries read so far, by path and load address (nil:
+    /// none to read).
     private static let libraries = Locked<[String: ElfSymbolTable?]>([:])
 
     /// The table of the library that holds `address`.
@@ -128,9 +129,10 @@ struct ElfSymbolTable: Sendable {
         var base: UInt = 0
         guard stallcapture_image_of(address, &path, path.count, &base) == 1 else { return nil }
         let name = String(decoding: path.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        if let known = libraries.withLock({ $0[name] }) { return known }
+        let key = "\(name)@\(base)"
+        if let known = libraries.withLock({ $0[key] }) { return known }
         let table = read(library: name, base: base)
-        libraries.withLock { $0[name] = table }
+        libraries.withLock { $0[key] = table }
         return table
     }
 

@@ -366,6 +366,12 @@ final class Symbolicator: Sendable {
         state.withLock { state in
             state.imageGeneration += 1
             (state.images, state.encodedImages, state.code) = (images, encoded, code)
+            // A library closed and another loaded at its addresses: nothing named
+            // by address before may stand.
+            state.cache.removeAll()
+            state.starts.removeAll()
+            state.shortNames.removeAll()
+            state.namesByStart.removeAll()
         }
     }
 
