@@ -445,61 +445,94 @@ final class DetectorCore: Sendable {
 
     // MARK: The overdue deadline (on the detector queue)
 
+    /// What a look decided: nothing to do, a stall goes on (the fatal report may
+    /// be due), or a stall to sample and report.
+    private enum Look {
+        case nothing
+        case stallGoesOn
+        case sample(Decision)
+    }
+
+    /// A stall to sample: its id, how long it has lasted, whether it is
+    /// suppressed (a debugger), and whether this is the second look at it.
+    private struct Decision {
+        var id: UInt64
+        var duration: Int64
+        var suppressed: Bool
+        var second: Bool
+    }
+
+    /// What the sample of a stall leads to.
+    private enum Report {
+        case nothing
+        /// Events of the stall, `.started` and (if it ended while sampled) `.ended`.
+        case events(started: Bool, ended: (duration: Int64, backtrace: StallBacktrace)?)
+        /// Not confirmed, and ended while sampled: a missed stall.
+        case missed(Outcome)
+    }
+
     private func overdue(generation: UInt64) {
         // The moment this look is about. Read before asking the witness: a stop that
         // ends before it is then always seen, and one that starts after it does not
         // concern this look.
         let now = Monotonic.now()
-        // 1. Was the process stopped since the detector last looked? (May wait for
-        //    the witness to record a continue it has not had the CPU to record yet.)
+        // Was the process stopped since the detector last looked? (May wait for the
+        // witness to record a continue it has not had the CPU to record yet.)
         let since = state.withLock { $0.lastContinueSeen }
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
         var replaced: DelayedWork?
-        var stalledLook = false
-        let decision = state.withLock { state -> (id: UInt64, duration: Int64, suppressed: Bool, second: Bool)? in
-            guard state.lifecycle == .running, generation == state.overdueGeneration else { return nil }
-            if let continued, continued > state.lastContinueSeen {
-                // Owed answers are owed afresh from this look, the detector's first
-                // since the continue: a process that gets the CPU late after a stop
-                // (a loaded machine) is not stalled for that.
-                state.tracker.continued(at: max(continued, now), lastObservation: state.lastObservation)
-                state.lastContinueSeen = continued
-            }
-            state.lastObservation = max(state.lastObservation, now)
-            if var stall = state.open, stall.phase == .awaitingConfirmation, let start = state.tracker.stall?.start {
-                // The second look at an unconfirmed stall: the target still owes.
-                stall.phase = .sampling
-                state.open = stall
-                replaced = state.overdue
-                state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
-                return (stall.id, now - start, stall.suppressed, true)
-            }
-            guard case .started(let id, let duration) = state.tracker.tick(now: now) else {
-                // Not (or no longer) overdue: keep watching if anything is owed.
-                if state.tracker.isStalled || state.tracker.dueTime != nil {
-                    replaced = state.overdue
-                    state.overdue = makeOverdue(
-                        &state, timeout: state.tracker.isStalled ? heartbeatTicks : overdueTimeout)
-                    stalledLook = state.tracker.isStalled
-                } else {
-                    replaced = state.overdue
-                    state.overdue = nil
-                }
-                return nil
-            }
-            let suppressed = !reportsWhileDebugged && isTraced()
-            state.open = OpenStall(id: id, suppressed: suppressed)
-            // While the stall lasts, look every heartbeat, so that a stop during it is
-            // measured within a heartbeat.
-            replaced = state.overdue
-            state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
-            return (id, duration, suppressed, false)
+        let look = state.withLock { state in
+            self.look(&state, now: now, continued: continued, generation: generation, replaced: &replaced)
         }
         // The replaced look is cancelled here, on the detector queue, after the lock
         // (the one running now, this one, returns at once).
         _ = replaced?.cancel()
-        if stalledLook { profiler.refreshFatalReport(now: now) }
-        guard let decision else { return }
+        switch look {
+        case .nothing: return
+        case .stallGoesOn: profiler.refreshFatalReport(now: now)
+        case .sample(let decision): sampleAndReport(decision, now: now)
+        }
+    }
+
+    /// The look's decision, with the lock held: the tracker asked, the next look
+    /// armed (the one it replaces returned in `replaced`, to cancel after the lock).
+    private func look(
+        _ state: inout State, now: Int64, continued: Int64?, generation: UInt64, replaced: inout DelayedWork?
+    ) -> Look {
+        guard state.lifecycle == .running, generation == state.overdueGeneration else { return .nothing }
+        if let continued, continued > state.lastContinueSeen {
+            // Owed answers are owed afresh from this look, the detector's first since
+            // the continue: a process that gets the CPU late after a stop (a loaded
+            // machine) is not stalled for that.
+            state.tracker.continued(at: max(continued, now), lastObservation: state.lastObservation)
+            state.lastContinueSeen = continued
+        }
+        state.lastObservation = max(state.lastObservation, now)
+        replaced = state.overdue
+        if var stall = state.open, stall.phase == .awaitingConfirmation, let start = state.tracker.stall?.start {
+            // The second look at an unconfirmed stall: the target still owes.
+            stall.phase = .sampling
+            state.open = stall
+            state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
+            return .sample(Decision(id: stall.id, duration: now - start, suppressed: stall.suppressed, second: true))
+        }
+        guard case .started(let id, let duration) = state.tracker.tick(now: now) else {
+            // Not (or no longer) overdue: keep watching if anything is owed.
+            let owes = state.tracker.isStalled || state.tracker.dueTime != nil
+            state.overdue =
+                owes ? makeOverdue(&state, timeout: state.tracker.isStalled ? heartbeatTicks : overdueTimeout) : nil
+            return state.tracker.isStalled ? .stallGoesOn : .nothing
+        }
+        let suppressed = !reportsWhileDebugged && isTraced()
+        state.open = OpenStall(id: id, suppressed: suppressed)
+        // While the stall lasts, look every heartbeat, so that a stop during it is
+        // measured within a heartbeat.
+        state.overdue = makeOverdue(&state, timeout: heartbeatTicks)
+        return .sample(Decision(id: id, duration: duration, suppressed: suppressed, second: false))
+    }
+
+    /// Samples a stall the look found, and emits what that leads to.
+    private func sampleAndReport(_ decision: Decision, now: Int64) {
         let sampleStart = Monotonic.now()
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")
         var samples: [Int32: StallBacktrace] = [:]
@@ -507,63 +540,79 @@ final class DetectorCore: Sendable {
             let (lastAnswering, queue) = state.withLock { ($0.lastAnsweringThread, $0.lastAnsweringQueue) }
             (reported, samples) = sampling.sampleBlockedThread(
                 target: target, lastAnswering: lastAnswering, queue: queue)
-        }
-        let samplingTime = Monotonic.now() - sampleStart
-        if !decision.suppressed {
             profiler.stallStarted(
                 backtrace: reported, activities: ActivityRecord.activities(ofThread: reported.threadID),
                 start: now - decision.duration, at: sampleStart)
         }
+        let samplingTime = Monotonic.now() - sampleStart
         // A heartbeat target's stall is confirmed by a thread running a job (or by a
         // second look); the main run loop's culprit is the main thread by definition.
         let confirmed =
-            decision.second || decision.suppressed || !target.usesHeartbeat
-            || target.isConfirmed(by: reported)
-        // 2. Emit.
+            decision.second || decision.suppressed || !target.usesHeartbeat || target.isConfirmed(by: reported)
         var settled = false
-        let events = state.withLock { state -> [StallEvent] in
+        let report = state.withLock { state in
             defer { settled = state.open == nil }
-            guard state.lifecycle == .running, var stall = state.open, stall.id == decision.id else { return [] }
-            stall.samples = samples
-            stall.reported = reported
-            stall.sampling = samplingTime
-            if !confirmed {
-                // Look again in a heartbeat; an answer before that drops the stall.
-                stall.phase = .awaitingConfirmation
-                state.open = stall.endedWhileSampling == nil ? stall : nil
-                return []
-            }
-            stall.phase = .reported
-            var events: [StallEvent] = []
-            if !stall.suppressed {
-                var started = makeEvent(
-                    id: stall.id, phase: .started, duration: decision.duration, backtrace: reported,
-                    sampling: samplingTime)
-                if case .cooperativePool = target {
-                    started.poolBacktraces =
-                        [reported]
-                        + samples.sorted { $0.key < $1.key }.map(\.value).filter {
-                            $0.threadID != reported.threadID
-                        }
-                }
-                events.append(started)
-            }
-            if let ended = stall.endedWhileSampling {
-                state.open = nil
-                if !stall.suppressed {
-                    let confirmed = Self.endedBacktrace(answeredBy: ended.thread, samples: samples, reported: reported)
-                    events.append(
-                        makeEvent(
-                            id: stall.id, phase: .ended, duration: ended.duration, backtrace: confirmed,
-                            sampling: samplingTime))
-                }
-            } else {
-                state.open = stall
-            }
-            return events
+            return Self.report(
+                &state, decision, reported: reported, samples: samples, samplingTime: samplingTime,
+                confirmed: confirmed)
         }
-        deliver(events, stallStart: now - decision.duration)
-        if settled { profiler.end() }
+        let gathered = settled ? profiler.end() : nil
+        switch report {
+        case .nothing:
+            return
+        case .missed(let outcome):
+            emit(outcome, gathered: gathered)
+        case .events(let started, let ended):
+            let profile = gathered.map { (profiler.profile(of: $0), $0.activities) } ?? profiler.snapshot()
+            var events: [StallEvent] = []
+            if started {
+                var event = makeEvent(
+                    id: decision.id, phase: .started, duration: decision.duration, backtrace: reported,
+                    sampling: samplingTime, profile: profile)
+                if case .cooperativePool = target {
+                    event.poolBacktraces =
+                        [reported]
+                        + samples.sorted { $0.key < $1.key }.map(\.value).filter { $0.threadID != reported.threadID }
+                }
+                events.append(event)
+            }
+            if let ended {
+                events.append(
+                    makeEvent(
+                        id: decision.id, phase: .ended, duration: ended.duration, backtrace: ended.backtrace,
+                        sampling: samplingTime, profile: profile))
+            }
+            deliver(events, stallStart: now - decision.duration)
+        }
+    }
+
+    /// The bookkeeping after a stall was sampled (with the lock held): what to
+    /// report.
+    private static func report(
+        _ state: inout State, _ decision: Decision, reported: StallBacktrace, samples: [Int32: StallBacktrace],
+        samplingTime: Int64, confirmed: Bool
+    ) -> Report {
+        guard state.lifecycle == .running, var stall = state.open, stall.id == decision.id else { return .nothing }
+        stall.samples = samples
+        stall.reported = reported
+        stall.sampling = samplingTime
+        guard confirmed else {
+            // Look again in a heartbeat. Ended meanwhile: a missed stall, reported
+            // if the profile's samples saw its job running.
+            stall.phase = .awaitingConfirmation
+            state.open = stall.endedWhileSampling == nil ? stall : nil
+            guard let ended = stall.endedWhileSampling, !stall.suppressed else { return .nothing }
+            return .missed(.missed(id: stall.id, duration: ended.duration, since: state.lastContinueSeen))
+        }
+        stall.phase = .reported
+        guard let ended = stall.endedWhileSampling else {
+            state.open = stall
+            return stall.suppressed ? .nothing : .events(started: true, ended: nil)
+        }
+        state.open = nil
+        guard !stall.suppressed else { return .nothing }
+        let backtrace = endedBacktrace(answeredBy: ended.thread, samples: samples, reported: reported)
+        return .events(started: true, ended: (ended.duration, backtrace))
     }
 
     /// Yields events; a `.started` one is written as the fatal report, an `.ended`
