@@ -260,8 +260,7 @@ struct ElfReader {
     }
 
     /// The `STT_FUNC` entries of a symbol table (24 bytes each) that are defined.
-    private static func functionSymbols(_ symbols: [UInt8], strings: [UInt8], bias: UInt) -> [ElfSymbolTable.Function]
-    {
+    private static func functionSymbols(_ symbols: [UInt8], strings: [UInt8], bias: UInt) -> [ElfSymbolTable.Function] {
         var found: [ElfSymbolTable.Function] = []
         symbols.withUnsafeBytes { table in
             var entry = 0

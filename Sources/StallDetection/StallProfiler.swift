@@ -220,7 +220,9 @@ final class StallProfiler: Sendable {
     /// What the open session gathered so far, if one is open.
     private func gathered() -> Gathered? {
         state.withLock { state in
-            state.session.map { Gathered(recorder: $0.recorder, activities: $0.activities, interval: state.pace.interval) }
+            state.session.map {
+                Gathered(recorder: $0.recorder, activities: $0.activities, interval: state.pace.interval)
+            }
         }
     }
 
@@ -397,9 +399,10 @@ final class StallProfiler: Sendable {
     /// (named here, on the detector queue).
     private func writeRefresh(_ gathered: Gathered) {
         let profile = profile(of: gathered)
-        guard let event = state.withLock({ $0.session?.stall }).map({ stall in
-            stall.event.inProgress(duration: Monotonic.now() - stall.start, profile: profile)
-        })
+        guard
+            let event = state.withLock({ $0.session?.stall }).map({ stall in
+                stall.event.inProgress(duration: Monotonic.now() - stall.start, profile: profile)
+            })
         else { return }
         fatal?.write(event)
     }

@@ -151,7 +151,11 @@ final class Symbolicator: Sendable {
     /// Symbolicates the current stack once, so that the first real stall does not
     /// pay for loading symbol tables and debug information. Once per process.
     func warmUp() {
-        guard !Self.warmedUp.withLock({ warmed in defer { warmed = true }; return warmed }) else { return }
+        guard
+            !Self.warmedUp.withLock({ warmed in
+                defer { warmed = true }; return warmed
+            })
+        else { return }
         let images = state.withLock { $0.images }
         Self.runtimeAccess.withLock { _ in
             if let here = try? Backtrace.capture(limit: 16) {
@@ -288,8 +292,9 @@ final class Symbolicator: Sendable {
     }
 
     /// Caches the frames `symbolicated` gives for `keys`; returns the keys named.
-    private static func store(_ symbolicated: SymbolicatedBacktrace?, for keys: [Key], in state: inout State) -> Set<Key>
-    {
+    private static func store(
+        _ symbolicated: SymbolicatedBacktrace?, for keys: [Key], in state: inout State
+    ) -> Set<Key> {
         var named = Set<Key>(keys.filter { state.cache[$0] != nil })
         var group: [StackFrame] = []
         for frame in symbolicated?.frames ?? [] {

@@ -17,105 +17,110 @@ let realConditionScenarios: Set<String> = [
 
 func runRealConditionScenario(_ scenario: String, _ number: Int) {
     switch scenario {
-    case "first-stall", "first-stall-main":
-        // A detector's first stall: 600 ms busy in profileStepA, then 300 ms asleep
-        // in profileStepB, with nothing before it (no warm-up stall).
-        let onMain = scenario == "first-stall-main"
-        let queue = DispatchQueue(label: "probe.first")
-        let detector = StallDetector(target: onMain ? .mainRunLoop : .queue(queue), threshold: .milliseconds(250))
-        detector.start()
-        Task.detached {
-            for await event in detector.events {
-                report(event)
-                let profile = event.profile
-                let share = { (name: String) in
-                    profile.functions.first { $0.name.contains(name) }?.samples ?? 0
-                }
-                emit(
-                    "FIRSTSTALL \(event.phase.rawValue) \(profile.sampleCount) \(share("profileStepA")) "
-                        + "\(share("profileStepB")) \(milliseconds(profile.span))")
-                if event.phase == .ended { finishAndExit(detector)() }
-            }
-        }
-        let target = onMain ? DispatchQueue.main : queue
-        target.asyncAfter(deadline: .now() + 0.3) {
-            measuredStall {
-                profileStepA(600)
-                profileStepB(300)
-            }
-        }
-        if onMain { RunLoop.main.run() } else { dispatchMain() }
-
-    case "many-queues", "many-loops":
-        // `number` serial queues (default 8), one detector each (`.queue`, or
-        // `.custom` posting to the queue as to an event loop), all blocked at once
-        // for 1.5 s, each in queueBlocker recursed index + 1 deep: a report that
-        // names another queue's blocker shows another depth.
-        let count = max(1, min(number, 64))
-        let queues = (0..<count).map { DispatchQueue(label: "probe.many.\($0)") }
-        let detectors = queues.enumerated().map { index, queue in
-            let target: StallDetector.Target =
-                scenario == "many-queues"
-                ? .queue(queue) : .custom(name: "loop \(index)") { probe in queue.async(execute: probe) }
-            return StallDetector(target: target, threshold: .milliseconds(250))
-        }
-        watchMany(detectors)
-        DispatchQueue.global().asyncAfter(deadline: .now() + 1.0) {
-            for (index, queue) in queues.enumerated() {
-                queue.async {
-                    let begin = monotonicMilliseconds()
-                    queueBlocker(depth: index + 1, ms: 1_500)
-                    emit("BLOCKED \(index) \(begin) \(monotonicMilliseconds())")
-                }
-            }
-        }
-        DispatchQueue.global().asyncAfter(deadline: .now() + 6.0) {
-            for detector in detectors { detector.stop() }
-            emit("CPU \(cpuMilliseconds())")
-            exit(0)
-        }
-        dispatchMain()
-
-    case "runloop-start-pass":
-        runStartInsideRunLoopPass(number)
-
-    case "short-stalls":
-        // 50 stalls of `number` ms (default 275: the threshold + 10 %), 400 ms
-        // apart, each its own block on a serial queue.
-        let queue = DispatchQueue(label: "probe.short")
-        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
-        watch(detector, endedCount: 50, then: finishAndExit(detector))
-        Thread {
-            usleep(300_000)
-            for _ in 0..<50 {
-                queue.sync { uniquelyNamedQueueBlocker(number) }
-                usleep(400_000)
-            }
-            usleep(1_000_000)
-            emit("DONE")
-            finishAndExit(detector)()
-        }.start()
-        dispatchMain()
-
-    case "suspended-queue":
-        // The watched queue suspended for `number` ms while other threads work:
-        // no thread runs its job, and none may be blamed.
-        let queue = DispatchQueue(label: "probe.suspended")
-        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
-        watch(detector, endedCount: 1, then: finishAndExit(detector))
-        let busy = DispatchQueue(label: "probe.bystander")
-        DispatchQueue.global().asyncAfter(deadline: .now() + 0.5) {
-            queue.suspend()
-            busy.async { uniquelyNamedMainThreadBlocker(number + 500) }
-            usleep(UInt32(number) * 1_000)
-            queue.resume()
-        }
-        dispatchMain()
-
+    case "first-stall", "first-stall-main": runFirstStall(onMain: scenario == "first-stall-main")
+    case "many-queues", "many-loops": runManyDetectors(count: number, loops: scenario == "many-loops")
+    case "runloop-start-pass": runStartInsideRunLoopPass(number)
+    case "short-stalls": runShortStalls(number)
+    case "suspended-queue": runSuspendedQueue(number)
     default:
         print("unknown scenario \(scenario)")
         exit(2)
     }
+}
+
+/// A detector's first stall: 600 ms busy in profileStepA, then 300 ms asleep in
+/// profileStepB, with nothing before it (no warm-up stall).
+func runFirstStall(onMain: Bool) {
+    let queue = DispatchQueue(label: "probe.first")
+    let detector = StallDetector(target: onMain ? .mainRunLoop : .queue(queue), threshold: .milliseconds(250))
+    detector.start()
+    Task.detached {
+        for await event in detector.events {
+            report(event)
+            let profile = event.profile
+            let share = { (name: String) in
+                profile.functions.first { $0.name.contains(name) }?.samples ?? 0
+            }
+            emit(
+                "FIRSTSTALL \(event.phase.rawValue) \(profile.sampleCount) \(share("profileStepA")) "
+                    + "\(share("profileStepB")) \(milliseconds(profile.span))")
+            if event.phase == .ended { finishAndExit(detector)() }
+        }
+    }
+    let target = onMain ? DispatchQueue.main : queue
+    target.asyncAfter(deadline: .now() + 0.3) {
+        measuredStall {
+            profileStepA(600)
+            profileStepB(300)
+        }
+    }
+    if onMain { RunLoop.main.run() } else { dispatchMain() }
+}
+
+/// `count` serial queues (default 8), one detector each (`.queue`, or `.custom`
+/// posting to the queue as to an event loop), all blocked at once for 1.5 s, each
+/// in queueBlocker recursed index + 1 deep: a report that names another queue's
+/// blocker shows another depth.
+func runManyDetectors(count: Int, loops: Bool) {
+    let count = max(1, min(count, 64))
+    let queues = (0..<count).map { DispatchQueue(label: "probe.many.\($0)") }
+    let detectors = queues.enumerated().map { index, queue in
+        let target: StallDetector.Target =
+            loops
+            ? .custom(name: "loop \(index)") { probe in queue.async(execute: probe) } : .queue(queue)
+        return StallDetector(target: target, threshold: .milliseconds(250))
+    }
+    watchMany(detectors)
+    DispatchQueue.global().asyncAfter(deadline: .now() + 1.0) {
+        for (index, queue) in queues.enumerated() {
+            queue.async {
+                let begin = monotonicMilliseconds()
+                queueBlocker(depth: index + 1, ms: 1_500)
+                emit("BLOCKED \(index) \(begin) \(monotonicMilliseconds())")
+            }
+        }
+    }
+    DispatchQueue.global().asyncAfter(deadline: .now() + 6.0) {
+        for detector in detectors { detector.stop() }
+        emit("CPU \(cpuMilliseconds())")
+        exit(0)
+    }
+    dispatchMain()
+}
+
+/// 50 stalls of `number` ms (default 275: the threshold + 10 %), 400 ms apart,
+/// each its own block on a serial queue.
+func runShortStalls(_ number: Int) {
+    let queue = DispatchQueue(label: "probe.short")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    watch(detector, endedCount: 50, then: finishAndExit(detector))
+    Thread {
+        usleep(300_000)
+        for _ in 0..<50 {
+            queue.sync { uniquelyNamedQueueBlocker(number) }
+            usleep(400_000)
+        }
+        usleep(1_000_000)
+        emit("DONE")
+        finishAndExit(detector)()
+    }.start()
+    dispatchMain()
+}
+
+/// The watched queue suspended for `number` ms while other threads work: no
+/// thread runs its job, and none may be blamed.
+func runSuspendedQueue(_ number: Int) {
+    let queue = DispatchQueue(label: "probe.suspended")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    let busy = DispatchQueue(label: "probe.bystander")
+    DispatchQueue.global().asyncAfter(deadline: .now() + 0.5) {
+        queue.suspend()
+        busy.async { uniquelyNamedMainThreadBlocker(number + 500) }
+        usleep(UInt32(number) * 1_000)
+        queue.resume()
+    }
+    dispatchMain()
 }
 
 /// Prints a `DETECTOR` line for every event of each detector.

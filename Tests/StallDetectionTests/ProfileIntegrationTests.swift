@@ -159,7 +159,9 @@ extension StallDetectorIntegrationTests {
             // the last write is at most 250 ms (plus the writer's fsync) older.
             let duration = milliseconds(report.duration)
             print("fatal report: \(duration) ms into the stall, \(report.profile.sampleCount) samples")
-            #expect(duration >= 250 + (killedAfter ?? 0) - 250 - 100, "\(duration) ms, killed \(killedAfter ?? 0) ms after it appeared")
+            #expect(
+                duration >= 250 + (killedAfter ?? 0) - 250 - 100,
+                "\(duration) ms, killed \(killedAfter ?? 0) ms after it appeared")
             #expect(report.profile.sampleCount >= 2)
             let text = String(describing: report)
             #expect(text.contains("never ended") && text.contains("where the time went"), "\(text)")

@@ -63,7 +63,8 @@ struct RealConditionTests {
             var started: [Int: (received: Double, depth: Int)] = [:]
             for line in run.lines {
                 let fields = line.split(separator: " ")
-                if fields.first == "BLOCKED", fields.count >= 4, let index = Int(fields[1]), let end = Double(fields[3]) {
+                if fields.first == "BLOCKED", fields.count >= 4, let index = Int(fields[1]), let end = Double(fields[3])
+                {
                     blockedEnd[index] = end
                 } else if fields.first == "DETECTOR", fields.count >= 6, fields[2] == "started",
                     let index = Int(fields[1]), let received = Double(fields[3]), let depth = Int(fields[5])

@@ -91,12 +91,16 @@ struct StallDetectorIntegrationTests {
 
     @Test("the main queue blocked 600 ms while the main thread runs RunLoop.main")
     func mainQueueUnderRunLoop() throws {
-        try expectOneStall(function: "uniquelyNamedMainThreadBlocker") { try ProbeRun.run(["mainqueue-runloop", "600"]) }
+        try expectOneStall(function: "uniquelyNamedMainThreadBlocker") {
+            try ProbeRun.run(["mainqueue-runloop", "600"])
+        }
     }
 
     @Test("the main queue blocked 600 ms under dispatchMain(), where a worker drains it")
     func mainQueueUnderDispatchMain() throws {
-        try expectOneStall(function: "uniquelyNamedMainThreadBlocker") { try ProbeRun.run(["mainqueue-dispatchmain", "600"]) }
+        try expectOneStall(function: "uniquelyNamedMainThreadBlocker") {
+            try ProbeRun.run(["mainqueue-dispatchmain", "600"])
+        }
     }
 
     @Test("SIGPROF reset to the default action after start: a stall in running code is reported, nothing is killed")
