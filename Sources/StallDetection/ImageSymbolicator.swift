@@ -13,15 +13,28 @@ import Darwin
 ///
 /// Same interface as the Linux `Symbolicator` (Symbolicator.swift). Not
 /// thread-safe: one symbolicator belongs to one detector queue.
-final class Symbolicator {
-    struct Key: Hashable {
+final class Symbolicator: Sendable {
+    struct Key: Hashable, Sendable {
         var address: UInt
         var isReturnAddress: Bool
+
+        var lookupAddress: UInt { isReturnAddress ? address &- 1 : address }
     }
 
-    private var cache: [UInt: StackFrame] = [:]
+    private let cache = Locked<[UInt: StackFrame]>([:])
+
+    /// The process's symbolicator.
+    static let shared = Symbolicator()
 
     init() {}
+
+    /// No executable mappings are listed here (no `/proc`): the sampler that
+    /// would need them does not exist on these platforms yet.
+    var code: CodeRanges { CodeRanges(text: [], fileText: [], executableText: []) }
+
+    var imageGeneration: Int { 0 }
+
+    var namingCost: Int64 { 0 }
 
     func isFileBackedText(_ address: UInt) -> Bool { image(of: address) != nil }
 
@@ -34,27 +47,26 @@ final class Symbolicator {
 
     func warmUp() {}
 
-    var cachedCount: Int { cache.count }
+    var cachedCount: Int { cache.withLock { $0.count } }
 
     func isTextAddress(_ address: UInt) -> Bool { image(of: address) != nil }
 
+    /// No names without debug symbols: every function is unnamed.
+    func functionNames(_ keys: [Key]) -> [String?] { keys.map { _ in nil } }
+
     func symbolicate(_ raw: [RawFrame]) -> [StackFrame] {
         raw.map { frame in
-            let named =
-                cache[frame.address]
-                ?? {
-                    let made: StackFrame
-                    if let found = image(of: frame.address) {
-                        made = StackFrame(
-                            address: frame.address, function: nil, file: nil, line: nil, image: found.name,
-                            isUncertain: false, imageOffset: frame.address &- found.base)
-                    } else {
-                        made = StackFrame(address: frame.address, isUncertain: false)
-                    }
-                    cache[frame.address] = made
-                    return made
-                }()
-            return named.with(isUncertain: frame.isUncertain)
+            if let cached = cache.withLock({ $0[frame.address] }) { return cached.with(isUncertain: frame.isUncertain) }
+            let made: StackFrame
+            if let found = image(of: frame.address) {
+                made = StackFrame(
+                    address: frame.address, function: nil, file: nil, line: nil, image: found.name,
+                    isUncertain: false, imageOffset: frame.address &- found.base)
+            } else {
+                made = StackFrame(address: frame.address, isUncertain: false)
+            }
+            cache.withLock { $0[frame.address] = made }
+            return made.with(isUncertain: frame.isUncertain)
         }
     }
 
