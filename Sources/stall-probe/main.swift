@@ -240,6 +240,9 @@ case _ where review13cScenarios.contains(scenario):
 case _ where reviewSignalScenarios.contains(scenario):
     runReviewSignalScenario(scenario, number)
 
+case _ where degradedScenarios.contains(scenario):
+    runDegradedScenario(scenario, number)
+
 default:
     print("unknown scenario \(scenario)")
     exit(2)
