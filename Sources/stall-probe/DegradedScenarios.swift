@@ -90,6 +90,11 @@ func degradedRaiseInHandler(alternateStack: Bool) {
         var stack = stack_t(ss_sp: memory, ss_flags: 0, ss_size: 65_536)
         sigaltstack(&stack, nil)
     }
+    // Dispatch's worker threads block most signals.
+    var set = sigset_t()
+    sigemptyset(&set)
+    sigaddset(&set, SIGUSR1)
+    pthread_sigmask(SIG_UNBLOCK, &set, nil)
     emit("READY")
     pthread_kill(pthread_self(), SIGUSR1)
     if let memory {
