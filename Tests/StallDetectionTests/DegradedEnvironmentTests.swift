@@ -84,7 +84,7 @@ struct DegradedEnvironmentTests {
     }
 
     /// gdb attached while the handler sleeps; its frames' addresses, innermost
-    /// first (`<signal handler called>` and frames gdb prints without an address
+    /// first, to `start_thread` (`<signal handler called>` and frames gdb prints without an address
     /// are nil).
     private func gdbFrames(of pid: Int32) -> [UInt?] {
         let process = Process()
@@ -101,7 +101,10 @@ struct DegradedEnvironmentTests {
         // The thread whose stack holds the handler.
         let threads = text.components(separatedBy: "\nThread ")
         guard let thread = threads.first(where: { $0.contains("degradedSleepingHandler") }) else { return [] }
-        return thread.split(separator: "\n").filter { $0.hasPrefix("#") }.map { line in
+        // Up to the thread's root, as the report (gdb goes on to `clone3`).
+        var lines = thread.split(separator: "\n").filter { $0.hasPrefix("#") }
+        if let root = lines.firstIndex(where: { $0.contains(" start_thread ") }) { lines = Array(lines[...root]) }
+        return lines.map { line in
             let fields = line.split(separator: " ")
             guard fields.count > 1, fields[1].hasPrefix("0x") else { return nil }
             return UInt(fields[1].dropFirst(2), radix: 16)
