@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import StallDetection
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -14,7 +15,8 @@ import Glibc
 /// The scenarios this file runs.
 let degradedScenarios: Set<String> = [
     "degraded-seccomp-busy", "degraded-seccomp-sleep", "degraded-sleep", "degraded-handler-replaced",
-    "degraded-sigprof-blocked", "degraded-in-handler", "degraded-in-handler-altstack",
+    "degraded-sigprof-blocked", "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
+    "degraded-in-handler-spin-altstack",
 ]
 
 func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
@@ -46,20 +48,25 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
             matrixBusy1(milliseconds)
         }
         RunLoop.main.run()
-    case "degraded-in-handler", "degraded-in-handler-altstack":
-        // The stalled job raises SIGUSR1; its handler sleeps for the stall
+    case "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
+        "degraded-in-handler-spin-altstack":
+        // The stalled job raises SIGUSR1; its handler sleeps (the detector reads
+        // the thread from /proc) or spins (it is signalled) for the stall
         // (`READY` once it does, for a debugger to attach).
         degradedQueueStall(milliseconds) { length in
             degradedHandlerMilliseconds = Int32(length)
-            degradedRaiseInHandler(alternateStack: scenario.hasSuffix("altstack"))
+            degradedRaiseInHandler(
+                alternateStack: scenario.hasSuffix("altstack"), spinning: scenario.contains("-spin"))
         }
     default:
         break
     }
 }
 
-/// How long the SIGUSR1 handler sleeps (set before the signal is raised).
+/// How long the SIGUSR1 handler sleeps or spins (set before the signal is raised).
 nonisolated(unsafe) private var degradedHandlerMilliseconds: Int32 = 0
+/// Set when the spinning handler is to return.
+private let degradedSpinStop = Atomic<Bool>(false)
 
 /// A queue under a detector, blocked by `block(milliseconds)` after 0.3 s.
 private func degradedQueueStall(_ milliseconds: Int, block: @escaping @Sendable (Int) -> Void) {
@@ -78,9 +85,17 @@ func degradedSleep(_ milliseconds: Int) {
 /// Installs the SIGUSR1 handler (on a 64 KB alternate stack if asked) and raises
 /// the signal in this thread: the handler sleeps on top of this frame.
 @inline(never)
-func degradedRaiseInHandler(alternateStack: Bool) {
+func degradedRaiseInHandler(alternateStack: Bool, spinning: Bool) {
     var action = sigaction()
-    action.__sigaction_handler.sa_handler = { _ in degradedSleepingHandler() }
+    if spinning {
+        action.__sigaction_handler.sa_handler = { _ in degradedSpinningHandler() }
+        let milliseconds = Int(degradedHandlerMilliseconds)
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(milliseconds)) {
+            degradedSpinStop.store(true, ordering: .relaxed)
+        }
+    } else {
+        action.__sigaction_handler.sa_handler = { _ in degradedSleepingHandler() }
+    }
     action.sa_flags = alternateStack ? SA_ONSTACK : 0
     sigemptyset(&action.sa_mask)
     sigaction(SIGUSR1, &action, nil)
@@ -111,6 +126,14 @@ func degradedSleepingHandler() {
         tv_nsec: Int(degradedHandlerMilliseconds % 1_000) * 1_000_000)
     var remaining = timespec()
     while nanosleep(&request, &remaining) != 0 { request = remaining }
+}
+
+/// The spinning SIGUSR1 handler: runs user code until told to stop.
+@inline(never)
+func degradedSpinningHandler() {
+    var spins = 0
+    while !degradedSpinStop.load(ordering: .relaxed) { spins &+= 1 }
+    if spins == 42 { emit("\(spins)") }
 }
 
 /// Installs, in every thread (`SECCOMP_FILTER_FLAG_TSYNC`), a seccomp filter that

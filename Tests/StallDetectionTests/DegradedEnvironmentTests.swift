@@ -86,7 +86,7 @@ struct DegradedEnvironmentTests {
     /// gdb attached while the handler sleeps; its frames' addresses, innermost
     /// first, to `start_thread` (`<signal handler called>` and frames gdb prints without an address
     /// are nil).
-    private func gdbFrames(of pid: Int32) -> [UInt?] {
+    private func gdbFrames(of pid: Int32, handler: String) -> (addresses: [UInt?], signalFrame: Int?) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/gdb")
         process.arguments = [
@@ -95,46 +95,60 @@ struct DegradedEnvironmentTests {
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
-        guard (try? process.run()) != nil else { return [] }
+        guard (try? process.run()) != nil else { return ([], nil) }
         let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
         // The thread whose stack holds the handler.
         let threads = text.components(separatedBy: "\nThread ")
-        guard let thread = threads.first(where: { $0.contains("degradedSleepingHandler") }) else { return [] }
+        guard let thread = threads.first(where: { $0.contains(handler) }) else { return ([], nil) }
         // Up to the thread's root, as the report (gdb goes on to `clone3`).
         var lines = thread.split(separator: "\n").filter { $0.hasPrefix("#") }
         if let root = lines.firstIndex(where: { $0.contains(" start_thread ") }) { lines = Array(lines[...root]) }
-        return lines.map { line in
+        let addresses = lines.map { line -> UInt? in
             let fields = line.split(separator: " ")
             guard fields.count > 1, fields[1].hasPrefix("0x") else { return nil }
             return UInt(fields[1].dropFirst(2), radix: 16)
         }
+        return (addresses, lines.firstIndex { $0.contains("<signal handler called>") })
     }
 
     @Test(
         "A thread stalled in its own signal handler: the frames gdb shows, through the signal frame to start_thread",
-        arguments: ["degraded-in-handler", "degraded-in-handler-altstack"])
+        arguments: [
+            "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
+            "degraded-in-handler-spin-altstack",
+        ])
     func stalledInSignalHandler(scenario: String) throws {
         guard FileManager.default.isExecutableFile(atPath: "/usr/bin/gdb") else { return }
-        var gdb: [UInt?] = []
+        // A sleeping handler is read from /proc, a spinning one is signalled (and
+        // stopped by gdb elsewhere in its loop: frame #0 differs).
+        let spinning = scenario.contains("-spin")
+        var gdb: (addresses: [UInt?], signalFrame: Int?) = ([], nil)
         let run = try ProbeRun.run([scenario, "3000"]) { pid in
-            // The handler sleeps from READY on for 3 s; the detector reports at 0.25 s.
+            // The handler runs from READY on for 3 s; the detector reports at 0.25 s.
             usleep(1_000_000)
-            gdb = gdbFrames(of: pid)
+            gdb = gdbFrames(of: pid, handler: spinning ? "degradedSpinningHandler" : "degradedSleepingHandler")
         }
         let report = try #require(run.started.first?.report, "\(run.lines)")
         let frames = report.split(separator: "\n").filter { $0.hasPrefix("  #") }
         let addresses = frames.map { line in
             UInt(line.split(separator: " ")[1].dropFirst(2), radix: 16) ?? 0
         }
-        try #require(!gdb.isEmpty, "gdb saw the handler")
-        // gdb's frame #k is the report's frame #k (the report names the
-        // trampoline where gdb shows <signal handler called>).
-        #expect(frames.count == gdb.count, "gdb: \(gdb.count) frames, report:\n\(report)")
-        for (index, address) in gdb.enumerated() {
-            guard let address, index < addresses.count else { continue }
-            #expect(addresses[index] == address, "frame #\(index): gdb 0x\(String(address, radix: 16))\n\(report)")
+        let signalFrame = try #require(gdb.signalFrame, "gdb saw the handler and its signal frame: \(gdb)")
+        // gdb's frames from <signal handler called> on are the report's last
+        // ones (the report names the trampoline there), at the same addresses;
+        // a sleeping handler's frames below match too (a spinning one's inner
+        // frames change between the sample and gdb's stop).
+        let compared = spinning ? gdb.addresses.count - signalFrame : gdb.addresses.count
+        #expect(frames.count >= compared, "gdb: \(gdb.addresses.count) frames, report:\n\(report)")
+        if !spinning { #expect(frames.count == gdb.addresses.count, "gdb: \(gdb), report:\n\(report)") }
+        for offset in 1...compared {
+            guard let address = gdb.addresses[gdb.addresses.count - offset], offset <= addresses.count else { continue }
+            #expect(
+                addresses[addresses.count - offset] == address,
+                "frame \(offset) from the root: gdb 0x\(String(address, radix: 16))\n\(report)")
         }
+        #expect(frames.first?.contains(spinning ? "degradedSpinningHandler" : "clock_nanosleep") == true, "\(report)")
         #expect(frames.last?.contains(" start_thread ") == true, "\(report)")
         #expect(!frames.contains { $0.hasSuffix(" ?") || $0.contains("_dl_") }, "no uncertain or stale frame")
         #expect(!report.contains("outer frames not shown"), "not truncated: \(report)")
