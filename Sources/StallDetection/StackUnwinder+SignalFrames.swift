@@ -48,8 +48,7 @@ extension StackUnwinder {
         if let known = codeCache.isSignalReturn(address) { return known }
         var found = false
         if let first = readWord(address) {
-            if first == 0x0F00_0000_0FC0_C748, let next = readWord(address &+ 1), next >> 56 == 0x05
-            {
+            if first == 0x0F00_0000_0FC0_C748, let next = readWord(address &+ 1), next >> 56 == 0x05 {
                 found = true  // 48 c7 c0 0f 00 00 00 0f 05
             } else if first & 0x00FF_FFFF_FFFF_FFFF == 0x0005_0F00_0000_0FB8 {
                 found = true  // b8 0f 00 00 00 0f 05
@@ -113,6 +112,18 @@ extension StackUnwinder {
             #endif
         }
         return scratch.signalHandlers!.contains { Self.leads(to: inner, from: $0) }
+    }
+
+    /// The handler's frames (those below the trampoline's slot), the trampoline,
+    /// then the interrupted code's: above the slot lie the kernel's frame and the
+    /// interrupted stack, unwound from the saved registers.
+    func framesThroughSignalFrame(
+        at signalSlot: Int, context: SignalContext, handlerFrames bySlot: [Int: RawFrame]
+    ) -> [RawFrame] {
+        var frames = [RawFrame(address: copy.pc, isUncertain: false)]
+        for slot in bySlot.keys.sorted() where slot < signalSlot { frames.append(bySlot[slot]!) }
+        frames.append(RawFrame(address: copy.words[signalSlot], isUncertain: false, isSignalReturn: true))
+        return frames + framesInterrupted(by: context, depth: signalDepth)
     }
 
     /// The interrupted code's frames: its program counter, then its callers,

@@ -343,13 +343,7 @@ struct StackUnwinder {
         }
 
         if let (signalSlot, context) = scratch.signalFrame {
-            // Above the trampoline's slot lie the kernel's frame and the
-            // interrupted code's stack, unwound from its saved registers.
-            bySlot = bySlot.filter { $0.key < signalSlot }
-            var frames = [RawFrame(address: copy.pc, isUncertain: false)]
-            for slot in bySlot.keys.sorted() { frames.append(bySlot[slot]!) }
-            frames.append(RawFrame(address: words[signalSlot], isUncertain: false, isSignalReturn: true))
-            return frames + framesInterrupted(by: context, depth: signalDepth)
+            return framesThroughSignalFrame(at: signalSlot, context: context, handlerFrames: bySlot)
         }
 
         // 3. Beyond the certain chain: uncertain candidates, where it broke off.

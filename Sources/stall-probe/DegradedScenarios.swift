@@ -122,7 +122,8 @@ func degradedRaiseInHandler(alternateStack: Bool, spinning: Bool) {
 /// The SIGUSR1 handler: sleeps for the stall (nanosleep is async-signal-safe).
 @inline(never)
 func degradedSleepingHandler() {
-    var request = timespec(tv_sec: Int(degradedHandlerMilliseconds / 1_000),
+    var request = timespec(
+        tv_sec: Int(degradedHandlerMilliseconds / 1_000),
         tv_nsec: Int(degradedHandlerMilliseconds % 1_000) * 1_000_000)
     var remaining = timespec()
     while nanosleep(&request, &remaining) != 0 { request = remaining }

@@ -24,7 +24,8 @@ import StallDetection
 // standard library reads it from /proc, which the degraded-environment tests unmount.
 let arguments =
     CommandLine.arguments.count <= 1
-    ? ArraySlice(getenv("STALL_PROBE_ARGUMENTS").map { String(cString: $0).split(separator: " ").map(String.init) } ?? [])
+    ? ArraySlice(
+        getenv("STALL_PROBE_ARGUMENTS").map { String(cString: $0).split(separator: " ").map(String.init) } ?? [])
     : CommandLine.arguments.dropFirst()
 guard let scenario = arguments.first else {
     print(
