@@ -573,7 +573,8 @@ struct ReviewSignalAttackTests {
         let run = try ProbeRun.run(["rsig-near-stack-end", "\(free)"])
         #expect(run.exitStatus == 0, "the helper died (status \(run.exitStatus)): \(run.lines.prefix(3))")
         #expect(run.started.count == 1, "\(run.lines.prefix(3))")
-        #expect(run.started.first?.report.contains("reviewSignalNearStackEndSpin") == true)
+        #expect(
+            run.started.first?.report.contains("reviewSignalNearStackEndSpin") == true, "\(run.started.first?.report ?? "")")
     }
 
     @Test("A first sample 8 KB above the end of the stack does not crash")
