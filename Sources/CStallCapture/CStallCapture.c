@@ -57,11 +57,19 @@ static void fill_sample(stallcapture_sample *out, void *context) {
     // Copy the stack through the kernel, which stops at the first unmapped
     // page instead of faulting.
     out->stack_size = 0;
+    out->copy_error = 0;
+    out->on_alternate_stack = 0;
+    stack_t alternate;
+    if (sigaltstack(NULL, &alternate) == 0 && !(alternate.ss_flags & SS_DISABLE) &&
+        out->sp >= (uintptr_t)alternate.ss_sp && out->sp - (uintptr_t)alternate.ss_sp < alternate.ss_size) {
+        out->on_alternate_stack = 1;
+    }
     if (out->sp != 0) {
         struct iovec local = {out->stack, STALLCAPTURE_STACK_BYTES};
         struct iovec remote = {(void *)out->sp, STALLCAPTURE_STACK_BYTES};
         ssize_t copied = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
         if (copied < 0) {
+            int first_error = errno;
             // Retry page by page: the range may end in an unmapped page.
             size_t total = 0;
             long page = sysconf(_SC_PAGESIZE);
@@ -76,6 +84,7 @@ static void fill_sample(stallcapture_sample *out, void *context) {
                 chunk = (size_t)page;
             }
             out->stack_size = total;
+            if (total == 0) out->copy_error = first_error;
         } else {
             out->stack_size = (size_t)copied;
         }
@@ -122,6 +131,8 @@ static void bind_handler_functions(void) {
     (void)syscall(SYS_gettid);
     (void)sysconf(_SC_PAGESIZE);
     (void)stallcapture_current_queue();
+    stack_t alternate;
+    (void)sigaltstack(NULL, &alternate);
     int saved_errno = errno;  // __errno_location
     errno = saved_errno;
     sem_t bound;
@@ -154,6 +165,13 @@ static void install(void) {
 int stallcapture_install(void) {
     pthread_once(&install_once, install);
     return install_result;
+}
+
+uintptr_t stallcapture_signal_handler(int signal_number) {
+    struct sigaction current;
+    if (sigaction(signal_number, NULL, &current) != 0) return 0;
+    if (current.sa_flags & SA_SIGINFO) return (uintptr_t)current.sa_sigaction;
+    return (uintptr_t)current.sa_handler;
 }
 
 /// Takes a free slot (waiting while all are taken).
@@ -228,5 +246,6 @@ int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, in
     return STALLCAPTURE_UNSUPPORTED;
 }
 pid_t stallcapture_current_tid(void) { return 0; }
+uintptr_t stallcapture_signal_handler(int signal_number) { (void)signal_number; return 0; }
 
 #endif

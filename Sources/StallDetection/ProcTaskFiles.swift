@@ -34,6 +34,10 @@ final class ProcTaskFiles {
     /// `EMFILE` or `ENFILE` when the last open failed for want of a descriptor,
     /// else 0.
     private(set) var lastFailure: Int32 = 0
+    /// The errno of the failed open in the last read (any cause), else 0: ENOENT for a
+    /// thread that is gone, but also for `/proc` not mounted; EACCES when it is
+    /// not readable.
+    private(set) var lastOpenError: Int32 = 0
     /// Descriptors held now (tests).
     var openCount: Int { descriptors.values.reduce(0) { $0 + $1.filter { $0 >= 0 }.count } }
 
@@ -97,6 +101,7 @@ final class ProcTaskFiles {
     private func contents<Result>(
         _ kind: Kind, thread tid: Int32, _ body: (UnsafeRawBufferPointer) -> Result
     ) -> Result? {
+        lastOpenError = 0
         for attempt in 0..<2 {
             guard let descriptor = descriptor(kind, thread: tid, reopen: attempt > 0) else { return nil }
             let result = buffer.withUnsafeMutableBytes { bytes -> Result? in
@@ -106,6 +111,16 @@ final class ProcTaskFiles {
             if let result { return result }
         }
         return nil
+    }
+
+    /// Why this process' task directory cannot be opened (`/proc` not mounted:
+    /// ENOENT; not readable: EACCES), or 0 when it can: a thread whose files are
+    /// missing while it opens is gone.
+    static func taskDirectoryError() -> Int32 {
+        let descriptor = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard descriptor >= 0 else { return errno == 0 ? EIO : errno }
+        close(descriptor)
+        return 0
     }
 
     private func descriptor(_ kind: Kind, thread tid: Int32, reopen: Bool) -> Int32? {
@@ -119,6 +134,7 @@ final class ProcTaskFiles {
         let descriptor = open("/proc/self/task/\(tid)/\(kind.name)", O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else {
             let error = errno
+            lastOpenError = error
             if error == EMFILE || error == ENFILE {
                 // Out of descriptors: the program needs them more than a cache.
                 lastFailure = error
@@ -130,6 +146,7 @@ final class ProcTaskFiles {
             return nil
         }
         lastFailure = 0
+        lastOpenError = 0
         descriptors[tid, default: [Int32](repeating: -1, count: Kind.allCases.count)][kind.rawValue] = descriptor
         return descriptor
     }

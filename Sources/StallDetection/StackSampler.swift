@@ -11,6 +11,16 @@ struct RawFrame: Hashable, Sendable {
     var address: UInt
     /// Found only by the return-address scan.
     var isUncertain: Bool
+    /// The signal return trampoline (`__restore_rt`), where a debugger shows
+    /// `<signal handler called>`: the frame after it is the interrupted
+    /// instruction itself, not a return address.
+    var isSignalReturn = false
+
+    init(address: UInt, isUncertain: Bool, isSignalReturn: Bool = false) {
+        self.address = address
+        self.isUncertain = isUncertain
+        self.isSignalReturn = isSignalReturn
+    }
 }
 
 /// One thread's stack as the sampler saw it: registers and a copy of the stack.
@@ -89,9 +99,7 @@ final class StackSampler {
         var looks = 0
         while looks < 3 + blockedLooks {
             looks += 1
-            guard let (state, blocked) = files.state(thread: tid) else {
-                return .unavailable(files.lastFailure != 0 ? noDescriptor(tid) : "thread \(tid) is gone")
-            }
+            guard let (state, blocked) = files.state(thread: tid) else { return .unavailable(unreadable(tid)) }
             // A thread that exited (under `dispatchMain()` the main thread calls
             // `pthread_exit`) stays listed as a zombie with a stale stack.
             if state == "Z" || state == "X" { return .unavailable("thread \(tid) has exited") }
@@ -113,38 +121,87 @@ final class StackSampler {
                 return captureBySignal(tid)
             }
             switch captureFromKernel(tid, limit: kernelCopyLimit) {
-            case .some(let copy): return .copied(copy, signalled: false)
-            case .none where files.lastFailure != 0: return .unavailable(noDescriptor(tid))
-            case .none: continue  // it woke up while being read; look again
+            case .copied(let copy): return .copied(copy, signalled: false)
+            case .refused(let reason): return .unavailable(reason)
+            case .notAsleep where files.lastOpenError != 0: return .unavailable(unreadable(tid))
+            case .notAsleep: continue  // it woke up while being read; look again
             }
         }
         return .unavailable("thread \(tid) kept changing state while it was sampled")
         #endif
     }
 
-    private func noDescriptor(_ tid: Int32) -> String {
-        "thread \(tid) cannot be read: the process has no file descriptor left "
-            + "(\(files.lastFailure == EMFILE ? "EMFILE" : "ENFILE"))"
+    /// Why thread `tid`'s `/proc` files could not be read: no descriptor left,
+    /// `/proc` itself unreadable (not mounted, or not permitted), or the thread
+    /// gone (its directory missing while `/proc/self/task` opens).
+    private func unreadable(_ tid: Int32) -> String {
+        if files.lastFailure != 0 {
+            return "thread \(tid) cannot be read: the process has no file descriptor left "
+                + "(\(files.lastFailure == EMFILE ? "EMFILE" : "ENFILE"))"
+        }
+        let taskDirectory = ProcTaskFiles.taskDirectoryError()
+        if taskDirectory != 0 {
+            return "thread \(tid) cannot be sampled: /proc is unreadable "
+                + "(/proc/self/task: \(Self.errorName(taskDirectory)))"
+        }
+        if files.lastOpenError != 0 && files.lastOpenError != ENOENT && files.lastOpenError != ESRCH {
+            return "thread \(tid) cannot be sampled: /proc/self/task/\(tid) is unreadable "
+                + "(\(Self.errorName(files.lastOpenError)))"
+        }
+        return "thread \(tid) is gone"
     }
 
-    /// Reads a thread that sleeps in the kernel; nil when it is not (or stopped
-    /// sleeping during the read).
-    private func captureFromKernel(_ tid: Int32, limit: Int) -> StackCopy? {
+    /// The symbolic name of the errno values a sample can meet, else "errno N".
+    static func errorName(_ error: Int32) -> String {
+        switch error {
+        case EPERM: "EPERM"
+        case ENOENT: "ENOENT"
+        case ESRCH: "ESRCH"
+        case EACCES: "EACCES"
+        case EFAULT: "EFAULT"
+        case ENOSYS: "ENOSYS"
+        case EIO: "EIO"
+        default: "errno \(error)"
+        }
+    }
+
+    /// Why nothing of thread `tid`'s stack at `sp` could be copied.
+    static func copyRefused(_ tid: Int32, sp: UInt, error: Int32) -> String {
+        if error == EPERM || error == ENOSYS {
+            return "cannot read thread \(tid)'s stack: process_vm_readv refused (\(errorName(error)))"
+        }
+        return "cannot read thread \(tid)'s stack at 0x\(String(sp, radix: 16)) "
+            + "(process_vm_readv: \(errorName(error)))"
+    }
+
+    private enum KernelCapture {
+        case copied(StackCopy)
+        /// Nothing of the stack could be copied: the reason.
+        case refused(String)
+        /// Not asleep in the kernel (or woke up during the read).
+        case notAsleep
+    }
+
+    /// Reads a thread that sleeps in the kernel.
+    private func captureFromKernel(_ tid: Int32, limit: Int) -> KernelCapture {
         guard let before = files.read(.syscall, thread: tid), let (sp, pc) = Self.parseSyscall(before) else {
-            return nil
+            return .notAsleep
         }
         let limitWords = max(1, min(buffer.count, limit / MemoryLayout<UInt>.size))
-        let copiedWords = buffer.withUnsafeMutableBytes { bytes in
-            Self.copyMemory(
+        let (copiedWords, error) = buffer.withUnsafeMutableBytes { bytes in
+            Self.copyMemoryNotingError(
                 from: sp,
                 into: UnsafeMutableRawBufferPointer(rebasing: bytes[..<(limitWords * MemoryLayout<UInt>.size)]))
         }
-        guard let after = files.read(.syscall, thread: tid), after == before else { return nil }
+        guard let after = files.read(.syscall, thread: tid), after == before else { return .notAsleep }
+        if copiedWords == 0 { return .refused(Self.copyRefused(tid, sp: sp, error: error)) }
         // A whole copy shares the buffer (no 256 KB copy per sample); the copy is
         // gone again before the next capture writes to the buffer.
-        return StackCopy(
-            pc: pc, sp: sp, fp: nil, words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
-            truncated: copiedWords == limitWords)
+        return .copied(
+            StackCopy(
+                pc: pc, sp: sp, fp: nil,
+                words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
+                truncated: copiedWords == limitWords))
     }
 
     /// The stack pointer and program counter of a thread blocked in the kernel, from
@@ -164,13 +221,25 @@ final class StackSampler {
     /// Copies memory of this process through the kernel, stopping at the first
     /// unmapped page instead of faulting. Returns the number of words copied.
     static func copyMemory(from address: UInt, into bytes: UnsafeMutableRawBufferPointer) -> Int {
+        copyMemoryNotingError(from: address, into: bytes).words
+    }
+
+    /// ``copyMemory(from:into:)``, and the errno of its first failed read (0
+    /// when none failed): EPERM or ENOSYS when the kernel refuses the call (a
+    /// seccomp filter), EFAULT where the mapping ends.
+    static func copyMemoryNotingError(
+        from address: UInt, into bytes: UnsafeMutableRawBufferPointer
+    ) -> (words: Int, error: Int32) {
         let page = Int(sysconf(Int32(_SC_PAGESIZE)))
         var total = 0
+        var firstError: Int32 = 0
         func read(_ length: Int) -> Bool {
             #if os(Linux)
             var local = iovec(iov_base: bytes.baseAddress! + total, iov_len: length)
             var remote = iovec(iov_base: UnsafeMutableRawPointer(bitPattern: address + UInt(total)), iov_len: length)
-            return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == length
+            let copied = process_vm_readv(getpid(), &local, 1, &remote, 1, 0)
+            if copied != length && firstError == 0 { firstError = copied < 0 ? errno : EFAULT }
+            return copied == length
             #else
             // No cross-process read here: a sleeping thread's stack is not copied
             // (its report falls back to what the signal sample gives).
@@ -194,7 +263,16 @@ final class StackSampler {
             }
             break
         }
-        return total / MemoryLayout<UInt>.size
+        return (total / MemoryLayout<UInt>.size, firstError)
+    }
+
+    /// A SIGPROF handler as a report shows it: SIG_DFL, SIG_IGN, or its address.
+    static func handlerName(_ handler: UInt) -> String {
+        switch handler {
+        case 0: "SIG_DFL"
+        case 1: "SIG_IGN"
+        default: "another, at 0x\(String(handler, radix: 16))"
+        }
     }
 
     private func captureBySignal(_ tid: Int32) -> Outcome {
@@ -202,6 +280,10 @@ final class StackSampler {
         let result = stallcapture_capture(tid, timeoutMilliseconds, sample, &errorNumber)
         switch Int(result) {
         case Int(STALLCAPTURE_OK):
+            if sample.pointee.stack_size == 0 && sample.pointee.copy_error != 0 {
+                return .unavailable(
+                    Self.copyRefused(tid, sp: UInt(sample.pointee.sp), error: sample.pointee.copy_error))
+            }
             let stackBytes = UnsafeRawBufferPointer(
                 start: stallcapture_sample_stack(sample), count: Int(sample.pointee.stack_size))
             // Into the reused buffer (no 256 KB allocation per sample) when whole.
@@ -215,7 +297,11 @@ final class StackSampler {
             let copy = StackCopy(
                 pc: UInt(sample.pointee.pc), sp: UInt(sample.pointee.sp), fp: UInt(sample.pointee.fp),
                 words: words,
-                truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES),
+                // On an alternate signal stack the copy ends with that stack; the
+                // thread's own lies elsewhere (the unwinder copies it when it
+                // follows the signal frame there).
+                truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES)
+                    || sample.pointee.on_alternate_stack != 0,
                 queue: UInt(sample.pointee.queue))
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
@@ -226,7 +312,8 @@ final class StackSampler {
             return .unavailable("stack sampling is not supported on this platform")
         case Int(STALLCAPTURE_HANDLER_REPLACED):
             return .runningUnsampled(
-                "thread \(tid) runs user code and other code replaced the SIGPROF handler, so it is not signalled")
+                "thread \(tid) runs user code and other code replaced the SIGPROF handler "
+                    + "(now \(Self.handlerName(stallcapture_signal_handler(SIGPROF)))), so it is not signalled")
         default:
             return .unavailable("the SIGPROF handler is not installed")
         }

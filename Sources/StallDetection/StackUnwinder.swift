@@ -19,6 +19,11 @@
 ///
 /// Each frame is placed by the stack slot that holds its return address, so the
 /// list is in call order whatever found it; recursion keeps every frame.
+///
+/// A signal handler's frames end at the kernel's signal frame: the unwind goes
+/// on from the interrupted code's saved registers (see
+/// `StackUnwinder+SignalFrames.swift`), and nothing in the signal frame itself
+/// becomes a frame.
 struct StackUnwinder {
     let copy: StackCopy
     let isText: (UInt) -> Bool
@@ -37,17 +42,24 @@ struct StackUnwinder {
     /// Where the code at a function's start jumps (tests inject one); by default
     /// ``CallSite/tailJumps(from:readWord:)``.
     var tailJumps: ((UInt) -> CallSite.TailJumps)?
+    /// Copies the stack from an address upward (tests inject one); by default
+    /// ``copyStack(from:)``: for the interrupted code of a handler that runs on
+    /// an alternate signal stack.
+    var copyStack: ((UInt) -> (words: [UInt], truncated: Bool))?
+    /// How many signal frames were followed to reach this copy.
+    let signalDepth: Int
     /// What the code at an address decodes to, from earlier unwinds when the
     /// sampler keeps one (code does not change while it is mapped), or this
     /// unwind's own.
-    private let codeCache: CodeCache
+    let codeCache: CodeCache
     /// Whether this unwind followed the chain beyond the copy.
-    private let scratch = Scratch()
+    let scratch = Scratch()
 
     init(
         copy: StackCopy, isText: @escaping (UInt) -> Bool, readWord: @escaping (UInt) -> UInt?,
         callTarget: ((UInt) -> CallSite.Target)? = nil, exactStart: ((UInt, UInt, Bool) -> UInt?)? = nil,
-        tailJumps: ((UInt) -> CallSite.TailJumps)? = nil, codeCache: CodeCache = CodeCache()
+        tailJumps: ((UInt) -> CallSite.TailJumps)? = nil, codeCache: CodeCache = CodeCache(),
+        copyStack: ((UInt) -> (words: [UInt], truncated: Bool))? = nil, signalDepth: Int = 0
     ) {
         self.copy = copy
         self.isText = isText
@@ -56,6 +68,8 @@ struct StackUnwinder {
         self.exactStart = exactStart
         self.tailJumps = tailJumps
         self.codeCache = codeCache
+        self.copyStack = copyStack
+        self.signalDepth = signalDepth
     }
 
     /// Decoded code: the call before a return address, and a wrapper's tail
@@ -73,6 +87,14 @@ struct StackUnwinder {
         static let limit = 16_384
         private(set) var jumps: [UInt: CallSite.TailJumps] = [:]
         private(set) var calls: [UInt: CallSite.Target] = [:]
+        private(set) var signalReturns: [UInt: Bool] = [:]
+
+        func isSignalReturn(_ address: UInt) -> Bool? { signalReturns[address] }
+
+        func remember(signalReturn: Bool, at address: UInt) {
+            if signalReturns.count >= Self.limit { signalReturns.removeAll(keepingCapacity: true) }
+            signalReturns[address] = signalReturn
+        }
 
         func jumps(from function: UInt) -> CallSite.TailJumps? { jumps[function] }
 
@@ -91,18 +113,29 @@ struct StackUnwinder {
         func removeAll() {
             jumps.removeAll()
             calls.removeAll()
+            signalReturns.removeAll()
         }
     }
 
     /// What one unwind had to read beyond the copy.
     final class Scratch {
         var wentBeyondCopy = false
+        var signalContextUnread = false
+        /// The slot of the signal frame's trampoline address that ended the
+        /// handler's frames, and the interrupted registers.
+        var signalFrame: (slot: Int, context: SignalContext)?
+        /// The installed signal handlers, read once an unwind needs them.
+        var signalHandlers: [UInt]?
     }
 
     /// Whether the last ``unwind()`` followed the frame chain beyond the copy
     /// (reading its records from memory): a whole copy could show more (the
     /// callers of frameless functions out there).
     var wentBeyondCopy: Bool { scratch.wentBeyondCopy }
+
+    /// Whether the last ``unwind()`` met a signal frame whose interrupted stack
+    /// could not be copied: the chain ends there, before the thread's root.
+    var signalContextUnread: Bool { scratch.signalContextUnread }
 
     private func jumps(from function: UInt) -> CallSite.TailJumps {
         if let known = codeCache.jumps(from: function) { return known }
@@ -185,11 +218,22 @@ struct StackUnwinder {
             guard case .known(let outerTarget) = outerTarget else { return false }
             return call(from: outer, to: outerTarget, reaches: inner)
         }
-        guard !outerReaches(inner) else { return }
+        // A call of a function that starts after `inner` reaches it only as a
+        // wrapper that tail-calls it; when no such jump is proven (a library's
+        // functions, a few bytes apart), a word in the gap whose call targets
+        // the function `inner` lies in, starting before it, is the nearer proof.
+        var onlyNearby = false
+        if outerReaches(inner) {
+            guard case .known(let outerTarget) = outerTarget, outerTarget > inner,
+                exactStart?(outer, inner, inner != copy.pc) == nil,
+                tailReach(from: outerTarget, to: inner, exact: nil) != .proven
+            else { return }
+            onlyNearby = true
+        }
         for index in first..<end where bySlot[index] == nil {
             let candidate = copy.words[index]
             guard isReturnAddress(candidate), case .known(let target) = target(ofCallBefore: candidate),
-                call(from: candidate, to: target, reaches: inner)
+                !onlyNearby || target <= inner, call(from: candidate, to: target, reaches: inner)
             else { continue }
             bySlot[index] = RawFrame(address: candidate, isUncertain: false)
             inner = candidate
@@ -206,7 +250,7 @@ struct StackUnwinder {
     static let uncertainLimit = 24
     private static let wordSize = UInt(MemoryLayout<UInt>.size)
 
-    private func word(at address: UInt) -> UInt? {
+    func word(at address: UInt) -> UInt? {
         guard address >= copy.sp, address % Self.wordSize == 0 else { return nil }
         let index = Int((address - copy.sp) / Self.wordSize)
         return index < copy.words.count ? copy.words[index] : nil
@@ -224,6 +268,7 @@ struct StackUnwinder {
     func unwind() -> [RawFrame] {
         var bySlot: [Int: RawFrame] = [:]
         let words = copy.words
+        scratch.signalFrame = nil
 
         // 1 and 2, segment by segment: a frame-pointer chain, and above its
         // records the validated return addresses; where a chain
@@ -240,6 +285,9 @@ struct StackUnwinder {
         // pointer then names its caller's record, and the caller's return address
         // lies between the stack pointer and that record — filled below like any
         // other frameless gap.
+        // A frameless handler leaves the interrupted code's frame pointer in the
+        // register: its record lies above the signal frame, which the scan finds.
+        if let record = anchor, signalFrameBelow(record) { anchor = nil }
         var gapAboveFirstRecord = anchor != nil
         if anchor == nil { anchor = scanToAnchor(from: 0, inner: &inner, into: &bySlot) }
         // Beyond the copy (a stack deeper than it), the chain is followed by
@@ -262,6 +310,14 @@ struct StackUnwinder {
                 returnAddress != 0, isText(returnAddress)
             {
                 let returnSlot = slot(of: framePointer) + 1
+                if returnSlot < words.count, let context = signalContext(atSlot: returnSlot) {
+                    // A signal handler's record: the frames between end here.
+                    fillFramelessGap(
+                        from: firstRecord ? 0 : lastSlot + 1, to: returnSlot - 1, before: returnAddress,
+                        inner: &inner, into: &bySlot)
+                    scratch.signalFrame = (returnSlot, context)
+                    break
+                }
                 if (!firstRecord || gapAboveFirstRecord) && returnSlot - 1 <= words.count {
                     fillFramelessGap(
                         from: firstRecord ? 0 : lastSlot + 1, to: returnSlot - 1, before: returnAddress,
@@ -281,9 +337,13 @@ struct StackUnwinder {
                 guard saved > framePointer, saved - framePointer < 0x10_0000, chainWord(at: saved) != nil else { break }
                 framePointer = saved
             }
-            if complete || lastSlot + 1 >= words.count { break }
+            if complete || scratch.signalFrame != nil || lastSlot + 1 >= words.count { break }
             scanFrom = lastSlot + 1
             anchor = scanToAnchor(from: scanFrom, inner: &inner, into: &bySlot)
+        }
+
+        if let (signalSlot, context) = scratch.signalFrame {
+            return framesThroughSignalFrame(at: signalSlot, context: context, handlerFrames: bySlot)
         }
 
         // 3. Beyond the certain chain: uncertain candidates, where it broke off.
@@ -332,6 +392,13 @@ struct StackUnwinder {
         var firstValid: Int?
         for index in first..<limit {
             let record = copy.sp + UInt(index) * Self.wordSize
+            if let context = signalContext(atSlot: index), runsSignalHandler(inner) {
+                // The handler's frames end at the signal frame (found by the scan:
+                // only where the frame below it runs an installed handler, not in
+                // a stale signal frame left in a live frame's locals).
+                scratch.signalFrame = (index, context)
+                return nil
+            }
             if index + 1 < words.count, isReturnAddress(words[index + 1]), validates(record, links: 3) {
                 if firstValid == nil { firstValid = index }
                 if case .known(let target) = target(ofCallBefore: words[index + 1]) {
@@ -441,9 +508,10 @@ struct StackUnwinder {
     }
 
     private func validates(_ record: UInt, links: Int) -> Bool {
-        guard let saved = word(at: record), let returnAddress = word(at: record + Self.wordSize),
-            isReturnAddress(returnAddress)
-        else { return false }
+        guard let saved = word(at: record), let returnAddress = word(at: record + Self.wordSize) else { return false }
+        // A signal handler's record: the chain ends at the signal frame.
+        if signalContext(atSlot: slot(of: record) + 1) != nil { return true }
+        guard isReturnAddress(returnAddress) else { return false }
         if links <= 1 { return true }
         if saved == 0 { return links <= 2 }
         guard saved > record, saved - record < 0x10_0000, saved % Self.wordSize == 0 else { return false }

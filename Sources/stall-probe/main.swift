@@ -20,7 +20,13 @@ import Dispatch
 import Foundation
 import StallDetection
 
-let arguments = CommandLine.arguments.dropFirst()
+// `STALL_PROBE_ARGUMENTS` (space-separated) when the command line is empty: the
+// standard library reads it from /proc, which the degraded-environment tests unmount.
+let arguments =
+    CommandLine.arguments.count <= 1
+    ? ArraySlice(
+        getenv("STALL_PROBE_ARGUMENTS").map { String(cString: $0).split(separator: " ").map(String.init) } ?? [])
+    : CommandLine.arguments.dropFirst()
 guard let scenario = arguments.first else {
     print(
         "usage: stall-probe queue|custom|pool [ms [threads]]|pool-busy|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
@@ -242,6 +248,9 @@ case _ where reviewSignalScenarios.contains(scenario):
 
 case _ where realConditionScenarios.contains(scenario):
     runRealConditionScenario(scenario, number)
+
+case _ where degradedScenarios.contains(scenario):
+    runDegradedScenario(scenario, number)
 
 default:
     print("unknown scenario \(scenario)")

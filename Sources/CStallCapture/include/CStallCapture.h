@@ -43,6 +43,12 @@ typedef struct stallcapture_sample {
     /// STALLCAPTURE_STACK_BYTES); the frame-pointer walk and the return-address
     /// scan read this copy, never the live stack.
     size_t stack_size;
+    /// errno of the copy's first failed read when nothing was copied (EPERM or
+    /// ENOSYS: `process_vm_readv` refused, as a seccomp filter does), else 0.
+    int copy_error;
+    /// 1 when `sp` lies on the thread's alternate signal stack (`sigaltstack`):
+    /// the copy then ends with that stack, not with the thread's own.
+    int on_alternate_stack;
     unsigned char stack[STALLCAPTURE_STACK_BYTES];
 } stallcapture_sample;
 
@@ -77,6 +83,11 @@ int stallcapture_install(void);
 /// Returns one of the STALLCAPTURE_* outcomes; `*error_number` gets errno on
 /// STALLCAPTURE_SIGNAL_FAILED.
 int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, int *error_number);
+
+/// The address of the handler of signal `signal_number` installed now
+/// (`sa_sigaction` or `sa_handler`: 0 for SIG_DFL, 1 for SIG_IGN), or 0 when it
+/// cannot be read.
+uintptr_t stallcapture_signal_handler(int signal_number);
 
 /// The kernel id of the calling thread.
 pid_t stallcapture_current_tid(void);

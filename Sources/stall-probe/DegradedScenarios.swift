@@ -1,0 +1,179 @@
+import Dispatch
+import Foundation
+import StallDetection
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Stalls in degraded environments: what a report says when the sampler cannot
+// do its work. Extra output lines:
+//   SECCOMP <0|errno>   whether the filter refusing process_vm_readv was installed
+//   HANDLER <result>    whether the thread's own signal handler was entered
+
+/// The scenarios this file runs.
+let degradedScenarios: Set<String> = [
+    "degraded-seccomp-busy", "degraded-seccomp-sleep", "degraded-sleep", "degraded-handler-replaced",
+    "degraded-sigprof-blocked", "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
+    "degraded-in-handler-spin-altstack",
+]
+
+func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
+    switch scenario {
+    case "degraded-seccomp-busy", "degraded-seccomp-sleep":
+        // A seccomp filter (as hardened containers install) refuses
+        // process_vm_readv with EPERM in every thread, before the detector starts.
+        emit("SECCOMP \(degradedRefuseProcessVMReadv())")
+        degradedQueueStall(milliseconds) {
+            scenario.hasSuffix("busy") ? matrixBusy1($0) : degradedSleep($0)
+        }
+    case "degraded-sleep":
+        // A queue sleeping in the kernel (run with /proc unmounted by the test).
+        degradedQueueStall(milliseconds) { degradedSleep($0) }
+    case "degraded-handler-replaced", "degraded-sigprof-blocked":
+        // The main run loop spins after a profiler replaced the SIGPROF handler,
+        // or with SIGPROF blocked in the main thread.
+        let detector = StallDetector(target: .mainRunLoop, threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+            if scenario == "degraded-handler-replaced" {
+                signal(SIGPROF) { _ in }
+            } else {
+                var set = sigset_t()
+                sigemptyset(&set)
+                sigaddset(&set, SIGPROF)
+                pthread_sigmask(SIG_BLOCK, &set, nil)
+            }
+            matrixBusy1(milliseconds)
+        }
+        RunLoop.main.run()
+    case "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
+        "degraded-in-handler-spin-altstack":
+        // The stalled job raises SIGUSR1; its handler sleeps (the detector reads
+        // the thread from /proc) or spins (it is signalled) for the stall
+        // (`READY` once it does, for a debugger to attach).
+        degradedQueueStall(milliseconds) { length in
+            degradedHandlerMilliseconds = Int32(length)
+            degradedRaiseInHandler(
+                alternateStack: scenario.hasSuffix("altstack"), spinning: scenario.contains("-spin"))
+        }
+    default:
+        break
+    }
+}
+
+/// How long the SIGUSR1 handler sleeps or spins (set before the signal is raised).
+nonisolated(unsafe) private var degradedHandlerMilliseconds: Int32 = 0
+/// Set when the spinning handler is to return.
+private let degradedSpinStop = Atomic<Bool>(false)
+
+/// A queue under a detector, blocked by `block(milliseconds)` after 0.3 s.
+private func degradedQueueStall(_ milliseconds: Int, block: @escaping @Sendable (Int) -> Void) {
+    let queue = DispatchQueue(label: "probe.degraded")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    queue.asyncAfter(deadline: .now() + 0.3) { block(milliseconds) }
+    dispatchMain()
+}
+
+@inline(never)
+func degradedSleep(_ milliseconds: Int) {
+    usleep(UInt32(milliseconds) * 1_000)
+}
+
+/// Installs the SIGUSR1 handler (on a 64 KB alternate stack if asked) and raises
+/// the signal in this thread: the handler sleeps on top of this frame.
+@inline(never)
+func degradedRaiseInHandler(alternateStack: Bool, spinning: Bool) {
+    var action = sigaction()
+    if spinning {
+        action.__sigaction_handler.sa_handler = { _ in degradedSpinningHandler() }
+        let milliseconds = Int(degradedHandlerMilliseconds)
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(milliseconds)) {
+            degradedSpinStop.store(true, ordering: .relaxed)
+        }
+    } else {
+        action.__sigaction_handler.sa_handler = { _ in degradedSleepingHandler() }
+    }
+    action.sa_flags = alternateStack ? SA_ONSTACK : 0
+    sigemptyset(&action.sa_mask)
+    sigaction(SIGUSR1, &action, nil)
+    var memory: UnsafeMutableRawPointer?
+    if alternateStack {
+        memory = mmap(nil, 65_536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        var stack = stack_t(ss_sp: memory, ss_flags: 0, ss_size: 65_536)
+        sigaltstack(&stack, nil)
+    }
+    // Dispatch's worker threads block most signals.
+    var set = sigset_t()
+    sigemptyset(&set)
+    sigaddset(&set, SIGUSR1)
+    pthread_sigmask(SIG_UNBLOCK, &set, nil)
+    emit("READY")
+    pthread_kill(pthread_self(), SIGUSR1)
+    if let memory {
+        var none = stack_t(ss_sp: nil, ss_flags: Int32(SS_DISABLE), ss_size: 0)
+        sigaltstack(&none, nil)
+        munmap(memory, 65_536)
+    }
+}
+
+/// The SIGUSR1 handler: sleeps for the stall (nanosleep is async-signal-safe).
+@inline(never)
+func degradedSleepingHandler() {
+    var request = timespec(
+        tv_sec: Int(degradedHandlerMilliseconds / 1_000),
+        tv_nsec: Int(degradedHandlerMilliseconds % 1_000) * 1_000_000)
+    var remaining = timespec()
+    while nanosleep(&request, &remaining) != 0 { request = remaining }
+}
+
+/// The spinning SIGUSR1 handler: runs user code until told to stop.
+@inline(never)
+func degradedSpinningHandler() {
+    var spins = 0
+    while !degradedSpinStop.load(ordering: .relaxed) { spins &+= 1 }
+    if spins == 42 { emit("\(spins)") }
+}
+
+/// Installs, in every thread (`SECCOMP_FILTER_FLAG_TSYNC`), a seccomp filter that
+/// makes `process_vm_readv` fail with EPERM and allows everything else. Returns 0
+/// or the errno. `prctl` and `syscall` are variadic in C, so Swift calls them
+/// through pointers of their register-passing signatures.
+func degradedRefuseProcessVMReadv() -> Int32 {
+    #if os(Linux) && (arch(x86_64) || arch(arm64))
+    #if arch(x86_64)
+    let (processVMReadv, seccompCall): (UInt64, Int) = (310, 317)
+    #else
+    let (processVMReadv, seccompCall): (UInt64, Int) = (270, 277)
+    #endif
+    typealias Call = @convention(c) (Int, Int, Int, Int, Int) -> Int
+    // dlsym(RTLD_DEFAULT, …): glibc's RTLD_DEFAULT is a null handle.
+    guard let prctlSymbol = dlsym(nil, "prctl"), let syscallSymbol = dlsym(nil, "syscall") else { return ENOSYS }
+    let prctl = unsafeBitCast(prctlSymbol, to: Call.self)
+    let syscall = unsafeBitCast(syscallSymbol, to: Call.self)
+    // struct sock_filter { u16 code; u8 jt; u8 jf; u32 k }, one UInt64 each.
+    func statement(_ code: UInt64, _ jt: UInt64, _ jf: UInt64, _ k: UInt64) -> UInt64 {
+        code | jt << 16 | jf << 24 | k << 32
+    }
+    var filter: [UInt64] = [
+        statement(0x20, 0, 0, 0),  // ld [nr]
+        statement(0x15, 0, 1, processVMReadv),  // jeq #process_vm_readv, 0, 1
+        statement(0x06, 0, 0, 0x0005_0000 | UInt64(EPERM)),  // ret ERRNO(EPERM)
+        statement(0x06, 0, 0, 0x7FFF_0000),  // ret ALLOW
+    ]
+    guard prctl(38, 1, 0, 0, 0) == 0 else { return errno }  // PR_SET_NO_NEW_PRIVS
+    return filter.withUnsafeMutableBufferPointer { instructions in
+        // struct sock_fprog { u16 len; struct sock_filter *filter }
+        var program: [Int] = [instructions.count, Int(bitPattern: instructions.baseAddress)]
+        let result = program.withUnsafeMutableBufferPointer { fprog in
+            // SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC
+            syscall(seccompCall, 1, 1, Int(bitPattern: fprog.baseAddress), 0)
+        }
+        return result == 0 ? 0 : errno
+    }
+    #else
+    return ENOSYS
+    #endif
+}
