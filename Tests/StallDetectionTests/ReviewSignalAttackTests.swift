@@ -574,7 +574,8 @@ struct ReviewSignalAttackTests {
         #expect(run.exitStatus == 0, "the helper died (status \(run.exitStatus)): \(run.lines.prefix(3))")
         #expect(run.started.count == 1, "\(run.lines.prefix(3))")
         #expect(
-            run.started.first?.report.contains("reviewSignalNearStackEndSpin") == true, "\(run.started.first?.report ?? "")")
+            run.started.first?.report.contains("reviewSignalNearStackEndSpin") == true,
+            "\(run.started.first?.report ?? "")")
     }
 
     @Test("A first sample 8 KB above the end of the stack does not crash")
