@@ -5,7 +5,8 @@ struct RawStack: Sendable {
     var thread: Int32
     /// Innermost first: the interrupted instruction, then return addresses.
     var frames: [RawFrame]
-    /// The copy of the stack ended before the stack did.
+    /// The copy of the stack ended before the stack did, or the stack a signal
+    /// frame leads to could not be read.
     var copyTruncated: Bool
     /// The watched queue's address, if one is watched.
     var queue: UInt?
@@ -13,8 +14,10 @@ struct RawStack: Sendable {
     /// thread read from `/proc`.
     var currentQueue: UInt?
     /// Whether the watched queue's address is among the stack's words (the
-    /// queue's drain keeps it while its job runs).
-    var wordsHoldQueue: Bool
+    /// queue's drain keeps it while its job runs); nil when the unwind went
+    /// beyond the words copied (through a signal frame to the thread's own
+    /// stack, or past the copy's end), so the copy cannot tell.
+    var wordsHoldQueue: Bool?
 }
 
 /// What sampling one thread gave.
@@ -156,16 +159,18 @@ final class SamplingContext: @unchecked Sendable {
                 return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
             }, codeCache: code)
         let frames = unwinder.unwind()
+        let held = queue.map { copy.words.contains($0) } ?? false
         let raw = RawStack(
-            thread: thread, frames: frames, copyTruncated: copy.truncated, queue: queue, currentQueue: copy.queue,
-            wordsHoldQueue: queue.map { copy.words.contains($0) } ?? false)
+            thread: thread, frames: frames, copyTruncated: copy.truncated || unwinder.signalContextUnread, queue: queue,
+            currentQueue: copy.queue,
+            wordsHoldQueue: held || !(unwinder.wentBeyondCopy || frames.contains { $0.isSignalReturn }) ? held : nil)
         return (raw, unwinder.wentBeyondCopy)
     }
 
     /// Names a sampled stack in full.
     func name(_ raw: RawStack) -> StallBacktrace {
         let before = StallProfiler.threadCPU()
-        let frames = StackShape.prune(symbolicator.symbolicate(raw.frames))
+        let frames = StackShape.prune(Self.markSignalFrames(symbolicator.symbolicate(raw.frames), raw: raw.frames))
         namingCost += StallProfiler.threadCPU() - before
         return StallBacktrace(
             frames: frames, threadID: Self.reportedID(raw.thread), unavailableReason: nil,
@@ -176,7 +181,7 @@ final class SamplingContext: @unchecked Sendable {
     /// scan go first unless the chain does not reach the root (as in a report).
     func names(_ stacks: [[RawFrame]]) -> [[StackFrame]] {
         let before = StallProfiler.threadCPU()
-        let named = stacks.map { StackShape.prune(symbolicator.symbolicate($0)) }
+        let named = stacks.map { StackShape.prune(Self.markSignalFrames(symbolicator.symbolicate($0), raw: $0)) }
         namingCost += StallProfiler.threadCPU() - before
         return named
     }
@@ -189,7 +194,20 @@ final class SamplingContext: @unchecked Sendable {
     func runsQueue(_ raw: RawStack) -> Bool? {
         guard let queue = raw.queue else { return nil }
         guard let current = raw.currentQueue else { return raw.wordsHoldQueue }
-        return current == queue || (raw.wordsHoldQueue && summary(raw).callouts >= 2)
+        return current == queue || (raw.wordsHoldQueue == true && summary(raw).callouts >= 2)
+    }
+
+    /// The kernel's signal return trampoline named as a debugger names it: the
+    /// frames above it ran in a signal handler.
+    static func markSignalFrames(_ frames: [StackFrame], raw: [RawFrame]) -> [StackFrame] {
+        let trampolines = Set(raw.filter(\.isSignalReturn).map(\.address))
+        guard !trampolines.isEmpty else { return frames }
+        return frames.map { frame in
+            guard trampolines.contains(frame.address), !frame.isInlined else { return frame }
+            return StackFrame(
+                address: frame.address, function: "<signal handler called>", file: nil, line: nil, image: frame.image,
+                isUncertain: frame.isUncertain, imageOffset: frame.imageOffset)
+        }
     }
 
     /// What a sampled stack's functions say about its thread (names from the
