@@ -259,11 +259,11 @@ func stallSection() {
             + "threshold passed (blaming whatever ran then), do not say which screen was on, and do not run on Linux.")
     let detector = StallDetector(target: .mainRunLoop, threshold: .milliseconds(250))
     detector.start()
-    let finished = Shared(false)
+    let ended = Shared<StallProfile?>(nil)
     Task.detached {
         for await event in detector.events {
             sayReport(event, frames: event.phase == .started ? 6 : 0)
-            if event.phase == .ended { finished.update { $0 = true } }
+            if event.phase == .ended { ended.update { $0 = event.profile } }
         }
     }
     say("  the main thread runs RunLoop.main; on the \"Photo Gallery\" screen, a main-queue block now computes")
@@ -274,13 +274,31 @@ func stallSection() {
         }
     }
     let end = Date().addingTimeInterval(4)
-    while !finished.get() && Date() < end {
+    while ended.get() == nil && Date() < end {
         RunLoop.main.run(until: Date().addingTimeInterval(0.05))
     }
     detector.stop()
     say("SafeTimers: .started named the function with file and line while it was still blocking, and the screen;")
-    say("            .ended gave the measured duration and where the time went since it was detected: both steps,")
-    say("            0.45 s of decoding left and 0.3 s of filters, about 60:40 (later stalls: from their start).")
+    say("            " + profileNarration(ended.get()))
+}
+
+/// What this run's profile showed of the two steps, in its own numbers: never
+/// more than it measured.
+func profileNarration(_ profile: StallProfile?) -> String {
+    guard let profile, profile.sampleCount > 0 else {
+        return
+            ".ended gave the measured duration; this run took no profile samples, so it cannot say where the time went."
+    }
+    let samples = { (name: String) in profile.functions.first { $0.name.hasPrefix(name) }?.samples ?? 0 }
+    let (decode, filters) = (samples("decodeThumbnails"), samples("applyFilters"))
+    let measured =
+        ".ended gave the measured duration and \(profile.sampleCount) samples over the stall: "
+        + "decodeThumbnails() in \(decode), applyFilters() in \(filters)"
+    guard decode + filters >= 10, decode > 0, filters > 0 else {
+        return measured + ": too few of each to tell their shares apart."
+    }
+    let share = Int((Double(decode) / Double(decode + filters) * 100).rounded())
+    return measured + " (\(share):\(100 - share); the code ran 70:30)."
 }
 
 // MARK: - Fatal stalls
