@@ -26,7 +26,7 @@ measure() {  # measure <label> <helper>
 }
 
 busy_pids=()
-stop_busy() { [ ${#busy_pids[@]} -eq 0 ] || kill "${busy_pids[@]}" 2>/dev/null || true; busy_pids=(); }
+stop_busy() { [ ${#busy_pids[@]} -eq 0 ] || kill -9 "${busy_pids[@]}" 2>/dev/null || true; busy_pids=(); }
 trap stop_busy EXIT
 for build in debug release; do
     helper=.build/debug/stall-probe
