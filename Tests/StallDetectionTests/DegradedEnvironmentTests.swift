@@ -148,7 +148,11 @@ struct DegradedEnvironmentTests {
                 addresses[addresses.count - offset] == address,
                 "frame \(offset) from the root: gdb 0x\(String(address, radix: 16))\n\(report)")
         }
-        #expect(frames.first?.contains(spinning ? "degradedSpinningHandler" : "clock_nanosleep") == true, "\(report)")
+        // The spinning handler may be caught inside what its loop calls (the
+        // global's accessor, `swift_once`): it is among the innermost frames.
+        let innermost = spinning ? frames.prefix(3) : frames.prefix(1)
+        #expect(
+            innermost.contains { $0.contains(spinning ? "degradedSpinningHandler" : "clock_nanosleep") }, "\(report)")
         #expect(frames.last?.contains(" start_thread ") == true, "\(report)")
         #expect(!frames.contains { $0.hasSuffix(" ?") || $0.contains("_dl_") }, "no uncertain or stale frame")
         #expect(!report.contains("outer frames not shown"), "not truncated: \(report)")
