@@ -68,17 +68,11 @@ struct ElfSymbolTable: Sendable {
     /// `/proc/self/exe`; nil where that cannot be read or has no symbol table.
     static let executable: ElfSymbolTable? = {
         #if os(Linux)
-        let descriptor = open("/proc/self/exe", O_RDONLY | O_CLOEXEC)
-        guard descriptor >= 0 else { return nil }
-        defer { close(descriptor) }
-        let reader = ElfReader { offset, count in
-            var bytes = [UInt8](repeating: 0, count: count)
-            let read = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, count, off_t(offset)) }
-            return read == count ? bytes : nil
-        }
-        guard let bias = reader.loadBias(programHeaders: stallcapture_auxiliary_value(3)) else { return nil }
-        return reader.functions(section: ElfReader.symbolTableSection, bias: bias, names: false).map {
-            ElfSymbolTable(functions: $0, imageName: "")
+        return ElfReader.withFile("/proc/self/exe") { reader in
+            guard let bias = reader.loadBias(programHeaders: stallcapture_auxiliary_value(3)) else { return nil }
+            return reader.functions(section: ElfReader.symbolTableSection, bias: bias, names: false).map {
+                ElfSymbolTable(functions: $0, imageName: "")
+            }
         }
         #else
         return nil
@@ -140,20 +134,14 @@ struct ElfSymbolTable: Sendable {
     /// dynamic one where the file has none.
     private static func read(library path: String, base: UInt) -> ElfSymbolTable? {
         #if os(Linux)
-        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
-        guard descriptor >= 0 else { return nil }
-        defer { close(descriptor) }
-        let reader = ElfReader { offset, count in
-            var bytes = [UInt8](repeating: 0, count: count)
-            let read = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, count, off_t(offset)) }
-            return read == count ? bytes : nil
+        return ElfReader.withFile(path) { reader in
+            guard let firstLoad = reader.firstLoadAddress() else { return nil }
+            let bias = base &- firstLoad
+            let functions =
+                reader.functions(section: ElfReader.symbolTableSection, bias: bias, names: false)
+                ?? reader.functions(section: ElfReader.dynamicSymbolSection, bias: bias, names: false)
+            return functions.map { ElfSymbolTable(functions: $0, imageName: path) }
         }
-        guard let firstLoad = reader.firstLoadAddress() else { return nil }
-        let bias = base &- firstLoad
-        let functions =
-            reader.functions(section: ElfReader.symbolTableSection, bias: bias, names: false)
-            ?? reader.functions(section: ElfReader.dynamicSymbolSection, bias: bias, names: false)
-        return functions.map { ElfSymbolTable(functions: $0, imageName: path) }
         #else
         return nil
         #endif
@@ -182,6 +170,23 @@ struct ElfReader {
 
     init(read: @escaping (UInt, Int) -> [UInt8]?) {
         self.read = read
+    }
+
+    /// Runs `body` with a reader of the file at `path` (nil if it cannot be opened).
+    static func withFile<Result>(_ path: String, _ body: (ElfReader) -> Result?) -> Result? {
+        #if os(Linux)
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        return body(
+            ElfReader { offset, count in
+                var bytes = [UInt8](repeating: 0, count: count)
+                let read = bytes.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, count, off_t(offset)) }
+                return read == count ? bytes : nil
+            })
+        #else
+        return nil
+        #endif
     }
 
     /// Little-endian unsigned integer of `size` bytes at `offset` of `bytes`.

@@ -51,6 +51,19 @@ struct ProbeRun {
         return process
     }
 
+    /// Runs `body` while `count` processes keep a core busy each; they are
+    /// ended with SIGKILL (the shell's loop does not end on SIGTERM).
+    static func withBurners<Result>(_ count: Int, _ body: () throws -> Result) throws -> Result {
+        let burners = try (0..<count).map { _ in try spawnBurner() }
+        defer {
+            for burner in burners {
+                kill(burner.processIdentifier, SIGKILL)
+                burner.waitUntilExit()
+            }
+        }
+        return try body()
+    }
+
     /// Runs a scenario; `whileRunning` gets the child's pid once it started. A child
     /// still running after `timeLimit` is killed, so a broken detector fails the
     /// test instead of hanging it.

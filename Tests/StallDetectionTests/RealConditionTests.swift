@@ -107,15 +107,7 @@ struct RealConditionTests {
 
     @Test("50 stalls just over the threshold (275 ms at 250 ms), beside two busy processes: each reported once")
     func stallsJustOverTheThreshold() throws {
-        let burners = try (0..<2).map { _ in try ProbeRun.spawnBurner() }
-        defer {
-            // SIGKILL: the shell's loop does not end on SIGTERM.
-            for burner in burners {
-                kill(burner.processIdentifier, SIGKILL)
-                burner.waitUntilExit()
-            }
-        }
-        let run = try ProbeRun.run(["short-stalls", "275"], timeLimit: 90)
+        let run = try ProbeRun.withBurners(2) { try ProbeRun.run(["short-stalls", "275"], timeLimit: 90) }
         #expect(run.exitStatus == 0)
         let ids = Set(run.started.map(\.id))
         print("short stalls beside two busy processes: \(run.started.count) of 50 reported, \(run.ended.count) ended")
