@@ -60,15 +60,26 @@ struct StackSummary: Sendable {
     /// How many job blocks libdispatch is calling on the thread (``FrameKind/callout``).
     let callouts: Int
 
+    /// Judges the frames a report would keep (``StackShape/prune(_:)``): the
+    /// certain ones, and the scan's frames only beyond the last certain one when
+    /// the chain does not reach the thread's root (the scan finds stale return
+    /// addresses too: an idle worker's stack still holds those of the job it
+    /// ran before).
     init(kinds: [FrameKind], certain: [Bool]) {
-        var all: FrameKind = []
-        var rootReached = false
+        let rootReached = zip(kinds, certain).contains { $0.contains(.root) && $1 }
+        let lastCertain = certain.lastIndex(of: true) ?? -1
+        var kept: [FrameKind] = []
         var callouts = 0
-        for (kind, isCertain) in zip(kinds, certain) {
-            all.formUnion(kind)
+        for (index, (kind, isCertain)) in zip(kinds, certain).enumerated() {
+            let scannedBeyond =
+                !rootReached && index > lastCertain && index - lastCertain <= StackUnwinder.uncertainLimit
+            guard isCertain || scannedBeyond else { continue }
+            kept.append(kind)
             if isCertain && kind.contains(.callout) { callouts += 1 }
-            if isCertain && kind.contains(.root) { rootReached = true }
         }
+        var all: FrameKind = []
+        for kind in kept { all.formUnion(kind) }
+        let kinds = kept
         let waitsForEvents = kinds.lazy.filter { $0.contains(.named) }.prefix(4).contains { $0.contains(.eventWait) }
         runsJob = all.contains(.job) && !all.contains(.manager)
         looksIdle = !all.contains(.job) && (all.contains(.idle) || waitsForEvents)
