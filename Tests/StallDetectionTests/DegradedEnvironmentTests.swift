@@ -11,7 +11,9 @@ import Glibc
 /// `stall-probe` child, see `Sources/stall-probe/DegradedScenarios.swift`): it
 /// names the reason, never a stack it did not read; and a thread stalled in its
 /// own signal handler is reported as gdb shows it.
-@Suite("Degraded environments (stall-probe, real time)", .serialized)
+@Suite(
+    "Degraded environments (stall-probe, real time)", .serialized,
+    .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
 struct DegradedEnvironmentTests {
     /// Runs a scenario once more when the stall was not detected on time (the
     /// machine is shared); the `.started` report.
