@@ -56,6 +56,11 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// ``StallDetector/takeFatalStallReport(at:)`` reads it: ``duration`` and
     /// ``profile`` are as last written before the process ended.
     public internal(set) var endedWithProcess = false
+    /// What was left out of this report to keep it under the fatal report's
+    /// 16 MB (the longest activity labels first, then the profile's
+    /// least-sampled functions), or nil when nothing was. Only a report read by
+    /// ``StallDetector/takeFatalStallReport(at:)`` can have one.
+    public internal(set) var truncationNote: String?
 
     /// A readable multi-line report: the phase and duration, the activities, the
     /// blocked thread's stack, and on `.ended` (or for a stall the process did not
@@ -73,6 +78,7 @@ public struct StallEvent: Sendable, CustomStringConvertible {
         if !activities.isEmpty { text += "\n  activities: " + activities.joined(separator: " › ") }
         text += "\n" + backtrace.description
         if phase == .ended || endedWithProcess { text += "\n" + profile.description }
+        if let truncationNote { text += "\n  (report cut to fit: \(truncationNote))" }
         return text
     }
 }

@@ -277,9 +277,9 @@ final class StallProfiler: Sendable {
         }
         for work in pending { work?.cancel() }
         releaseFilesLater()
-        // The file is gone when stop() returns.
+        // The file is gone when stop() returns, without waiting for a write in
+        // progress (it is dropped).
         fatal?.remove()
-        fatal?.flush()
     }
 
     // MARK: Sampling (on the detector queue)

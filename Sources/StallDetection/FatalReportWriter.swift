@@ -1,0 +1,90 @@
+import Dispatch
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Keeps one detector's fatal report file: written at `.started`, rewritten while
+/// the stall lasts, removed at `.ended` and by `stop()`.
+///
+/// Writes happen on a queue of their own (an `fsync` can take a while; the
+/// detector's queue keeps sampling meanwhile) and coalesce: a write asked for
+/// while another is pending replaces it. Each write goes to a new temporary file
+/// beside the report, with a name nobody can predict (``FatalReportFiles``),
+/// created exclusively, never through a link and never blocking; it is flushed
+/// to disk (`fsync`), then renamed over the report, and the directory is
+/// flushed: the report on disk is always a whole one, and only its writer can
+/// read it (mode 0600).
+///
+/// A removal happens on the caller's thread and never waits for a write in
+/// progress: a write begun before it is not renamed into place any more (the
+/// check and the rename happen under one lock, the only file operation done
+/// under it).
+final class FatalReportWriter: Sendable {
+    let path: String
+    private let queue = DispatchQueue(label: "StallDetector.fatalReport", qos: .utility)
+    /// The event waiting to be written, whether a write block is queued, and the
+    /// number of removals so far: a write renames its file into place only while
+    /// no removal came after the event it took.
+    private let state = Locked<(event: StallEvent?, scheduled: Bool, removals: UInt64)>((nil, false, 0))
+
+    init(path: String) {
+        self.path = path
+    }
+
+    func write(_ event: StallEvent) {
+        let schedule = state.withLock { state -> Bool in
+            state.event = event
+            defer { state.scheduled = true }
+            return !state.scheduled
+        }
+        guard schedule else { return }
+        queue.async { [self] in
+            let taken = state.withLock { state -> (event: StallEvent?, removals: UInt64) in
+                state.scheduled = false
+                defer { state.event = nil }
+                return (state.event, state.removals)
+            }
+            guard let event = taken.event else { return }
+            let bytes = FatalReportFile(event).encodedWithinLimit()
+            guard !bytes.isEmpty else { return }
+            writeAtomically(bytes, unlessRemovedSince: taken.removals)
+        }
+    }
+
+    /// Removes the report now; a write in progress is dropped (its temporary
+    /// file removed), a pending one too.
+    func remove() {
+        state.withLock { state in
+            state.event = nil
+            state.removals &+= 1
+        }
+        unlink(path)
+    }
+
+    /// Waits until every write asked for so far is done (tests).
+    func flush() { queue.sync {} }
+
+    /// Temporary file, `fsync`, `rename` unless a removal came after the event
+    /// was taken (`removals` then), `fsync` of the directory.
+    private func writeAtomically(_ bytes: [UInt8], unlessRemovedSince removals: UInt64) {
+        guard let (descriptor, temporary) = FatalReportFiles.createTemporary(beside: path) else { return }
+        let written = FatalReportFiles.writeAll(bytes, to: descriptor)
+        let synced = fsync(descriptor) == 0
+        close(descriptor)
+        let renamed =
+            written && synced
+            && state.withLock { state in
+                // Checked under the lock that remove() takes before it unlinks:
+                // no report appears after a removal returned.
+                state.removals == removals && rename(temporary, path) == 0
+            }
+        guard renamed else {
+            unlink(temporary)
+            return
+        }
+        FatalReportFiles.syncDirectory(of: path)
+    }
+}
