@@ -24,6 +24,8 @@ let package = Package(
         // with dependencies; the others use the toolchain alone.
         .library(name: "StallDetectionReporting", targets: ["StallDetectionReporting"]),
         .executable(name: "safetimers-demo", targets: ["safetimers-demo"]),
+        // Folded stacks (`StallProfile.foldedStacks()`) to a flame graph in SVG.
+        .executable(name: "stall-flamegraph", targets: ["stall-flamegraph"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
@@ -54,6 +56,7 @@ let package = Package(
             name: "safetimers-demo",
             dependencies: ["SafeTimers", "StallDetection"]
         ),
+        .executableTarget(name: "stall-flamegraph"),
         // A child process for StallDetection's integration tests (not a product).
         .executableTarget(name: "stall-probe", dependencies: ["SafeTimers", "StallDetection"]),
         .testTarget(name: "SafeTimersTests", dependencies: ["SafeTimers", "SafeTimersTesting"]),
@@ -64,7 +67,10 @@ let package = Package(
                 .product(name: "AsyncAlgorithms", package: "swift-async-algorithms"),
             ]
         ),
-        .testTarget(name: "StallDetectionTests", dependencies: ["StallDetection", "CStallCapture", "stall-probe"]),
+        .testTarget(
+            name: "StallDetectionTests",
+            dependencies: ["StallDetection", "CStallCapture", "stall-probe", "stall-flamegraph"]
+        ),
         .testTarget(
             name: "StallDetectionReportingTests",
             dependencies: [

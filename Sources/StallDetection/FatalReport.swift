@@ -28,7 +28,7 @@ extension StallDetector {
     /// to a temporary file with a name nobody can predict, created exclusively
     /// (never through a link, never opening a FIFO), readable by its owner only
     /// (mode 0600), and renamed into place. A report never exceeds 16 MB: the
-    /// longest activity labels are cut first, then the profile's least-sampled
+    /// longest activity labels are cut first, then the call tree, then the profile's least-sampled
     /// functions, and ``StallEvent/truncationNote`` says what was cut.
     ///
     /// One path per detector: two detectors given the same path overwrite each

@@ -48,11 +48,19 @@ struct FatalReportFile: Codable {
         var samples: Int
     }
 
+    struct Stack: Codable {
+        var functions: [Int]
+        var samples: Int
+    }
+
     struct Profile: Codable {
         var sampleCount: Int
         var intervalNanoseconds: Int64
         var spanNanoseconds: Int64
         var functions: [Function]
+        /// The call tree's stacks (positions in `functions`, root first); nil in
+        /// a report cut to fit.
+        var stacks: [Stack]?
     }
 
     var format: String
@@ -91,7 +99,7 @@ struct FatalReportFile: Codable {
             spanNanoseconds: Monotonic.nanoseconds(event.profile.span),
             functions: event.profile.functions.map {
                 Function(name: $0.name, file: $0.file, line: $0.line, image: $0.image, samples: $0.samples)
-            })
+            }, stacks: event.profile.stacks.map { Stack(functions: $0.functionIndices, samples: $0.samples) })
         activities = event.activities
         truncation = event.truncationNote
     }
@@ -108,8 +116,9 @@ struct FatalReportFile: Codable {
     /// The encoded report, never larger than `limit` (by default what the reader
     /// takes), or empty when it cannot be made to fit. Cut in order of
     /// importance, least first, until it fits: activity labels longer than
-    /// ``activityLabelLimit`` bytes are shortened, then the profile keeps fewer
-    /// of its least-sampled functions, then the innermost activities go;
+    /// ``activityLabelLimit`` bytes are shortened, then the call tree goes, then
+    /// the profile keeps fewer of its least-sampled functions, then the
+    /// innermost activities go;
     /// ``truncation`` says what was cut. The stack is never cut.
     func encodedWithinLimit(_ limit: Int = maximumBytes) -> [UInt8] {
         var encoded = encoded()
@@ -118,8 +127,14 @@ struct FatalReportFile: Codable {
         var notes: [String] = []
         let shortened = file.shortenActivityLabels()
         if shortened > 0 { notes.append("\(shortened) activity labels cut to \(Self.activityLabelLimit) bytes") }
-        file.truncation = notes.joined(separator: "; ")
+        file.truncation = notes.isEmpty ? nil : notes.joined(separator: "; ")
         encoded = file.encoded()
+        if encoded.count > limit, file.profile.stacks?.isEmpty == false {
+            file.profile.stacks = nil
+            notes.append("profile: call tree left out")
+            file.truncation = notes.joined(separator: "; ")
+            encoded = file.encoded()
+        }
         let functions = file.profile.functions.count
         while encoded.count > limit, !file.profile.functions.isEmpty {
             file.profile.functions.removeLast((file.profile.functions.count + 1) / 2)
@@ -174,6 +189,10 @@ struct FatalReportFile: Codable {
             && profile.sampleCount >= 0 && profile.sampleCount <= StallProfile.maximumSampleCount + 1
             && profile.intervalNanoseconds >= 0 && profile.spanNanoseconds >= 0
             && profile.functions.allSatisfy { $0.samples >= 0 && $0.samples <= profile.sampleCount }
+            && (profile.stacks ?? []).allSatisfy { stack in
+                stack.samples > 0 && stack.samples <= profile.sampleCount
+                    && stack.functions.allSatisfy { profile.functions.indices.contains($0) }
+            }
     }
 
     var event: StallEvent {
@@ -190,7 +209,10 @@ struct FatalReportFile: Codable {
             sampleCount: profile.sampleCount,
             functions: profile.functions.map {
                 StallProfile.Function(name: $0.name, file: $0.file, line: $0.line, image: $0.image, samples: $0.samples)
-            }, interval: .nanoseconds(profile.intervalNanoseconds), span: .nanoseconds(profile.spanNanoseconds))
+            }, interval: .nanoseconds(profile.intervalNanoseconds), span: .nanoseconds(profile.spanNanoseconds),
+            stacks: (profile.stacks ?? []).map {
+                StallProfile.Stack(functionIndices: $0.functions, samples: $0.samples)
+            })
         return StallEvent(
             id: id, phase: .started, duration: .nanoseconds(durationNanoseconds),
             threshold: .nanoseconds(thresholdNanoseconds), target: target, backtrace: trace,

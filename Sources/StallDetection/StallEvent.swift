@@ -57,8 +57,8 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// ``profile`` are as last written before the process ended.
     public internal(set) var endedWithProcess = false
     /// What was left out of this report to keep it under the fatal report's
-    /// 16 MB (the longest activity labels first, then the profile's
-    /// least-sampled functions), or nil when nothing was. Only a report read by
+    /// 16 MB (the longest activity labels first, then the profile's call tree,
+    /// then its least-sampled functions), or nil when nothing was. Only a report read by
     /// ``StallDetector/takeFatalStallReport(at:)`` can have one.
     public internal(set) var truncationNote: String?
 

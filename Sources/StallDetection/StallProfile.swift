@@ -17,6 +17,19 @@
 /// Each function counts the samples whose stack contains it (a recursion counts
 /// once per sample), so a function and its callers can all have most samples.
 ///
+/// The samples' stacks are kept too, aggregated: ``stacks`` (each distinct
+/// stack, root to leaf, with its count) and ``callTree`` (who called whom, with
+/// the samples of each call path). Profilers open them as ``foldedStacks()``
+/// (flamegraph.pl, inferno, speedscope; `swift run stall-flamegraph` in this
+/// package draws an SVG) and ``speedscopeJSON(title:)``:
+///
+/// ```swift
+/// for await event in detector.events where event.phase == .ended {
+///     try event.profile.foldedStacks().write(toFile: "stall.folded", atomically: true, encoding: .utf8)
+///     print(event.profile.callTree)
+/// }
+/// ```
+///
 /// Sampling is bounded: at most ``maximumSampleCount`` samples (a long stall keeps
 /// every second sample and halves the rate, so the samples stay spread over the
 /// whole stall), and at most about 1 % of one core: the pause after each sample is
@@ -52,14 +65,21 @@ public struct StallProfile: Sendable, Hashable, CustomStringConvertible {
     /// The shortest time between two samples: 5 ms.
     public static let minimumInterval = Duration.milliseconds(5)
 
+    /// The sampled stacks, aggregated: each distinct stack (root to leaf) with
+    /// how many samples had exactly it, most samples first. The same samples as
+    /// ``functions``, kept whole: ``callTree`` is built from them, and
+    /// ``foldedStacks()`` and ``speedscopeJSON(title:)`` export them.
+    public let stacks: [Stack]
+
     /// A profile with no samples.
     public static let empty = StallProfile(sampleCount: 0, functions: [], interval: .zero, span: .zero)
 
-    init(sampleCount: Int, functions: [Function], interval: Duration, span: Duration) {
+    init(sampleCount: Int, functions: [Function], interval: Duration, span: Duration, stacks: [Stack] = []) {
         self.sampleCount = sampleCount
         self.functions = functions
         self.interval = interval
         self.span = span
+        self.stacks = stacks
     }
 
     /// The fraction of samples (0…1) that had `function` on their stack.
@@ -142,6 +162,9 @@ struct ProfileRecorder: Sendable {
     struct Sample: Sendable {
         var time: Int64
         var entries: [Entry]
+        /// Every named frame's function, innermost first (a recursion once per
+        /// call): the sample's path in the call tree.
+        var path: [Int]
     }
 
     private struct Info: Sendable {
@@ -179,6 +202,7 @@ struct ProfileRecorder: Sendable {
     mutating func add(_ frames: [StackFrame], at time: Int64) {
         stamp &+= 1
         var entries: [Entry] = []
+        var path: [Int] = []
         var groupStart = 0
         var isFirst = true
         while groupStart < frames.count {
@@ -202,12 +226,14 @@ struct ProfileRecorder: Sendable {
                 named = group.map { (function(for: $0), $0.function == nil ? nil : $0.line) }
                 if groups.count < 100_000 { groups[key] = named }
             }
-            for (function, line) in named where lastStamp[function] != stamp {
+            for (function, line) in named {
+                path.append(function)
+                guard lastStamp[function] != stamp else { continue }
                 lastStamp[function] = stamp
                 entries.append(Entry(function: function, line: line, position: entries.count))
             }
         }
-        let sample = Sample(time: time, entries: entries)
+        let sample = Sample(time: time, entries: entries, path: path)
         count(sample, sign: 1)
         samples.append(sample)
         if samples.count > capacity { thinOut() }
@@ -274,7 +300,26 @@ struct ProfileRecorder: Sendable {
         }
         return StallProfile(
             sampleCount: samples.count, functions: functions, interval: .nanoseconds(interval),
-            span: .nanoseconds(max(0, span)))
+            span: .nanoseconds(max(0, span)), stacks: stacks(ranking: ranked.map(\.key)))
+    }
+
+    /// The distinct paths of the samples held, root first, as positions in the
+    /// ranked functions, with how many samples took each; most samples first,
+    /// then in the order of the paths.
+    private func stacks(ranking: [Key]) -> [StallProfile.Stack] {
+        var rank: [Int] = Array(repeating: -1, count: infos.count)
+        let position = Dictionary(uniqueKeysWithValues: ranking.enumerated().map { ($0.element, $0.offset) })
+        for (index, info) in infos.enumerated() { rank[index] = position[info.key] ?? -1 }
+        var counts: [[Int]: Int] = [:]
+        for sample in samples {
+            let path = sample.path.reversed().map { rank[$0] }
+            guard !path.contains(-1) else { continue }
+            counts[path, default: 0] += 1
+        }
+        return counts.map { StallProfile.Stack(functionIndices: $0.key, samples: $0.value) }.sorted { left, right in
+            left.samples != right.samples
+                ? left.samples > right.samples : left.functionIndices.lexicographicallyPrecedes(right.functionIndices)
+        }
     }
 }
 

@@ -280,6 +280,26 @@ func stallSection() {
     detector.stop()
     say("SafeTimers: .started named the function with file and line while it was still blocking, and the screen;")
     say("            " + profileNarration(ended.get()))
+    if let profile = ended.get(), profile.sampleCount > 0 { writeProfileFiles(profile) }
+}
+
+/// Writes the stall's call tree for profilers: folded stacks (flame graph
+/// tools) and speedscope's JSON, in the system's temporary directory.
+func writeProfileFiles(_ profile: StallProfile) {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("safetimers-demo")
+    try? FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    let folded = directory.appendingPathComponent("stall.folded")
+    let speedscope = directory.appendingPathComponent("stall.speedscope.json")
+    do {
+        try Data(profile.foldedStacks().utf8).write(to: folded)
+        try Data(profile.speedscopeJSON(title: "safetimers-demo: Photo Gallery stall").utf8).write(to: speedscope)
+    } catch {
+        say("            (could not write the call tree to \(directory.path): \(error))")
+        return
+    }
+    say("            The call tree (\(profile.stacks.count) distinct stacks) is in \(folded.path)")
+    say("            and \(speedscope.path): open the second at https://www.speedscope.app, or draw")
+    say("            a flame graph: swift run stall-flamegraph \(folded.path) > stall.svg")
 }
 
 /// What this run's profile showed of the two steps, in its own numbers: never
