@@ -2,8 +2,8 @@
 /// spaced, so that each function's share of the samples is its share of the time.
 ///
 /// Samples are `minimumInterval × stride` apart, where the stride is a power of two
-/// that only grows during a stall: when the recent samples cost more than the
-/// budget allows at the current interval, or the profile is full, the stride
+/// that only grows during a stall: when the recent samples (their median) cost
+/// more than the budget allows at the current interval, or the profile is full, the stride
 /// doubles and the profile keeps every second sample, so the samples stay evenly
 /// spread (a costly phase of a stall must not get fewer samples than a cheap one).
 ///
@@ -33,8 +33,13 @@ struct SamplingPace: Sendable {
     /// CPU nanoseconds that may be spent now (negative: owed).
     private(set) var tokens: Double
     private var refilled: Int64?
-    /// The recent cost of a sample (exponential average), this stall.
-    private var averageCost: Double?
+    /// The costs of this stall's most recent typical samples, oldest first (at
+    /// most ``recentCostCount``).
+    private var recentCosts: [Double] = []
+    /// How many recent samples judge what a sample costs: their median, so that a
+    /// few costly ones (a page fault, a preemption, the work around `.started`)
+    /// cannot halve the rate, while costs above the budget for most of them do.
+    static let recentCostCount = 8
     /// The earliest moment the next sample may start.
     private(set) var earliest: Int64 = .min
     /// The interval between samples in effect.
@@ -54,7 +59,7 @@ struct SamplingPace: Sendable {
 
     /// A new stall: its samples' cost is learnt afresh.
     mutating func beginStall() {
-        averageCost = nil
+        recentCosts.removeAll(keepingCapacity: true)
         interval = minimumInterval
     }
 
@@ -75,16 +80,23 @@ struct SamplingPace: Sendable {
         refill(to: start)
         let cost = Double(max(0, cost))
         tokens -= cost
-        // One sample's spike (a page fault, a preemption) counts at most 4 times
-        // the average, so that it cannot halve the rate by itself.
-        if typical { averageCost = averageCost.map { $0 * 0.75 + min(cost, 4 * $0) * 0.25 } ?? cost }
+        if typical {
+            if recentCosts.count == Self.recentCostCount { recentCosts.removeFirst() }
+            recentCosts.append(cost)
+        }
         let current = interval(stride: stride)
-        let slower = (averageCost ?? 0) > budget * Double(current) || tokens < -burst
+        let slower = typicalCost > budget * Double(current) || tokens < -burst
         interval = slower ? interval(stride: stride.multipliedReportingOverflow(by: 2).partialValue) : current
         let untilRefilled = tokens >= 0 ? 0 : Int64(min(Double(Int64.max / 4), (-tokens / budget).rounded(.up)))
         let wait = max(interval, untilRefilled)
         earliest = start.addingReportingOverflow(wait).overflow ? .max : start + wait
         return (earliest, slower)
+    }
+
+    /// The median of the recent typical samples' costs once there are three
+    /// (before that the bucket alone bounds the CPU); 0 before.
+    private var typicalCost: Double {
+        recentCosts.count < 3 ? 0 : recentCosts.sorted()[recentCosts.count / 2]
     }
 
     /// When a sample wanted at `now` may start.

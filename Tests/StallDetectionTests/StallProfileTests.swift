@@ -149,6 +149,27 @@ struct StallProfileTests {
         #expect(pace.sampled(start: 0, cost: 3_000_000, stride: 1, typical: false) == (100_000_000, false))
     }
 
+    @Test("a few costly samples among cheap ones keep the rate; most samples over the budget halve it")
+    func costSpikes() {
+        // 2 % at 10 ms: 200 µs a sample. Cheap ones cost 120 µs; spikes 300 µs.
+        var pace = SamplingPace(minimumInterval: 10_000_000, budget: 0.02, burst: 2_000_000)
+        var now: Int64 = 0
+        for index in 0..<40 {
+            let cost: Int64 = [3, 5, 7].contains(index % 8) ? 300_000 : 120_000  // 3 spikes in every 8
+            let (next, slower) = pace.sampled(start: now, cost: cost, stride: 1)
+            #expect(!slower, "sample \(index)")
+            now = pace.next(now: next)
+        }
+        #expect(pace.interval == 10_000_000)
+        var halved = false
+        for _ in 0..<5 where !halved {
+            let (next, slower) = pace.sampled(start: now, cost: 250_000, stride: 1)
+            halved = slower
+            now = pace.next(now: next)
+        }
+        #expect(halved && pace.interval == 20_000_000, "5 samples in a row over the budget: the stride doubles")
+    }
+
     @Test("a huge stride or cost saturates instead of trapping")
     func extremes() {
         var pace = SamplingPace()
