@@ -31,6 +31,9 @@ extension StallDetector {
     /// longest activity labels are cut first, then the call tree, then the profile's least-sampled
     /// functions, and ``StallEvent/truncationNote`` says what was cut.
     ///
+    /// Temporary files a process killed in the middle of writing the report left
+    /// beside it (this user's, named after the report) are removed too.
+    ///
     /// One path per detector: two detectors given the same path overwrite each
     /// other's report, and the first stall to end removes it.
     ///
@@ -41,6 +44,7 @@ extension StallDetector {
         // the report at once, exactly one gets it. Only a regular file is read,
         // without blocking on a FIFO or following a link; anything else gives nil
         // and is removed too, except a directory, which is left alone.
+        FatalReportFiles.removeLeftovers(beside: path)
         guard let claimed = FatalReportFiles.claim(path),
             let bytes = FatalReportFiles.readRegularFile(
                 at: claimed, limit: FatalReportFile.maximumBytes, original: path)

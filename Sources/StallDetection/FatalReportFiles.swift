@@ -8,17 +8,55 @@ import Darwin
 /// write to: no name another user can predict, no link followed, no open that
 /// can block, nothing readable by others.
 enum FatalReportFiles {
-    /// A name beside `path` (in its directory) that nobody can predict: 128
-    /// random bits from the system's generator. Its length does not depend on the
-    /// report's name, so a report whose name is as long as a name can be still
-    /// gets a temporary file.
+    /// A name beside `path` (in its directory) that nobody can predict:
+    /// `.<name>.<128 random bits>.tmp`, the report's name cut to
+    /// ``namePrefixLimit`` bytes, so that a report whose name is as long as a
+    /// name can be still gets a temporary file, and leftovers of a process killed
+    /// mid-write can be told apart (``removeLeftovers(beside:)``).
     static func temporaryPath(beside path: String) -> String {
-        let directory = path.lastIndex(of: "/").map { String(path[...$0]) } ?? ""
         var generator = SystemRandomNumberGenerator()
         let random = (0..<2).map { _ in
             String(generator.next() as UInt64, radix: 16).leftPadded(to: 16)
         }
-        return directory + ".stall-report-" + random.joined() + ".tmp"
+        return temporaryPrefix(of: path) + random.joined() + ".tmp"
+    }
+
+    /// The longest part of the report's name a temporary name repeats: with the
+    /// dots, the random part and `.tmp`, 238 bytes, under the 255 a name can have.
+    static let namePrefixLimit = 200
+
+    /// The directory and the start of every temporary name of `path`.
+    private static func temporaryPrefix(of path: String) -> String {
+        let slash = path.lastIndex(of: "/")
+        let directory = slash.map { String(path[...$0]) } ?? ""
+        let name = slash.map { path[path.index(after: $0)...] } ?? path[...]
+        var end = name.utf8.index(name.utf8.startIndex, offsetBy: min(name.utf8.count, namePrefixLimit))
+        while String.Index(end, within: name) == nil { end = name.utf8.index(before: end) }
+        return directory + "." + name[..<end] + "."
+    }
+
+    /// Removes the temporary files of `path` that a process killed while writing
+    /// or taking the report left behind: this user's regular files with a
+    /// temporary name of `path`, never another user's, never a link.
+    static func removeLeftovers(beside path: String) {
+        let prefix = temporaryPrefix(of: path)
+        let slash = prefix.lastIndex(of: "/")
+        let directory = slash.map { String(prefix[...$0]) } ?? "./"
+        let namePrefix = String(slash.map { prefix[prefix.index(after: $0)...] } ?? prefix[...])
+        guard let stream = opendir(directory) else { return }
+        defer { closedir(stream) }
+        let length = namePrefix.utf8.count + 32 + 4
+        while let entry = readdir(stream) {
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
+                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
+            }
+            guard name.utf8.count == length, name.hasPrefix(namePrefix), name.hasSuffix(".tmp") else { continue }
+            var status = stat()
+            let candidate = directory + name
+            guard lstat(candidate, &status) == 0, status.st_mode & S_IFMT == S_IFREG, status.st_uid == geteuid()
+            else { continue }
+            unlink(candidate)
+        }
     }
 
     /// A new file beside `path`, created exclusively (never an object someone

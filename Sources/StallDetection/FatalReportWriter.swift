@@ -12,7 +12,7 @@ import Darwin
 /// Writes happen on a queue of their own (an `fsync` can take a while; the
 /// detector's queue keeps sampling meanwhile) and coalesce: a write asked for
 /// while another is pending replaces it. Each write goes to a new temporary file
-/// beside the report, with a name nobody can predict (``FatalReportFiles``),
+/// beside the report, with a name nobody can predict (`FatalReportFiles`),
 /// created exclusively, never through a link and never blocking; it is flushed
 /// to disk (`fsync`), then renamed over the report, and the directory is
 /// flushed: the report on disk is always a whole one, and only its writer can
@@ -20,8 +20,8 @@ import Darwin
 ///
 /// A removal happens on the caller's thread and never waits for a write in
 /// progress: a write begun before it is not renamed into place any more (the
-/// check and the rename happen under one lock, the only file operation done
-/// under it).
+/// check and the rename happen under one lock, and so does the removal's
+/// `unlink`: the only file operations done under it).
 final class FatalReportWriter: Sendable {
     let path: String
     private let queue = DispatchQueue(label: "StallDetector.fatalReport", qos: .utility)
@@ -60,8 +60,10 @@ final class FatalReportWriter: Sendable {
         state.withLock { state in
             state.event = nil
             state.removals &+= 1
+            // Under the lock, as a write's rename is: a write that begins after
+            // this removal cannot have its report unlinked by it.
+            unlink(path)
         }
-        unlink(path)
     }
 
     /// Waits until every write asked for so far is done (tests).

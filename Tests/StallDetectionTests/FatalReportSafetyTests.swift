@@ -130,11 +130,14 @@ struct FatalReportSafetyTests {
         #expect(Self.status(path) == nil, "no report after a removal")
     }
 
-    @Test("a report whose name is 252 bytes long (its old temporary name would be too long) is written and taken back")
-    func longName() throws {
+    @Test(
+        "a report whose name is 252 or 255 bytes long (its old temporary name would be too long) is written and taken back",
+        arguments: [252, 255])
+    func longName(length: Int) throws {
         let shared = try SharedDirectory()
-        let name = String(repeating: "r", count: 247) + ".json"
-        #expect(name.utf8.count == 252)
+        let name =
+            String(repeating: "é", count: (length - 5) / 2) + String(repeating: "r", count: (length - 5) % 2) + ".json"
+        #expect(name.utf8.count == length)
         let path = shared.path + "/" + name
         let writer = FatalReportWriter(path: path)
         writer.write(FatalReportTests.event)
@@ -159,9 +162,31 @@ struct FatalReportSafetyTests {
         let names = (0..<100).map { _ in FatalReportFiles.temporaryPath(beside: path) }
         #expect(Set(names).count == 100)
         #expect(
-            names.allSatisfy { $0.hasPrefix(shared.path + "/.stall-report-") && $0.utf8.count == names[0].utf8.count })
-        #expect(FatalReportFiles.temporaryPath(beside: "/r.json").hasPrefix("/.stall-report-"))
-        #expect(FatalReportFiles.temporaryPath(beside: "r.json").hasPrefix(".stall-report-"))
+            names.allSatisfy { $0.hasPrefix(shared.path + "/.report.json.") && $0.utf8.count == names[0].utf8.count })
+        #expect(FatalReportFiles.temporaryPath(beside: "/r.json").hasPrefix("/.r.json."))
+        #expect(FatalReportFiles.temporaryPath(beside: "r.json").hasPrefix(".r.json."))
+    }
+
+    @Test("taking a report removes the temporary files a killed writer left; another user's files and links stay")
+    func leftovers() throws {
+        let shared = try SharedDirectory()
+        let path = shared.path + "/report.json"
+        let random = String(repeating: "a", count: 32)
+        let mine = shared.path + "/.report.json." + random + ".tmp"
+        let theirs = shared.path + "/.report.json." + String(repeating: "b", count: 32) + ".tmp"
+        let link = shared.path + "/.report.json." + String(repeating: "c", count: 32) + ".tmp"
+        let unrelated = shared.path + "/.report.json.short.tmp"
+        #expect(FileManager.default.createFile(atPath: mine, contents: Data("half a rep".utf8)))
+        #expect(FileManager.default.createFile(atPath: unrelated, contents: nil))
+        #expect(symlink(mine, link) == 0)
+        if Self.attackerRunsAsNobody { try Self.asOtherUser("touch '\(theirs)'") }
+        let writer = FatalReportWriter(path: path)
+        writer.write(FatalReportTests.event)
+        writer.flush()
+        #expect(StallDetector.takeFatalStallReport(at: path) != nil)
+        #expect(Self.status(mine) == nil, "this user's leftover is removed")
+        #expect(Self.status(link) != nil && Self.status(unrelated) != nil, "a link and another name stay")
+        if Self.attackerRunsAsNobody { #expect(Self.status(theirs) != nil, "another user's file stays") }
     }
 
     @Test("8 threads taking the same report at once: exactly one gets it, 40 times over")
