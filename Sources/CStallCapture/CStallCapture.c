@@ -23,6 +23,8 @@
 #define STALLCAPTURE_SLOTS 32
 typedef struct {
     _Atomic pid_t tid;
+    // The thread whose handler is filling this slot right now, 0 otherwise.
+    _Atomic pid_t answering;
     _Atomic int taken;
     stallcapture_sample *out;
     sem_t done;
@@ -36,6 +38,13 @@ static int install_result = 0;
 static struct sigaction previous_action;
 
 pid_t stallcapture_current_tid(void) { return (pid_t)syscall(SYS_gettid); }
+
+int stallcapture_is_answering(pid_t tid) {
+    for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
+        if (atomic_load(&slots[index].answering) == tid) return 1;
+    }
+    return 0;
+}
 
 static void fill_sample(stallcapture_sample *out, void *context) {
     ucontext_t *uc = (ucontext_t *)context;
@@ -109,7 +118,9 @@ static void handler(int signal_number, siginfo_t *info, void *context) {
         for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
             pid_t expected = self;
             if (!atomic_compare_exchange_strong(&slots[index].tid, &expected, -1)) continue;
+            atomic_store(&slots[index].answering, self);
             fill_sample(slots[index].out, context);
+            atomic_store(&slots[index].answering, 0);
             atomic_store(&slots[index].tid, 0);
             sem_post(&slots[index].done);
             answered = 1;
@@ -246,6 +257,7 @@ int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, in
     return STALLCAPTURE_UNSUPPORTED;
 }
 pid_t stallcapture_current_tid(void) { return 0; }
+int stallcapture_is_answering(pid_t tid) { (void)tid; return 0; }
 uintptr_t stallcapture_signal_handler(int signal_number) { (void)signal_number; return 0; }
 
 #endif

@@ -197,6 +197,15 @@ final class SamplingContext: @unchecked Sendable {
         return current == queue || (raw.wordsHoldQueue == true && summary(raw).callouts >= 2)
     }
 
+    /// Whether a thread's job may be taken as the watched queue's: always when no
+    /// queue is watched (an event loop's own thread); otherwise only when the
+    /// thread is known to run it. A worker that cannot tell (its stack read
+    /// beyond the copy) may run another queue's job: one detector per queue
+    /// blamed its neighbours' functions that way.
+    func isThisQueue(_ raw: RawStack) -> Bool {
+        raw.queue == nil || runsQueue(raw) == true
+    }
+
     /// The kernel's signal return trampoline named as a debugger names it: the
     /// frames above it ran in a signal handler.
     static func markSignalFrames(_ frames: [StackFrame], raw: [RawFrame]) -> [StackFrame] {
@@ -288,7 +297,7 @@ final class SamplingContext: @unchecked Sendable {
                     // when the copy of its stack ends before the job's frames.
                     if alone || (raw.currentQueue != nil && runsQueue(raw) == true) { return raw }
                     guard summary(raw).runsJob else { continue }
-                    if runsQueue(raw) != false { return raw }
+                    if isThisQueue(raw) { return raw }
                     otherJobs += 1
                 }
             }
@@ -351,11 +360,11 @@ final class SamplingContext: @unchecked Sendable {
         case .failed(let backtrace):
             failure = backtrace
         case .stack(let raw):
-            if runsQueue(raw) != false && !isIdle(raw) { return Search(found: raw, failure: failure) }
+            if isThisQueue(raw) && !isIdle(raw) { return Search(found: raw, failure: failure) }
         }
         guard !candidatesOnly else { return Search(found: nil, failure: failure) }
         for other in otherThreads(excluding: [thread]) {
-            guard case .stack(let raw) = sample(other, queue: queue), summary(raw).runsJob, runsQueue(raw) != false
+            guard case .stack(let raw) = sample(other, queue: queue), summary(raw).runsJob, isThisQueue(raw)
             else { continue }
             return Search(found: raw, failure: failure)
         }

@@ -3,7 +3,8 @@
 ///
 /// Samples are `minimumInterval × stride` apart, where the stride is a power of two
 /// that only grows during a stall: when the recent samples (their median) cost
-/// more than the budget allows at the current interval, or the profile is full, the stride
+/// a quarter more than the budget allows at the current interval, or the
+/// bucket below is overdrawn, or the profile is full, the stride
 /// doubles and the profile keeps every second sample, so the samples stay evenly
 /// spread (a costly phase of a stall must not get fewer samples than a cheap one).
 ///
@@ -85,7 +86,11 @@ struct SamplingPace: Sendable {
             recentCosts.append(cost)
         }
         let current = interval(stride: stride)
-        let slower = typicalCost > budget * Double(current) || tokens < -burst
+        // A quarter over the budget is left to the bucket (which bounds the CPU
+        // either way) before the rate halves: samples whose cost sits at the
+        // budget line (a busy host's) would otherwise halve it in one run and not
+        // the next.
+        let slower = typicalCost > 1.25 * budget * Double(current) || tokens < -burst
         interval = slower ? interval(stride: stride.multipliedReportingOverflow(by: 2).partialValue) : current
         let untilRefilled = tokens >= 0 ? 0 : Int64(min(Double(Int64.max / 4), (-tokens / budget).rounded(.up)))
         let wait = max(interval, untilRefilled)

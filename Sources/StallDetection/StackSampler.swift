@@ -96,6 +96,7 @@ final class StackSampler {
         return .unavailable("stack sampling is not supported on this platform")
         #else
         var blockedLooks = 0
+        var answeringLooks = 0
         var looks = 0
         while looks < 3 + blockedLooks {
             looks += 1
@@ -120,7 +121,21 @@ final class StackSampler {
                 }
                 return captureBySignal(tid)
             }
+            // A thread inside the handler answering another detector's request
+            // ran user code when the signal came: its stack read from outside
+            // would be the handler's. It is looked at again once it is back.
+            if stallcapture_is_answering(tid) != 0 {
+                guard answeringLooks < 8 else { return .runningUnsampled(Self.busyAnswering(tid)) }
+                (answeringLooks, blockedLooks) = (answeringLooks + 1, blockedLooks + 1)
+                usleep(200)
+                continue
+            }
             switch captureFromKernel(tid, limit: kernelCopyLimit) {
+            case .copied where stallcapture_is_answering(tid) != 0:
+                guard answeringLooks < 8 else { return .runningUnsampled(Self.busyAnswering(tid)) }
+                (answeringLooks, blockedLooks) = (answeringLooks + 1, blockedLooks + 1)
+                usleep(200)
+                continue
             case .copied(let copy): return .copied(copy, signalled: false)
             case .refused(let reason): return .unavailable(reason)
             case .notAsleep where files.lastOpenError != 0: return .unavailable(unreadable(tid))
@@ -129,6 +144,12 @@ final class StackSampler {
         }
         return .unavailable("thread \(tid) kept changing state while it was sampled")
         #endif
+    }
+
+    /// Why a thread inside the handler, answering another detector's sample, was
+    /// not sampled: it stayed there for every look (about 2 ms).
+    private static func busyAnswering(_ tid: Int32) -> String {
+        "thread \(tid) was answering another detector's sample for every look"
     }
 
     /// Why thread `tid`'s `/proc` files could not be read: no descriptor left,

@@ -178,6 +178,18 @@ struct StackUnwinder {
         return tailReach(from: target, to: inner, exact: exact) == .proven
     }
 
+    /// Whether the call before `candidate` goes through the PLT stub that holds
+    /// `inner`, the interrupted code: a thread caught in a stub (16 bytes of
+    /// jump, no frame record) on its way to a library function was called from
+    /// there. Only the word at the stack pointer can be that return address (a
+    /// stub pushes nothing), so only it is decoded again.
+    private func callsStub(before candidate: UInt, holding inner: UInt) -> Bool {
+        guard inner == copy.pc, let stub = CallSite.pltStub(ofCallBefore: candidate, readWord: readWord) else {
+            return false
+        }
+        return inner >= stub && inner - stub < CallSite.pltStubSize
+    }
+
     /// Whether a call from `candidate` to `target` may lead to `inner` through a
     /// wrapper's jump that cannot be resolved (through a register).
     private func call(from candidate: UInt, to target: UInt, mayReach inner: UInt) -> Bool {
@@ -233,7 +245,9 @@ struct StackUnwinder {
         for index in first..<end where bySlot[index] == nil {
             let candidate = copy.words[index]
             guard isReturnAddress(candidate), case .known(let target) = target(ofCallBefore: candidate),
-                !onlyNearby || target <= inner, call(from: candidate, to: target, reaches: inner)
+                !onlyNearby || target <= inner,
+                call(from: candidate, to: target, reaches: inner)
+                    || (index == 0 && callsStub(before: candidate, holding: inner))
             else { continue }
             bySlot[index] = RawFrame(address: candidate, isUncertain: false)
             inner = candidate
@@ -594,6 +608,22 @@ enum CallSite {
             #endif
             return .known(target)
         }
+    }
+
+    /// The size of a PLT stub (x86-64 and AArch64 alike).
+    static let pltStubSize: UInt = 16
+
+    /// The PLT stub the call before `returnAddress` goes through, when it calls
+    /// one (x86-64); nil for any other call.
+    static func pltStub(ofCallBefore returnAddress: UInt, readWord: (UInt) -> UInt?) -> UInt? {
+        #if arch(x86_64)
+        guard case .direct(let target) = decode(returnAddress, readWord: readWord),
+            resolvePLT(target, readWord: readWord) != nil
+        else { return nil }
+        return target
+        #else
+        return nil
+        #endif
     }
 
     /// The jumps at the start of a function: where a wrapper or thunk goes on

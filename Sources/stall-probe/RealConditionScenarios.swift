@@ -6,7 +6,8 @@ import StallDetection
 // fresh process, and many detectors (one per queue or event loop) whose targets
 // all stall at once. Extra output lines:
 //   FIRSTSTALL <phase> <samples> <samples of A> <samples of B> <span ms>
-//   DETECTOR <index> <phase> <received ms> <duration ms> <blocker depth in the stack, -1: not named>
+//   DETECTOR <index> <phase> <received ms> <duration ms> <blocker depth in the stack, -1: not named,
+//     -2: in the queue's block before its blocker>
 //   BLOCKED <index> <begin ms> <end ms>      monotonic times a queue's block began and ended
 
 /// The scenarios this file runs.
@@ -129,14 +130,19 @@ private func watchMany(_ detectors: [StallDetector]) {
         detector.start()
         Task.detached(priority: .high) {
             for await event in detector.events {
-                let depth = event.backtrace.frames.filter { $0.function?.contains("queueBlocker") == true }.count
-                let named = event.backtrace.unavailableReason == nil ? depth : -1
+                let frames = event.backtrace.frames
+                let depth = frames.filter { $0.function?.contains("queueBlocker") == true }.count
+                // -2: the queue's block just began (the queue had waited for a
+                // thread), before its blocker was called.
+                let starting = depth == 0 && frames.contains { $0.function?.contains("in runManyDetectors") == true }
+                let named = event.backtrace.unavailableReason == nil ? (starting ? -2 : depth) : -1
                 emit(
                     "DETECTOR \(index) \(event.phase.rawValue) \(monotonicMilliseconds()) "
                         + "\(milliseconds(event.duration)) \(named) \(milliseconds(event.samplingTime))")
-                if named <= 0 {
-                    let top = event.backtrace.frames.prefix(6).map { $0.function ?? "?" }.joined(separator: " < ")
-                    emit("DETAIL \(index) \(event.backtrace.unavailableReason ?? top)")
+                if named != index + 1 {
+                    let top = event.backtrace.frames.prefix(12).map { $0.function ?? "?" }.joined(separator: " < ")
+                    let thread = event.backtrace.threadID.map { "thread \($0): " } ?? ""
+                    emit("DETAIL \(index) \(thread)\(event.backtrace.unavailableReason ?? top)")
                 }
             }
         }

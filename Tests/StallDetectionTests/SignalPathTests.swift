@@ -28,6 +28,26 @@ private func signalPathMemsetCaller(_ buffer: UnsafeMutableRawPointer, _ count: 
     signalPathMemsetLoop(buffer, count) &+ 1
 }
 
+/// Calls glibc's `memset` for 0 bytes in a loop, through the executable's PLT:
+/// a good share of samples land in the PLT stub itself (a jump with no frame
+/// record, the caller's return address on top of the stack).
+@inline(never)
+private func signalPathStubLoop(_ buffer: UnsafeMutableRawPointer) -> Int {
+    var rounds = 0
+    // The flag (a global, reached through an addressor) is read once in 4,096
+    // rounds: nearly all the time goes to the call, the stub and memset.
+    while rounds & 4_095 != 0 || !signalPathStop.load(ordering: .relaxed) {
+        memset(buffer, Int32(truncatingIfNeeded: rounds), rounds & 0)
+        rounds &+= 1
+    }
+    return rounds
+}
+
+@inline(never)
+private func signalPathStubCaller(_ buffer: UnsafeMutableRawPointer) -> Int {
+    signalPathStubLoop(buffer) &+ 1
+}
+
 /// A thread that runs `body` (which must keep running in user code), and its id.
 private func startRunningThread(_ body: @escaping @Sendable () -> Void) -> (tid: Int32, done: DispatchSemaphore) {
     let tid = Atomic<Int32>(0)
@@ -96,6 +116,37 @@ struct SignalPathTests {
         thread.done.wait()
         try #require(inLeaf >= 10, "only \(inLeaf) of 40 samples landed in memset")
         #expect(whole == inLeaf, "\(inLeaf - whole) of \(inLeaf) samples in memset lost its caller: \(failures)")
+    }
+
+    @Test("interrupted inside a PLT stub on its way to libc: the calling function is still in the stack")
+    func insidePLTStub() throws {
+        signalPathStop.store(false, ordering: .relaxed)
+        let buffer = UnsafeMutableRawPointer.allocate(byteCount: 64, alignment: 64)
+        defer { buffer.deallocate() }
+        let address = UInt(bitPattern: buffer)
+        let thread = startRunningThread { _ = signalPathStubCaller(UnsafeMutableRawPointer(bitPattern: address)!) }
+        let context = SamplingContext()
+        var outsideBoth = 0
+        var lost: [String] = []
+        for _ in 0..<300 {
+            let names = context.backtrace(of: thread.tid).frames.map { $0.function ?? "?" }
+            guard names.contains(where: { $0.contains("signalPathStubCaller") }) else { continue }
+            // Neither in the loop's own code nor in memset: in the stub between,
+            // called from the loop.
+            let top = names[0]
+            if !top.contains("signalPathStubLoop") && !top.contains("memset") {
+                outsideBoth += 1
+                if !names.contains(where: { $0.contains("signalPathStubLoop") }), lost.count < 3 {
+                    lost.append("\(names.prefix(4))")
+                }
+            }
+            usleep(500)
+        }
+        signalPathStop.store(true, ordering: .relaxed)
+        thread.done.wait()
+        print("PLT stub: \(outsideBoth) of 300 samples outside the loop and memset")
+        #expect(lost.isEmpty, "samples in the stub lost the function that called it: \(lost)")
+        #expect(outsideBoth >= 3, "only \(outsideBoth) of 300 samples landed in the stub")
     }
 }
 

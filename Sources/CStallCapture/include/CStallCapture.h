@@ -92,4 +92,9 @@ uintptr_t stallcapture_signal_handler(int signal_number);
 /// The kernel id of the calling thread.
 pid_t stallcapture_current_tid(void);
 
+/// Whether thread `tid` is inside the handler right now, filling another
+/// capture's sample: it was running (it took a signal), and its stack read
+/// from outside would show the handler, not the code it interrupted.
+int stallcapture_is_answering(pid_t tid);
+
 #endif
