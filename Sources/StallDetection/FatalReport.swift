@@ -44,10 +44,11 @@ extension StallDetector {
         // the report at once, exactly one gets it. Only a regular file is read,
         // without blocking on a FIFO or following a link; anything else gives nil
         // and is removed too, except a directory, which is left alone.
-        FatalReportFiles.removeLeftovers(beside: path)
-        guard let claimed = FatalReportFiles.claim(path),
-            let bytes = FatalReportFiles.readRegularFile(
-                at: claimed, limit: FatalReportFile.maximumBytes, original: path)
+        guard let files = FatalReportFiles(path: path) else { return nil }
+        defer { files.close() }
+        files.removeLeftovers()
+        guard let claimed = files.claim(),
+            let bytes = files.readRegularFile(claimed, limit: FatalReportFile.maximumBytes)
         else { return nil }
         return FatalReportFile.decode(bytes)?.event
     }

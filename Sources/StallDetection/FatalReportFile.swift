@@ -115,8 +115,8 @@ struct FatalReportFile: Codable {
 
     /// The encoded report, never larger than `limit` (by default what the reader
     /// takes), or empty when it cannot be made to fit. Cut in order of
-    /// importance, least first, until it fits: activity labels longer than
-    /// ``activityLabelLimit`` bytes are shortened, then the call tree goes, then
+    /// importance, least first, until it fits: a target name and activity labels
+    /// longer than ``activityLabelLimit`` bytes are shortened, then the call tree goes, then
     /// the profile keeps fewer of its least-sampled functions, then the
     /// innermost activities go;
     /// ``truncation`` says what was cut. The stack is never cut.
@@ -125,6 +125,10 @@ struct FatalReportFile: Codable {
         guard encoded.count > limit else { return encoded }
         var file = self
         var notes: [String] = []
+        if file.target.utf8.count > Self.activityLabelLimit {
+            file.target = Self.shortened(file.target)
+            notes.append("the target's name cut to \(Self.activityLabelLimit) bytes")
+        }
         let shortened = file.shortenActivityLabels()
         if shortened > 0 { notes.append("\(shortened) activity labels cut to \(Self.activityLabelLimit) bytes") }
         file.truncation = notes.isEmpty ? nil : notes.joined(separator: "; ")
@@ -152,19 +156,23 @@ struct FatalReportFile: Codable {
         return encoded.count <= limit ? encoded : []
     }
 
-    /// Cuts every activity label longer than ``activityLabelLimit`` bytes at a
-    /// character boundary, saying how much is missing; returns how many it cut.
+    /// Cuts every activity label longer than ``activityLabelLimit`` bytes,
+    /// saying how much is missing; returns how many it cut.
     private mutating func shortenActivityLabels() -> Int {
         var shortened = 0
         activities = activities.map { label in
             guard label.utf8.count > Self.activityLabelLimit else { return label }
             shortened += 1
-            var end = label.utf8.index(label.utf8.startIndex, offsetBy: Self.activityLabelLimit)
-            while String.Index(end, within: label) == nil { end = label.utf8.index(before: end) }
-            return label[..<end]
-                + "… [\(label.utf8.count - label.utf8.distance(from: label.startIndex, to: end)) bytes cut]"
+            return Self.shortened(label)
         }
         return shortened
+    }
+
+    /// `text` cut to ``activityLabelLimit`` bytes between two Unicode scalars,
+    /// saying how many bytes are missing.
+    private static func shortened(_ text: String) -> String {
+        let kept = FatalReportFiles.prefix(of: text, bytes: activityLabelLimit)
+        return kept + "… [\(text.utf8.count - kept.utf8.count) bytes cut]"
     }
 
     private func droppedFunctions(of total: Int) -> String {
@@ -191,8 +199,10 @@ struct FatalReportFile: Codable {
             && profile.functions.allSatisfy { $0.samples >= 0 && $0.samples <= profile.sampleCount }
             && (profile.stacks ?? []).allSatisfy { stack in
                 stack.samples > 0 && stack.samples <= profile.sampleCount
+                    && stack.functions.count <= StallProfile.maximumStackDepth
                     && stack.functions.allSatisfy { profile.functions.indices.contains($0) }
             }
+            && (profile.stacks ?? []).reduce(0) { $0 + $1.samples } <= profile.sampleCount
     }
 
     var event: StallEvent {

@@ -12,8 +12,9 @@ import Darwin
 /// Writes happen on a queue of their own (an `fsync` can take a while; the
 /// detector's queue keeps sampling meanwhile) and coalesce: a write asked for
 /// while another is pending replaces it. Each write goes to a new temporary file
-/// beside the report, with a name nobody can predict (`FatalReportFiles`),
-/// created exclusively, never through a link and never blocking; it is flushed
+/// beside the report, with a name nobody can predict (`FatalReportFiles`,
+/// relative to the report's directory), created exclusively, never through a
+/// link and never blocking; it is flushed
 /// to disk (`fsync`), then renamed over the report, and the directory is
 /// flushed: the report on disk is always a whole one, and only its writer can
 /// read it (mode 0600).
@@ -28,7 +29,9 @@ final class FatalReportWriter: Sendable {
     /// The event waiting to be written, whether a write block is queued, and the
     /// number of removals so far: a write renames its file into place only while
     /// no removal came after the event it took.
-    private let state = Locked<(event: StallEvent?, scheduled: Bool, removals: UInt64)>((nil, false, 0))
+    /// `closed`: the detector stopped; nothing is written any more.
+    private let state = Locked<(event: StallEvent?, scheduled: Bool, removals: UInt64, closed: Bool)>(
+        (nil, false, 0, false))
 
     init(path: String) {
         self.path = path
@@ -36,6 +39,7 @@ final class FatalReportWriter: Sendable {
 
     func write(_ event: StallEvent) {
         let schedule = state.withLock { state -> Bool in
+            guard !state.closed else { return false }
             state.event = event
             defer { state.scheduled = true }
             return !state.scheduled
@@ -66,27 +70,36 @@ final class FatalReportWriter: Sendable {
         }
     }
 
+    /// Removes the report for good (the detector stopped): a write asked for
+    /// later, by a sample that was under way, writes nothing.
+    func stopWriting() {
+        state.withLock { $0.closed = true }
+        remove()
+    }
+
     /// Waits until every write asked for so far is done (tests).
     func flush() { queue.sync {} }
 
     /// Temporary file, `fsync`, `rename` unless a removal came after the event
     /// was taken (`removals` then), `fsync` of the directory.
     private func writeAtomically(_ bytes: [UInt8], unlessRemovedSince removals: UInt64) {
-        guard let (descriptor, temporary) = FatalReportFiles.createTemporary(beside: path) else { return }
+        guard let files = FatalReportFiles(path: path) else { return }
+        defer { files.close() }
+        guard let (descriptor, temporary) = files.createTemporary() else { return }
         let written = FatalReportFiles.writeAll(bytes, to: descriptor)
         let synced = fsync(descriptor) == 0
-        close(descriptor)
+        FatalReportFiles.closeFile(descriptor)
         let renamed =
             written && synced
             && state.withLock { state in
                 // Checked under the lock that remove() takes before it unlinks:
                 // no report appears after a removal returned.
-                state.removals == removals && rename(temporary, path) == 0
+                state.removals == removals && files.rename(temporary, to: files.name)
             }
         guard renamed else {
-            unlink(temporary)
+            files.unlink(temporary)
             return
         }
-        FatalReportFiles.syncDirectory(of: path)
+        files.sync()
     }
 }

@@ -34,21 +34,17 @@ extension StallProfile {
         /// The tree, one node a line, indented by depth, with each node's share
         /// of the root's samples; nodes under 1 % of the samples are left out.
         public var description: String {
-            var lines: [String] = []
-            describe(into: &lines, depth: 0, total: max(1, samples))
+            let total = max(1, samples)
+            var lines = ["call tree (\(samples) samples):"]
+            // Depth first, without recursion (a stack can be 1,024 deep).
+            var pending: [(node: CallTreeNode, depth: Int)] = children.reversed().map { ($0, 0) }
+            while let (node, depth) = pending.popLast() {
+                guard node.samples * 100 >= total else { continue }
+                let share = StallProfile.percent(Double(node.samples) / Double(total))
+                lines.append(share + "  " + String(repeating: "  ", count: depth) + (node.function?.name ?? "?"))
+                pending += node.children.reversed().map { ($0, depth + 1) }
+            }
             return lines.joined(separator: "\n")
-        }
-
-        private func describe(into lines: inout [String], depth: Int, total: Int) {
-            if let function {
-                let share = StallProfile.percent(Double(samples) / Double(total))
-                lines.append(share + "  " + String(repeating: "  ", count: depth) + function.name)
-            } else {
-                lines.append("call tree (\(samples) samples):")
-            }
-            for child in children where child.samples * 100 >= total {
-                child.describe(into: &lines, depth: function == nil ? depth : depth + 1, total: total)
-            }
         }
     }
 
@@ -88,12 +84,14 @@ extension StallProfile {
     /// ```
     ///
     /// A `;` or a line break in a function's name becomes a space, so every
-    /// line splits the same way. Render a flame graph with
+    /// line splits the same way; a stack with no function (a sample whose frames
+    /// were all uncertain) is `<unknown>`. Render a flame graph with
     /// `flamegraph.pl stall.folded > stall.svg`, `inferno-flamegraph`, or
     /// `swift run stall-flamegraph stall.folded > stall.svg` in this package.
     public func foldedStacks() -> String {
         stacks.map { stack in
-            functions(of: stack).map { Self.foldedName($0.name) }.joined(separator: ";") + " \(stack.samples)\n"
+            let names = functions(of: stack).map { Self.foldedName($0.name) }
+            return (names.isEmpty ? "<unknown>" : names.joined(separator: ";")) + " \(stack.samples)\n"
         }.joined()
     }
 
@@ -196,11 +194,19 @@ private struct CallTreeBuilder {
         selfSamples[node] += stack.samples
     }
 
+    /// The tree from `node` down, built without recursion: a node is made after
+    /// its children, and every child was added after its parent.
     func node(_ node: Int, functions: [StallProfile.Function]) -> StallProfile.CallTreeNode {
-        let kids = children[node].sorted { samples[$0] != samples[$1] ? samples[$0] > samples[$1] : $0 < $1 }
-        return StallProfile.CallTreeNode(
-            function: functions.indices.contains(function[node]) ? functions[function[node]] : nil,
-            samples: samples[node], selfSamples: selfSamples[node],
-            children: kids.map { self.node($0, functions: functions) })
+        var built: [StallProfile.CallTreeNode?] = Array(repeating: nil, count: function.count)
+        for index in stride(from: function.count - 1, through: node, by: -1) {
+            let kids = children[index].sorted {
+                samples[$0] != samples[$1] ? samples[$0] > samples[$1] : $0 < $1
+            }
+            built[index] = StallProfile.CallTreeNode(
+                function: functions.indices.contains(function[index]) ? functions[function[index]] : nil,
+                samples: samples[index], selfSamples: selfSamples[index], children: kids.compactMap { built[$0] })
+            for kid in kids { built[kid] = nil }
+        }
+        return built[node] ?? StallProfile.CallTreeNode(function: nil, samples: 0, selfSamples: 0, children: [])
     }
 }

@@ -62,6 +62,9 @@ public struct StallProfile: Sendable, Hashable, CustomStringConvertible {
 
     /// The most samples a profile keeps: 500.
     public static let maximumSampleCount = 500
+    /// The most functions a stack of ``stacks`` keeps, as a backtrace does: a
+    /// deeper one keeps its innermost 768 and its outermost 256.
+    public static let maximumStackDepth = StallBacktrace.maximumFrameCount
     /// The shortest time between two samples: 5 ms.
     public static let minimumInterval = Duration.milliseconds(5)
 
@@ -232,6 +235,10 @@ struct ProfileRecorder: Sendable {
                 lastStamp[function] = stamp
                 entries.append(Entry(function: function, line: line, position: entries.count))
             }
+        }
+        if path.count > StallProfile.maximumStackDepth {
+            let outer = StallProfile.maximumStackDepth / 4
+            path = Array(path.prefix(StallProfile.maximumStackDepth - outer) + path.suffix(outer))
         }
         let sample = Sample(time: time, entries: entries, path: path)
         count(sample, sign: 1)

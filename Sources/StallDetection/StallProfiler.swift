@@ -278,8 +278,8 @@ final class StallProfiler: Sendable {
         for work in pending { work?.cancel() }
         releaseFilesLater()
         // The file is gone when stop() returns, without waiting for a write in
-        // progress (it is dropped).
-        fatal?.remove()
+        // progress (it is dropped), and no sample still under way writes it again.
+        fatal?.stopWriting()
     }
 
     // MARK: Sampling (on the detector queue)

@@ -24,23 +24,37 @@ final class Node {
 
     init(name: String) { self.name = name }
 
-    /// The depth of the deepest path below and including this node.
-    var depth: Int { 1 + (children.values.map(\.depth).max() ?? 0) }
+    /// The depth of the deepest path below and including this node, found
+    /// without recursion (a stack may be thousands of frames deep).
+    var depth: Int {
+        var deepest = 0
+        var pending: [(Node, Int)] = [(self, 1)]
+        while let (node, level) = pending.popLast() {
+            deepest = max(deepest, level)
+            pending += node.children.values.map { ($0, level + 1) }
+        }
+        return deepest
+    }
 }
 
 enum FoldedInput {
-    /// The tree of `text`'s lines ("a;b;c 12"); a line that does not end in a
-    /// count is reported on standard error by its number and skipped.
+    /// The tree of `text`'s lines ("a;b;c 12", LF or CRLF); a line that does not
+    /// end in a count, or whose count would overflow the total, is reported on
+    /// standard error by its number and skipped.
     static func parse(_ text: String) -> Node {
         let root = Node(name: "all")
-        for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+        let lines = text.split(omittingEmptySubsequences: false, whereSeparator: \.isNewline)
+        for (number, line) in lines.enumerated() {
             let trimmed = line.trimmingCharacters(in: .whitespaces)
             if trimmed.isEmpty { continue }
             guard let space = trimmed.lastIndex(of: " "), let count = Int(trimmed[trimmed.index(after: space)...]),
                 count > 0
             else {
-                FileHandle.standardError.write(
-                    Data("stall-flamegraph: line \(number + 1) has no sample count: \(line)\n".utf8))
+                complain("line \(number + 1) has no sample count: \(line)")
+                continue
+            }
+            guard !root.samples.addingReportingOverflow(count).overflow else {
+                complain("line \(number + 1): the total of the counts would overflow; skipped")
                 continue
             }
             var node = root
@@ -54,6 +68,10 @@ enum FoldedInput {
             }
         }
         return root
+    }
+
+    static func complain(_ message: String) {
+        FileHandle.standardError.write(Data("stall-flamegraph: \(message)\n".utf8))
     }
 }
 
@@ -81,29 +99,36 @@ struct FlameGraphSVG {
         return out
     }
 
+    /// Draws `root` and everything above it, without recursion.
     private func draw(
-        _ node: Node, x: Double, level: Int, scale: Double, total: Int, height: Double, into out: inout String
+        _ root: Node, x: Double, level: Int, scale: Double, total: Int, height: Double, into out: inout String
     ) {
-        let w = Double(node.samples) * scale
-        guard w >= 0.3 else { return }
-        let y = height - margin - Double(level + 1) * frameHeight
+        var pending: [(node: Node, x: Double, level: Int)] = [(root, x, level)]
+        while let (node, x, level) = pending.popLast() {
+            let width = Double(node.samples) * scale
+            guard width >= 0.3 else { continue }
+            let y = height - margin - Double(level + 1) * frameHeight
+            out += frame(node, x: x, y: y, width: width, total: total)
+            var childX = x
+            for child in node.children.values.sorted(by: { $0.name < $1.name }) {
+                pending.append((child, childX, level + 1))
+                childX += Double(child.samples) * scale
+            }
+        }
+    }
+
+    private func frame(_ node: Node, x: Double, y: Double, width: Double, total: Int) -> String {
         let share = total > 0 ? Double(node.samples) / Double(total) * 100 : 0
         let label = "\(node.name) (\(node.samples) samples, \(String(format: "%.1f", share)) %)"
-        out += "<g><title>\(escape(label))</title>"
-        out +=
-            "<rect x=\"\(format(x))\" y=\"\(format(y))\" width=\"\(format(w))\" height=\"\(format(frameHeight - 1))\" "
-        out += "fill=\"\(color(node.name))\" rx=\"2\"/>"
-        let fits = Int((w - 6) / 6.6)
+        var out = "<g><title>\(escape(label))</title>"
+        out += "<rect x=\"\(format(x))\" y=\"\(format(y))\" width=\"\(format(width))\" "
+        out += "height=\"\(format(frameHeight - 1))\" fill=\"\(color(node.name))\" rx=\"2\"/>"
+        let fits = Int((width - 6) / 6.6)
         if fits >= 3 {
             let text = node.name.count <= fits ? node.name : String(node.name.prefix(fits - 2)) + ".."
             out += "<text x=\"\(format(x + 3))\" y=\"\(format(y + frameHeight - 5))\">\(escape(text))</text>"
         }
-        out += "</g>\n"
-        var childX = x
-        for child in node.children.values.sorted(by: { $0.name < $1.name }) {
-            draw(child, x: childX, level: level + 1, scale: scale, total: total, height: height, into: &out)
-            childX += Double(child.samples) * scale
-        }
+        return out + "</g>\n"
     }
 
     /// Warm colours, the same for the same name in every graph.
@@ -117,15 +142,20 @@ struct FlameGraphSVG {
 
     private func format(_ value: Double) -> String { String(format: "%.1f", value) }
 
+    /// `text` as XML character data: markup characters escaped, and what XML
+    /// cannot hold (control characters, U+FFFE, U+FFFF) replaced by U+FFFD.
     private func escape(_ text: String) -> String {
         var result = ""
-        for character in text {
-            switch character {
+        for scalar in text.unicodeScalars {
+            switch scalar {
             case "&": result += "&amp;"
             case "<": result += "&lt;"
             case ">": result += "&gt;"
             case "\"": result += "&quot;"
-            default: result.append(character)
+            case "\t", "\n", "\r": result.unicodeScalars.append(scalar)
+            case _ where scalar.value < 0x20 || scalar.value == 0xFFFE || scalar.value == 0xFFFF:
+                result += "\u{FFFD}"
+            default: result.unicodeScalars.append(scalar)
             }
         }
         return result
@@ -147,7 +177,7 @@ let input: Data?
 if let path = arguments.first {
     input = FileManager.default.contents(atPath: path)
     if input == nil {
-        FileHandle.standardError.write(Data("stall-flamegraph: cannot read \(path)\n".utf8))
+        FoldedInput.complain("cannot read \(path)")
         exit(1)
     }
 } else {
@@ -155,7 +185,7 @@ if let path = arguments.first {
 }
 let root = FoldedInput.parse(String(decoding: input ?? Data(), as: UTF8.self))
 if root.samples == 0 {
-    FileHandle.standardError.write(Data("stall-flamegraph: no stacks in the input\n".utf8))
+    FoldedInput.complain("no stacks in the input")
     exit(1)
 }
 print(FlameGraphSVG(title: title).render(root), terminator: "")

@@ -159,15 +159,16 @@ struct FatalReportSafetyTests {
         writer.remove()
         writer.flush()
         #expect(shared.entries.isEmpty)
-        let names = (0..<100).map { _ in FatalReportFiles.temporaryPath(beside: path) }
+        let names = (0..<100).map { _ in FatalReportFiles.temporaryName(for: "report.json") }
         #expect(Set(names).count == 100)
-        #expect(
-            names.allSatisfy { $0.hasPrefix(shared.path + "/.report.json.") && $0.utf8.count == names[0].utf8.count })
-        #expect(FatalReportFiles.temporaryPath(beside: "/r.json").hasPrefix("/.r.json."))
-        #expect(FatalReportFiles.temporaryPath(beside: "r.json").hasPrefix(".r.json."))
+        #expect(names.allSatisfy { $0.hasPrefix(".report.json.") && $0.utf8.count == names[0].utf8.count })
+        let long = String(repeating: "é", count: 127)
+        #expect(FatalReportFiles.temporaryName(for: long).utf8.count == 1 + 200 + 1 + 32 + 4)
     }
 
-    @Test("taking a report removes the temporary files a killed writer left; another user's files and links stay")
+    @Test(
+        "taking a report removes the temporary files a killed writer left an hour ago; fresh ones, another user's and links stay"
+    )
     func leftovers() throws {
         let shared = try SharedDirectory()
         let path = shared.path + "/report.json"
@@ -177,6 +178,11 @@ struct FatalReportSafetyTests {
         let link = shared.path + "/.report.json." + String(repeating: "c", count: 32) + ".tmp"
         let unrelated = shared.path + "/.report.json.short.tmp"
         #expect(FileManager.default.createFile(atPath: mine, contents: Data("half a rep".utf8)))
+        let fresh = shared.path + "/.report.json." + String(repeating: "d", count: 32) + ".tmp"
+        #expect(FileManager.default.createFile(atPath: fresh, contents: Data("a write in progress".utf8)))
+        // Left behind a while ago (a write in progress is younger).
+        var times = [timespec(tv_sec: time(nil) - 3_600, tv_nsec: 0), timespec(tv_sec: time(nil) - 3_600, tv_nsec: 0)]
+        #expect(utimensat(AT_FDCWD, mine, &times, 0) == 0)
         #expect(FileManager.default.createFile(atPath: unrelated, contents: nil))
         #expect(symlink(mine, link) == 0)
         if Self.attackerRunsAsNobody { try Self.asOtherUser("touch '\(theirs)'") }
@@ -185,6 +191,7 @@ struct FatalReportSafetyTests {
         writer.flush()
         #expect(StallDetector.takeFatalStallReport(at: path) != nil)
         #expect(Self.status(mine) == nil, "this user's leftover is removed")
+        #expect(Self.status(fresh) != nil, "a temporary file written a moment ago stays")
         #expect(Self.status(link) != nil && Self.status(unrelated) != nil, "a link and another name stay")
         if Self.attackerRunsAsNobody { #expect(Self.status(theirs) != nil, "another user's file stays") }
     }
