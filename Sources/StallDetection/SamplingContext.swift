@@ -198,12 +198,16 @@ final class SamplingContext: @unchecked Sendable {
     }
 
     /// Whether a thread's job may be taken as the watched queue's: always when no
-    /// queue is watched (an event loop's own thread); otherwise only when the
-    /// thread is known to run it. A worker that cannot tell (its stack read
-    /// beyond the copy) may run another queue's job: one detector per queue
+    /// queue is watched (an event loop's own thread); when the thread is known
+    /// to run it; and, for the thread that answered the queue's last probe,
+    /// when it cannot be told (a stack read through a signal frame or beyond the
+    /// copy, such as a job stalled in its own signal handler). Any other thread
+    /// that cannot tell may run another queue's job: one detector per queue
     /// blamed its neighbours' functions that way.
-    func isThisQueue(_ raw: RawStack) -> Bool {
-        raw.queue == nil || runsQueue(raw) == true
+    func isThisQueue(_ raw: RawStack, lastAnswering: Bool) -> Bool {
+        guard raw.queue != nil else { return true }
+        let runs = runsQueue(raw)
+        return runs == true || (lastAnswering && runs == nil)
     }
 
     /// The kernel's signal return trampoline named as a debugger names it: the
@@ -287,7 +291,7 @@ final class SamplingContext: @unchecked Sendable {
         var firstFailure: StallBacktrace?
         var otherJobs = 0
         /// Samples `threads`; returns the first that runs the queue's job.
-        func look(_ threads: [Int32], alone: Bool) -> RawStack? {
+        func look(_ threads: [Int32], alone: Bool, candidates: Bool) -> RawStack? {
             for thread in threads where !DetectorThreads.contains(thread) {
                 switch sample(thread, queue: queue) {
                 case .failed(let backtrace):
@@ -297,16 +301,18 @@ final class SamplingContext: @unchecked Sendable {
                     // when the copy of its stack ends before the job's frames.
                     if alone || (raw.currentQueue != nil && runsQueue(raw) == true) { return raw }
                     guard summary(raw).runsJob else { continue }
-                    if isThisQueue(raw) { return raw }
+                    if isThisQueue(raw, lastAnswering: candidates) { return raw }
                     otherJobs += 1
                 }
             }
             return nil
         }
         let alone = !target.usesHeartbeat && candidates.count == 1
-        if let raw = look(candidates, alone: alone) { return Search(found: raw, failure: .unavailable("")) }
+        if let raw = look(candidates, alone: alone, candidates: true) {
+            return Search(found: raw, failure: .unavailable(""))
+        }
         if target.usesHeartbeat && !candidatesOnly,
-            let raw = look(otherThreads(excluding: candidates), alone: false)
+            let raw = look(otherThreads(excluding: candidates), alone: false, candidates: false)
         {
             return Search(found: raw, failure: .unavailable(""))
         }
@@ -356,15 +362,18 @@ final class SamplingContext: @unchecked Sendable {
         var failure = StallBacktrace.unavailable(
             "the executor's thread \(thread) is waiting for work, and no other thread was seen running its job",
             threadID: Self.reportedID(thread))
-        switch sample(thread, queue: queue) {
+        // The worker that ran the last probe may be doing a detector's work now
+        // (detectors' queues run on the same workers): never its stack.
+        switch DetectorThreads.contains(thread) ? .failed(failure) : sample(thread, queue: queue) {
         case .failed(let backtrace):
             failure = backtrace
         case .stack(let raw):
-            if isThisQueue(raw) && !isIdle(raw) { return Search(found: raw, failure: failure) }
+            if isThisQueue(raw, lastAnswering: true) && !isIdle(raw) { return Search(found: raw, failure: failure) }
         }
         guard !candidatesOnly else { return Search(found: nil, failure: failure) }
         for other in otherThreads(excluding: [thread]) {
-            guard case .stack(let raw) = sample(other, queue: queue), summary(raw).runsJob, isThisQueue(raw)
+            guard case .stack(let raw) = sample(other, queue: queue), summary(raw).runsJob,
+                isThisQueue(raw, lastAnswering: false)
             else { continue }
             return Search(found: raw, failure: failure)
         }
