@@ -60,6 +60,9 @@ final class SamplingContext: @unchecked Sendable {
         self.symbolicator = symbolicator
     }
 
+    /// How many `/proc` files this context keeps open for sampled threads.
+    var openTaskFileCount: Int { sampler?.files.openCount ?? 0 }
+
     /// Closes the `/proc` files kept open for the sampled threads (a stall
     /// ended: the program may need the descriptors).
     func releaseFiles() {
