@@ -228,13 +228,19 @@ struct ProcTaskFilesTests {
         #expect(StackSampler.parseSyscall(sleeping) != nil, "\(sleeping)")
         phase.withLock { $0 = 1 }
         letters = []
-        for _ in 0..<2_000 {
+        // Running, read through the same files: the syscall file says so too,
+        // unless the thread entered a system call between the two reads (the
+        // ThreadSanitizer runtime makes some while the thread spins): read both
+        // again until they agree.
+        var running = false
+        for _ in 0..<2_000 where !running {
             letters.append(files.stateLetter(thread: target))
-            if letters.last == "R" { break }
-            usleep(500)
+            running =
+                letters.last == "R" && (files.read(.syscall, thread: target).map { $0.hasPrefix("running") } ?? false)
+            if !running { usleep(500) }
         }
         #expect(letters.last == "R", "\(letters.suffix(5))")
-        #expect(files.read(.syscall, thread: target).map { $0.hasPrefix("running") } ?? false)
+        #expect(running, "the syscall file never said running while the stat file said R")
         #expect(files.opens == 2, "stat and syscall opened once each: \(files.opens)")
         phase.withLock { $0 = 2 }
         // The thread exits: its kept files fail, and by path it is gone.
