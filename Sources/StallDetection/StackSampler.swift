@@ -124,17 +124,21 @@ final class StackSampler {
             // A thread inside the handler answering another detector's request
             // ran user code when the signal came: its stack read from outside
             // would be the handler's. It is looked at again once it is back.
-            if stallcapture_is_answering(tid) != 0 {
+            // Checked before the copy and after it (it may have entered the
+            // handler meanwhile).
+            func waitWhileAnswering() -> Outcome? {
                 guard answeringLooks < 8 else { return .runningUnsampled(Self.busyAnswering(tid)) }
                 (answeringLooks, blockedLooks) = (answeringLooks + 1, blockedLooks + 1)
                 usleep(200)
+                return nil
+            }
+            if stallcapture_is_answering(tid) != 0 {
+                if let outcome = waitWhileAnswering() { return outcome }
                 continue
             }
             switch captureFromKernel(tid, limit: kernelCopyLimit) {
             case .copied where stallcapture_is_answering(tid) != 0:
-                guard answeringLooks < 8 else { return .runningUnsampled(Self.busyAnswering(tid)) }
-                (answeringLooks, blockedLooks) = (answeringLooks + 1, blockedLooks + 1)
-                usleep(200)
+                if let outcome = waitWhileAnswering() { return outcome }
                 continue
             case .copied(let copy): return .copied(copy, signalled: false)
             case .refused(let reason): return .unavailable(reason)
