@@ -26,6 +26,9 @@ enum ThreadSample {
     /// No stack: why (``StallBacktrace/unavailableReason``), or a running thread
     /// that gave none (``StallBacktrace/whileRunning``).
     case failed(StallBacktrace)
+    /// The thread ran a detector's work at some moment of the sample
+    /// (``DetectorThreads``): its stack is no target's.
+    case detectorWork
 }
 
 /// Everything a detector queue needs to sample a blocked thread and name its
@@ -113,12 +116,21 @@ final class SamplingContext: @unchecked Sendable {
         switch sample(thread) {
         case .stack(let raw): name(raw)
         case .failed(let backtrace): backtrace
+        case .detectorWork:
+            .unavailable("thread \(thread) was running a stall detector's work", threadID: Self.reportedID(thread))
         }
     }
 
     /// Samples and unwinds one thread, naming nothing in full; `queue` is the
     /// watched queue's address, if known (``RawStack/runsQueue``).
     func sample(_ thread: Int32, queue: UInt? = nil) -> ThreadSample {
+        guard let mark = DetectorThreads.quietMark(thread) else { return .detectorWork }
+        let sample = sampleAnyThread(thread, queue: queue)
+        return DetectorThreads.stayedQuiet(thread, since: mark) ? sample : .detectorWork
+    }
+
+    /// ``sample(_:queue:)``, whatever the thread runs.
+    private func sampleAnyThread(_ thread: Int32, queue: UInt?) -> ThreadSample {
         let sampler = prepared()
         let first = sampler.capture(thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes)
         switch first {
@@ -295,8 +307,10 @@ final class SamplingContext: @unchecked Sendable {
         var otherJobs = 0
         /// Samples `threads`; returns the first that runs the queue's job.
         func look(_ threads: [Int32], alone: Bool, candidates: Bool) -> RawStack? {
-            for thread in threads where !DetectorThreads.contains(thread) {
+            for thread in threads {
                 switch sample(thread, queue: queue) {
+                case .detectorWork:
+                    continue
                 case .failed(let backtrace):
                     if firstFailure == nil { firstFailure = backtrace }
                 case .stack(let raw):
@@ -367,7 +381,9 @@ final class SamplingContext: @unchecked Sendable {
             threadID: Self.reportedID(thread))
         // The worker that ran the last probe may be doing a detector's work now
         // (detectors' queues run on the same workers): never its stack.
-        switch DetectorThreads.contains(thread) ? .failed(failure) : sample(thread, queue: queue) {
+        switch sample(thread, queue: queue) {
+        case .detectorWork:
+            break
         case .failed(let backtrace):
             failure = backtrace
         case .stack(let raw):
