@@ -64,6 +64,43 @@ struct WatchdogTests {
         #expect(firedAt.withLock { $0 } == [.seconds(5)])
     }
 
+    @Test("a kick at the deadline, before the engine has delivered it, is refused and the watchdog fires there")
+    func kickAtTheDeadlineIsRefused() {
+        let manual = ManualTimerScheduler()
+        let firedAt = StateLock<[Duration]>([])
+        let kicked = StateLock<Bool?>(nil)
+        let box = StateLock<Watchdog?>(nil)
+        // Armed before the watchdog at its deadline: runs first at that instant,
+        // when the clock has reached the deadline but the watchdog is not delivered yet.
+        let work = DelayedWork.schedule(after: .seconds(2), scheduler: manual) {
+            let dog = box.withLock { $0 }
+            kicked.withLock { $0 = dog?.kick() }
+        }
+        let dog = Watchdog(timeout: .seconds(2), scheduler: manual) {
+            firedAt.withLock { $0.append(manual.now) }
+        }
+        box.withLock { $0 = dog }
+        manual.advance(by: .seconds(2))
+        #expect(kicked.withLock { $0 } == false)
+        #expect(firedAt.withLock { $0 } == [.seconds(2)])
+        #expect(dog.hasFired)
+        #expect(dog.kick(timeout: .seconds(9)) == false)
+        manual.advance(by: .seconds(10))
+        #expect(firedAt.withLock { $0 } == [.seconds(2)])
+        #expect(work.state == .completed)
+    }
+
+    @Test("the state machine refuses a kick at or after the deadline, whatever the engine has delivered")
+    func machineRefusesLateKick() {
+        var machine = WatchdogStateMachine(timeout: .nanoseconds(100), now: 0) {}
+        #expect(machine.kick(now: 99).prevented)
+        #expect(machine.deadline == 199)
+        #expect(!machine.kick(now: 199).prevented)
+        #expect(!machine.kick(now: 10_000, timeout: .seconds(1)).prevented)
+        #expect(machine.deadline == 199)
+        #expect(machine.timeoutDuration == .nanoseconds(100))
+    }
+
     @Test("releasing the watchdog invalidates it")
     func deinitInvalidates() {
         let manual = ManualTimerScheduler()

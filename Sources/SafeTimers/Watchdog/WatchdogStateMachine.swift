@@ -6,7 +6,8 @@
 ///
 /// | status | input | next | effects |
 /// |---|---|---|---|
-/// | armed | kick | armed | deadline = now + timeout; arm only if that is earlier than the armed deadline |
+/// | armed | kick, now before the deadline | armed | deadline = now + timeout; arm only if that is earlier than the armed deadline |
+/// | armed | kick, now at or after the deadline | armed | refused (the overrun stands, even if the engine has not reached it yet) |
 /// | armed | deadline passed, kicked since | armed | arm the recorded deadline |
 /// | armed | deadline passed | armed | deliver (the gate admits one invocation; kicks no longer count) |
 /// | armed | begin (the delivered tag) | fired | the handler is taken out to run |
@@ -46,9 +47,11 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
     var holdsHandler: Bool { handler != nil }
 
     /// `kick()` or `kick(timeout:)` at `now`.
-    /// `prevented` in the effects tells whether the kick took effect.
+    /// `prevented` in the effects tells whether the kick took effect. A kick at
+    /// or after the deadline is refused whether or not the engine has delivered
+    /// it yet (a busy scheduler thread may be behind the clock).
     mutating func kick(now: Int64, timeout newTimeout: Duration? = nil) -> MachineEffects {
-        guard status == .armed, gate.isIdle else { return MachineEffects() }
+        guard status == .armed, gate.isIdle, now < deadline else { return MachineEffects() }
         if let newTimeout {
             timeoutDuration = newTimeout
             timeout = DeadlineArithmetic.delayNanoseconds(newTimeout)
