@@ -41,19 +41,21 @@ final class ClockSleep: TimerEntry {
         let sleep = ClockSleep(engine: engine, leeway: leeway)
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                // Armed under the sleep's lock, so a cancel either comes first (and
-                // nothing is armed) or finds the entry armed and disarms it.
-                let cancelled = sleep.state.withLock { state -> Bool in
-                    guard !state.cancelled else { return true }
+                // Armed and counted under the sleep's lock, so a cancel either
+                // comes first (and nothing is armed or counted) or finds the
+                // entry armed and counted, and disarms and uncounts it; a firing
+                // likewise uncounts only what was counted.
+                let ready = sleep.state.withLock { state -> [CheckedContinuation<Void, Never>]? in
+                    guard !state.cancelled else { return nil }
                     state.continuation = continuation
                     engine.arm(sleep, at: deadline)
-                    return false
+                    return engine.sleeperArmed()
                 }
-                if cancelled {
+                guard let ready else {
                     continuation.resume(throwing: CancellationError())
-                } else {
-                    engine.sleeperArmed()
+                    return
                 }
+                for waiter in ready { waiter.resume() }
             }
         } onCancel: {
             sleep.cancel()
