@@ -54,7 +54,10 @@ public final class ManualTimerScheduler: TimerScheduler {
     /// An entry armed during the advance for an instant the clock has already
     /// reached (a zero or negative delay) runs at the next instant the advance
     /// moves to, or in the next advance, so work that keeps scheduling itself
-    /// with a zero delay cannot make an advance loop forever. Likewise, if
+    /// with a zero delay cannot make an advance loop forever. It runs there in
+    /// deadline order, ties in arming order, like everything else, and until
+    /// then it is pending like any armed work (`pendingCount` counts it; a
+    /// cancel removes it). Likewise, if
     /// handlers keep triggering each other at one instant (say a zero-interval
     /// `Throttler` whose action calls it again), the advance stops at that
     /// instant after 100,000 deliveries and leaves the rest for the next one.

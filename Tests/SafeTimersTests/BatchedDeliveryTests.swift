@@ -216,4 +216,29 @@ struct BatchedDeliveryTests {
         #expect(counts.count == 44 && counts.values.allSatisfy { $0 == 1 }, "\(counts)")
         withExtendedLifetime(works) {}
     }
+
+    @Test("after works due together on a serial queue have all run, nothing is pending: the helper's entry is not the user's")
+    func nothingPendingAfterABatch() async {
+        let scheduler = SystemTimerScheduler()
+        let queue = DispatchQueue(label: "batched.serial")
+        let ran = Ran()
+        for attempt in 0..<5 {
+            let deadline = scheduler.clock.now.advanced(by: .milliseconds(20))
+            let works = (0..<3).map { index in
+                DelayedWork.schedule(at: deadline, on: queue, scheduler: scheduler) {
+                    if index == 0 { usleep(20_000) }  // the rest wait in the hop: a helper is sent
+                    ran.record(attempt * 3 + index)
+                }
+            }
+            #expect(await eventually { ran.all.count == attempt * 3 + 3 })
+            // Read at once and for the next 150 ms (the helper entry waits up to 128 ms).
+            var seen: [Int] = []
+            for _ in 0..<30 {
+                seen.append(scheduler.pendingCount)
+                try? await Task.sleep(for: .milliseconds(5))
+            }
+            #expect(seen.allSatisfy { $0 == 0 }, "pendingCount after every work ran: \(seen)")
+            withExtendedLifetime(works) {}
+        }
+    }
 }

@@ -67,10 +67,10 @@ public final class TimerEngine: @unchecked Sendable {
         /// Manual engines: handler deliveries waiting for the next advance, in
         /// order, each with a sequence number from the arming sequence, so that
         /// an entry armed earlier for the same instant runs first.
-        var deliveries: [(sequence: UInt64, body: @Sendable () -> Void)] = []
-        /// The advancing thread and the sequence of the entry it is firing: a
-        /// delivery that firing makes is ordered by the entry's sequence.
-        var firing: (thread: UInt, sequence: UInt64)?
+        var deliveries: [(deadline: Int64, sequence: UInt64, body: @Sendable () -> Void)] = []
+        /// The advancing thread and the deadline and sequence of the entry it is
+        /// firing: a delivery that firing makes is ordered as the entry.
+        var firing: (thread: UInt, deadline: Int64, sequence: UInt64)?
         var deliveryHead = 0
         /// Scheduler-thread wake-ups, counted for tests and benchmarks.
         var wakeUps = 0
@@ -515,18 +515,20 @@ public final class TimerEngine: @unchecked Sendable {
         let dropped = state.pointee.shuttingDown
         if !dropped {
             let state = self.state
-            let sequence: UInt64
+            let key: (deadline: Int64, sequence: UInt64)
             if let firing = state.pointee.firing, firing.thread == ThreadIdentity.current() {
-                sequence = firing.sequence
+                key = (firing.deadline, firing.sequence)
             } else {
-                sequence = shards[0].nextSequence()
+                key = (state.pointee.virtualNow, shards[0].nextSequence())
             }
-            // Kept sorted by sequence (stable): almost always an append.
+            // Kept sorted by deadline, then sequence (stable): almost always an append.
             var index = state.pointee.deliveries.count
-            while index > state.pointee.deliveryHead && state.pointee.deliveries[index - 1].sequence > sequence {
+            while index > state.pointee.deliveryHead
+                && key < (state.pointee.deliveries[index - 1].deadline, state.pointee.deliveries[index - 1].sequence)
+            {
                 index -= 1
             }
-            state.pointee.deliveries.insert((sequence, body), at: index)
+            state.pointee.deliveries.insert((key.deadline, key.sequence, body), at: index)
         }
         lock.unlock()
         if dropped { _ = body }  // released outside the lock
@@ -575,8 +577,10 @@ public final class TimerEngine: @unchecked Sendable {
     /// an instant the clock has already reached (a zero or negative delay, say a
     /// `DelayedWork` that schedules itself again with `.zero`) does not run at
     /// that instant: it runs at the next instant the advance moves to, or in the
-    /// next advance. So an entry that keeps re-arming itself with a zero delay
-    /// runs once per instant, never in an endless loop. Queued deliveries (a
+    /// next advance, in (deadline, arming) order with everything else; until
+    /// then it is pending like any armed entry (counted, and a cancel removes
+    /// it). So an entry that keeps re-arming itself with a zero delay runs once
+    /// per instant, never in an endless loop. Queued deliveries (a
     /// `firesImmediately` tick, owed invocations) run, in order, before the clock
     /// moves on; if handlers keep queueing more at one instant (100,000 of them:
     /// far beyond any catch-up), the advance stops at that instant and the rest
@@ -585,6 +589,9 @@ public final class TimerEngine: @unchecked Sendable {
     public func advance(toTicks requested: Int64) {
         precondition(isVirtual, "advance(to:) needs a manual engine")
         let state = self.state
+        // Firings deferred by the rule above: parked in the wheel at "never"
+        // (pending, counted, cancellable like any armed entry) until the clock
+        // moves on, then put back at their own deadline and sequence.
         var deferred: [TimerWheel.Fired] = []
         lock.lock()
         var barrier = virtualShard.pointee.lastSequence &<< Self.shardBits
@@ -595,42 +602,29 @@ public final class TimerEngine: @unchecked Sendable {
         var deliveriesAtInstant = 0
         while true {
             lock.lock()
-            if deliveriesAtInstant >= Self.deliveryLimitPerInstant
-                && state.pointee.deliveryHead < state.pointee.deliveries.count
-            {
-                // Handlers keep triggering each other at this instant (a zero-interval
-                // throttler whose action calls it again): stop here, the clock where
-                // it is, the rest queued for the next advance.
-                reinsert(deferred)
-                lock.unlock()
-                return
-            }
             if state.pointee.deliveryHead < state.pointee.deliveries.count {
-                deliveriesAtInstant += 1
-                // A delivery is queued for now; an entry due now that was armed
-                // before it (a smaller sequence) goes first.
-                let sequence = state.pointee.deliveries[state.pointee.deliveryHead].sequence
-                if let fired = virtualShard.pointee.wheel.popDue(now: state.pointee.virtualNow) {
-                    if fired.sequence < sequence && fired.sequence <= barrier {
-                        lock.unlock()
-                        fire(fired)
-                        continue
-                    }
-                    virtualShard.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
+                guard deliveriesAtInstant < Self.deliveryLimitPerInstant else {
+                    // Handlers keep triggering each other at this instant (a
+                    // zero-interval throttler whose action calls it again): stop
+                    // here, the clock where it is, the rest queued for the next advance.
+                    unpark(deferred)
+                    lock.unlock()
+                    return
                 }
-                let delivery = popDelivery()!
-                lock.unlock()
-                delivery()
+                deliveriesAtInstant += 1
+                runFirstInOrder(barrier: barrier)
                 continue
             }
             guard let fired = virtualShard.pointee.wheel.popDue(now: target) else {
-                reinsert(deferred)
+                unpark(deferred)
                 state.pointee.virtualNow = max(state.pointee.virtualNow, target)
                 lock.unlock()
                 return
             }
             if fired.deadline <= state.pointee.virtualNow && fired.sequence > barrier {
                 // Armed at this instant for this instant: the next one.
+                virtualShard.pointee.wheel.insert(
+                    fired.entry, deadline: DeadlineArithmetic.never, sequence: fired.sequence)
                 deferred.append(fired)
                 lock.unlock()
                 continue
@@ -640,10 +634,11 @@ public final class TimerEngine: @unchecked Sendable {
                 barrier = virtualShard.pointee.lastSequence &<< Self.shardBits
                 deliveriesAtInstant = 0
                 if !deferred.isEmpty {
-                    // The clock moved on: what was deferred runs now, before this.
-                    reinsert(deferred + [fired])
-                    deferred.removeAll()
+                    // The clock moved on: what was deferred runs now, in order with this.
+                    unpark(deferred)
+                    virtualShard.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
                     lock.unlock()
+                    deferred.removeAll()
                     continue
                 }
             }
@@ -652,12 +647,31 @@ public final class TimerEngine: @unchecked Sendable {
         }
     }
 
+    /// Runs the first queued delivery, or the entry due now that goes before it:
+    /// one that precedes it in (deadline, sequence) order and was armed before
+    /// this instant began (`barrier`). Called with the lock held; returns
+    /// without it.
+    private func runFirstInOrder(barrier: UInt64) {
+        let head = state.pointee.deliveries[state.pointee.deliveryHead]
+        if let fired = virtualShard.pointee.wheel.popDue(now: state.pointee.virtualNow) {
+            if (fired.deadline, fired.sequence) < (head.deadline, head.sequence) && fired.sequence <= barrier {
+                lock.unlock()
+                fire(fired)
+                return
+            }
+            virtualShard.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
+        }
+        let delivery = popDelivery()!
+        lock.unlock()
+        delivery()
+    }
+
     /// Fires `fired` on the advancing thread. Deliveries its firing queues take
     /// the entry's own sequence number, so they run in the entry's arming order
     /// among everything due at this instant.
     private func fire(_ fired: TimerWheel.Fired) {
         lock.lock()
-        state.pointee.firing = (ThreadIdentity.current(), fired.sequence)
+        state.pointee.firing = (ThreadIdentity.current(), fired.deadline, fired.sequence)
         lock.unlock()
         fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
         lock.lock()
@@ -665,11 +679,14 @@ public final class TimerEngine: @unchecked Sendable {
         lock.unlock()
     }
 
-    /// Puts deferred firings back in the wheel, unless their entry was armed
-    /// again meanwhile (then the newer arming stands). Lock held.
-    private func reinsert(_ firings: [TimerWheel.Fired]) {
-        for fired in firings where fired.entry.timerSlot < 0 {
-            virtualShard.pointee.wheel.insert(fired.entry, deadline: fired.deadline, sequence: fired.sequence)
+    /// Puts parked firings back at their own deadline and sequence, unless
+    /// their entry was disarmed or armed again meanwhile (then that stands).
+    /// Lock held.
+    private func unpark(_ firings: [TimerWheel.Fired]) {
+        for fired in firings where fired.entry.timerSlot >= 0 {
+            virtualShard.pointee.wheel.unpark(
+                node: Int32(truncatingIfNeeded: fired.entry.timerSlot), deadline: fired.deadline,
+                sequence: fired.sequence)
         }
     }
 

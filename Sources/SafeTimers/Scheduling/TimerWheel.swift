@@ -131,6 +131,15 @@ struct TimerWheel: ~Copyable {
         place(index, node)
     }
 
+    /// Puts the entry in node `index` back at `deadline` if it is still the
+    /// arming `sequence`, parked at "never" (a manual engine's deferred firing,
+    /// see ``TimerEngine/advance(toTicks:)``); nothing if it was armed again since.
+    mutating func unpark(node index: Int32, deadline: Int64, sequence: UInt64) {
+        let node = slab[index]
+        guard node.pointee.deadline == DeadlineArithmetic.never, node.pointee.sequence == sequence else { return }
+        update(node: index, deadline: deadline, sequence: sequence)
+    }
+
     /// Disarms the entry in node `index` and hands it back, so that the caller
     /// can drop the engine's reference outside its lock.
     ///
