@@ -64,8 +64,9 @@ final class DeliveryBatch: @unchecked Sendable {
     private var groups: [Group] = []
     /// Hops with handlers that may still be unclaimed, and when each went out.
     private var watched: [(hop: DeliveryHop, checkAt: Int64, delay: Int64)] = []
-    /// The entry that wakes the scheduler thread to look at `watched`.
-    private lazy var rescue = HopRescue(batch: self)
+    /// The entry that wakes the scheduler thread to look at `watched`: the
+    /// engine's own, never counted as pending (``isRescue(slot:shard:)``).
+    private let rescue = HopRescue()
     private var rescueArmed = false
     /// Hops sent, handlers they carried, helper blocks sent (tests).
     private let hops = Atomic<Int>(0)
@@ -81,7 +82,16 @@ final class DeliveryBatch: @unchecked Sendable {
     /// How many helper blocks were sent for hops with unclaimed handlers (tests).
     var helperCount: Int { helpers.load(ordering: .relaxed) }
 
-    init() {}
+    init() {
+        rescue.attach(to: self)
+    }
+
+    /// Whether the rescue entry is armed in shard `shard` (call with that shard's
+    /// lock held, which orders the entry's slot).
+    func isRescueArmed(inShard shard: Int) -> Bool {
+        let slot = rescue.timerSlot
+        return slot >= 0 && slot &>> TimerEngine.shardShift == shard
+    }
 
     /// Whether the calling thread is collecting deliveries now. One relaxed load
     /// while no round is open.
@@ -213,10 +223,16 @@ final class DeliveryHop: Sendable {
 
 /// The engine entry that wakes the scheduler thread to send helper blocks.
 final class HopRescue: TimerEntry {
-    private unowned let batch: DeliveryBatch
+    /// The batch that owns this entry (and outlives it), unretained; set once,
+    /// before the entry is first armed.
+    private let batch = Atomic<UInt>(0)
     private let slot = Atomic<Int>(-1)
 
-    init(batch: DeliveryBatch) { self.batch = batch }
+    init() {}
+
+    func attach(to owner: DeliveryBatch) {
+        batch.store(UInt(bitPattern: Unmanaged.passUnretained(owner).toOpaque()), ordering: .releasing)
+    }
 
     var timerSlot: Int {
         get { slot.load(ordering: .relaxed) }
@@ -224,7 +240,9 @@ final class HopRescue: TimerEntry {
     }
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
-        batch.rescueHops(engine: engine)
+        let address = batch.load(ordering: .acquiring)
+        guard let pointer = UnsafeRawPointer(bitPattern: address) else { return }
+        Unmanaged<DeliveryBatch>.fromOpaque(pointer).takeUnretainedValue().rescueHops(engine: engine)
     }
 }
 
