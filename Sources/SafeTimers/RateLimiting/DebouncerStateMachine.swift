@@ -15,15 +15,17 @@ struct RateLimitedAction: Sendable {
 ///
 /// | input | effects |
 /// |---|---|
-/// | call, leading and no burst open | the action is queued to run now, or right after the running one (fixed); the burst opens |
+/// | call, leading and no burst open | a pending action whose quiet period passed while one ran is released; the action is queued to run now, or right after the running one (fixed); the burst opens |
 /// | call otherwise | the action replaces the pending one (released); a queued trailing run that has not begun is revoked; arm now + delay |
 /// | deadline passed (quiet period over) | the burst closes; deliver the pending action (trailing), or run it right after the running one ends |
-/// | flush | disarm, close the burst; the pending action runs now (fixed), or right after the running one |
+/// | flush | disarm, close the burst (also with nothing pending); the pending action runs now (fixed), or right after the running one |
 /// | begin (the delivered tag) | the queued action is taken out to run |
 /// | end | deliver a flushed action, else the pending one if its quiet period passed meanwhile |
 /// | cancel | release every action held, revoke, disarm; wait for a running action on another thread |
 ///
-/// So the actions never overlap, one trailing run follows each quiet period, a
+/// So the actions never overlap, one trailing run follows each quiet period
+/// unless a later call came before it could begin (the last run is always the
+/// latest call), a
 /// flushed action always runs (in the order flushed), and with `leading` the first call of a burst
 /// runs at once (a burst of one call runs once, not twice).
 struct DebouncerStateMachine: GatedStateMachine, Sendable {
@@ -53,6 +55,15 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
         var effects = MachineEffects(timer: .arm(deadline))
         if leading && !inBurst {
             inBurst = true
+            if isDue, let due = pending {
+                // The last burst's trailing run, owed since its quiet period
+                // passed while an action ran: this later call supersedes it (as
+                // any call supersedes a pending one), so the last run is the
+                // latest call.
+                effects.released = due.run
+                pending = nil
+                isDue = false
+            }
             if gate.isIdle {
                 deliver(action, fixed: true, &effects)
             } else {
@@ -91,10 +102,10 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
     /// `flush()`: the pending action runs now (or right after the running one),
     /// and no later call can call it off.
     mutating func flush() -> MachineEffects {
-        guard let action = pending else { return MachineEffects() }
         var effects = MachineEffects(timer: .disarm)
         inBurst = false
         isDue = false
+        guard let action = pending else { return effects }
         pending = nil
         if gate.isIdle {
             deliver(action, fixed: true, &effects)
