@@ -18,9 +18,12 @@ struct SleeperCountTests {
     func sleeperCountNeverNegative() async {
         let manual = ManualTimerScheduler()
         let attack = SleeperAttack()
+        let workersDone = Atomic<Bool>(false)
         let threadsDone = DispatchGroup()
+        // Advances until every worker has ended: a sleep armed after the attack
+        // stopped still needs an advance to return.
         DispatchQueue.global().async(group: threadsDone) {
-            while !attack.stop.load(ordering: .relaxed) { manual.advance(by: .zero) }
+            while !workersDone.load(ordering: .relaxed) { manual.advance(by: .zero) }
         }
         DispatchQueue.global().async(group: threadsDone) {
             let start = ContinuousClock.now
@@ -28,9 +31,9 @@ struct SleeperCountTests {
                 let count = manual.sleeperCount
                 attack.lowest.store(min(count, attack.lowest.load(ordering: .relaxed)), ordering: .relaxed)
                 attack.reads.add(1, ordering: .relaxed)
-                if count < 0 || ContinuousClock.now - start > .seconds(3) {
-                    attack.stop.store(true, ordering: .relaxed)
-                }
+                let elapsed = ContinuousClock.now - start
+                let enough = elapsed > .seconds(5) && attack.sleeps.load(ordering: .relaxed) >= 2_000
+                if count < 0 || enough || elapsed > .seconds(30) { attack.stop.store(true, ordering: .relaxed) }
             }
         }
         await withTaskGroup(of: Void.self) { group in
@@ -47,14 +50,17 @@ struct SleeperCountTests {
                 }
             }
         }
+        workersDone.store(true, ordering: .relaxed)
         await withCheckedContinuation { continuation in
             threadsDone.notify(queue: .global()) { continuation.resume() }
         }
         manual.advance(by: .zero)
-        print(
-            "sleeperCount attack: \(attack.sleeps.load(ordering: .relaxed)) sleeps, "
-                + "\(attack.reads.load(ordering: .relaxed)) reads, lowest \(attack.lowest.load(ordering: .relaxed))")
+        let sleeps = attack.sleeps.load(ordering: .relaxed)
+        print("sleeperCount attack: \(sleeps) sleeps, \(attack.reads.load(ordering: .relaxed)) reads")
         #expect(attack.lowest.load(ordering: .relaxed) >= 0)
+        if attack.lowest.load(ordering: .relaxed) >= 0 {
+            #expect(sleeps >= 100, "the attack made too few sleeps to test anything")
+        }
         #expect(manual.sleeperCount == 0)
     }
 
@@ -65,14 +71,15 @@ struct SleeperCountTests {
             withUnsafeCurrentTask { $0?.cancel() }
             await manual.waitForSleepers(1)
         }
-        await before.value
+        #expect(await ends(before), "a wait cancelled before it began never returned")
         let waiting = Task { await manual.waitForSleepers(1) }
         while manual.engine.sleeperWaitCount == 0 { await Task.yield() }
         waiting.cancel()
-        await waiting.value
+        #expect(await ends(waiting), "a wait cancelled while it waited never returned")
         let racing = (0..<50).map { _ in Task { await manual.waitForSleepers(2) } }
         for task in racing { task.cancel() }
-        for task in racing { await task.value }
+        let all = Task { for task in racing { await task.value } }
+        #expect(await ends(all), "a wait cancelled as it began never returned")
         #expect(manual.engine.sleeperWaitCount == 0)
         #expect(manual.sleeperCount == 0)
         // A wait that is not cancelled still waits for its count.
@@ -83,4 +90,26 @@ struct SleeperCountTests {
         try? await sleeper.value
         #expect(manual.sleeperCount == 0)
     }
+
+    /// Whether `task` ends within 20 s (a wait that ignores its cancellation
+    /// would hang the test instead of failing it).
+    private func ends(_ task: Task<Void, Never>) async -> Bool {
+        let first = FirstOutcome()
+        return await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            Task {
+                await task.value
+                if first.claim() { continuation.resume(returning: true) }
+            }
+            Task {
+                try? await Task.sleep(for: .seconds(20))
+                if first.claim() { continuation.resume(returning: false) }
+            }
+        }
+    }
+}
+
+/// Lets exactly one of two racing outcomes resume a continuation.
+private final class FirstOutcome: Sendable {
+    private let taken = Atomic<Bool>(false)
+    func claim() -> Bool { !taken.exchange(true, ordering: .relaxed) }
 }
