@@ -15,7 +15,7 @@ struct RateLimitedAction: Sendable {
 ///
 /// | input | effects |
 /// |---|---|
-/// | call, leading and no burst open | a pending action whose quiet period passed while one ran is released; the action is queued to run now, or right after the running one (fixed); the burst opens |
+/// | call, leading and no burst open | a trailing run that has not begun (queued, or due while one ran) is revoked and released; the action is queued to run now, or right after the running one (fixed); the burst opens |
 /// | call otherwise | the action replaces the pending one (released); a queued trailing run that has not begun is revoked; arm now + delay |
 /// | deadline passed (quiet period over) | the burst closes; deliver the pending action (trailing), or run it right after the running one ends |
 /// | flush | disarm, close the burst (also with nothing pending); the pending action runs now (fixed), or right after the running one |
@@ -55,11 +55,15 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
         var effects = MachineEffects(timer: .arm(deadline))
         if leading && !inBurst {
             inBurst = true
-            if isDue, let due = pending {
-                // The last burst's trailing run, owed since its quiet period
-                // passed while an action ran: this later call supersedes it (as
-                // any call supersedes a pending one), so the last run is the
-                // latest call.
+            // The last burst's trailing run, if it has not begun (queued, or
+            // owed since its quiet period passed while an action ran): this
+            // later call supersedes it, as any call supersedes a run that has
+            // not begun, so the last run is always the latest call.
+            if gate.queued != nil && !queuedIsFixed {
+                gate.revoke()
+                effects.released = queuedAction?.run
+                queuedAction = nil
+            } else if isDue, let due = pending {
                 effects.released = due.run
                 pending = nil
                 isDue = false

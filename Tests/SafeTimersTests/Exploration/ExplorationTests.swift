@@ -46,13 +46,16 @@ struct ExplorationTests {
 
 extension ExplorationTests {
     @Test("DelayedWork: runs at most once, never after cancel() returned true, barrier")
-    func delayedWork() { Self.check(DelayedWorkSystem.self, "DelayedWork", extraDepth: 2) }
+    func delayedWork() { Self.check(DelayedWorkSystem.self, "DelayedWork", extraDepth: 1) }
 
     @Test("Watchdog: fires at most once, never early, never after invalidate() returned")
     func watchdog() { Self.check(WatchdogSystem.self, "Watchdog") }
 
-    @Test("Debouncer: only the latest call runs, once per quiet period; no overlap; barrier")
-    func debouncer() { Self.check(DebouncerSystem.self, "Debouncer", extraDepth: 1) }
+    @Test("Debouncer: only the latest call runs, once per quiet period, in call order; no overlap; barrier")
+    func debouncer() { Self.check(DebouncerSystem<TrailingOnly>.self, "Debouncer", extraDepth: 1) }
+
+    @Test("Debouncer, leading: a burst's first call runs at once, a flush ends the burst, the latest call runs last")
+    func leadingDebouncer() { Self.check(DebouncerSystem<LeadingToo>.self, "Debouncer leading", extraDepth: 1) }
 
     @Test("Throttler (latest): runs an interval apart, the last call of a burst runs; no overlap; barrier")
     func throttlerLatest() { Self.check(ThrottlerSystem<KeepLatest>.self, "Throttler latest", extraDepth: 2) }

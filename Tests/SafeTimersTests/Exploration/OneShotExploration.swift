@@ -1,8 +1,9 @@
 @testable @_spi(SchedulerImplementation) import SafeTimers
 
-/// A `DelayedWork` in a ``PrimitiveWorld``: calls are `cancel` and `reschedule`
-/// (to 10 ms from now). It must run at most once, never after a cancel that
-/// returned `true`, and at rest be completed or cancelled.
+/// A `DelayedWork` in a ``PrimitiveWorld``: calls are `cancel`, `reschedule`
+/// (to 10 ms from now) and `reschedulePast` (to 5 ms ago: as soon as
+/// possible). It must run at most once, never after a cancel that returned
+/// `true`, and at rest be completed or cancelled, with nothing pending.
 struct DelayedWorkSystem: ExplorableSystem {
     let world = PrimitiveWorld(elapse: .milliseconds(15))
     let work: DelayedWork
@@ -17,7 +18,7 @@ struct DelayedWorkSystem: ExplorableSystem {
     }
 
     func enabledSteps() -> [PrimitiveStep] {
-        world.steps(calls: ["cancel", "reschedule"], passed: { work.hasPassed($0) })
+        world.steps(calls: ["cancel", "reschedule", "reschedulePast"], passed: { work.hasPassed($0) })
     }
 
     mutating func perform(_ step: PrimitiveStep) {
@@ -26,8 +27,8 @@ struct DelayedWorkSystem: ExplorableSystem {
             let effects = work.transition { $0.cancel(thread: thread) }
             if effects.prevented { preventedByCancel = true }
             world.cancelled(on: thread, ticket: work.completeReturningTicket(effects))
-        case .call(_, _):
-            let deadline = world.now + 10_000_000
+        case .call(let name, _):
+            let deadline = world.now + (name == "reschedulePast" ? -5_000_000 : 10_000_000)
             _ = work.completeReturningTicket(work.transition { $0.reschedule(to: deadline) })
             world.collect()
         default:
@@ -61,6 +62,7 @@ struct DelayedWorkSystem: ExplorableSystem {
             },
             end: { _ in work.end() })
         if let violation { return violation }
+        if world.manual.pendingCount != 0 { return "\(world.manual.pendingCount) pending at rest" }
         switch work.state {
         case .completed: return runs.count == 1 ? nil : "completed without running"
         case .cancelled: return runs.count == 0 && !work.holdsWork ? nil : "cancelled but ran or kept its closure"
@@ -73,7 +75,9 @@ struct DelayedWorkSystem: ExplorableSystem {
 /// `kickLonger` (`kick(timeout: 30 ms)`), `kickShorter` (`kick(timeout: 5 ms)`)
 /// and `invalidate`. It must fire at most once, never before now + timeout of
 /// the last kick that came before the deadline was reached, never after
-/// `invalidate()` returned, and at rest have fired unless invalidated.
+/// `invalidate()` returned, and at rest have fired unless invalidated, with
+/// nothing pending; a kick returns true exactly when it came before the
+/// deadline (and before `invalidate()`).
 struct WatchdogSystem: ExplorableSystem {
     let world = PrimitiveWorld(elapse: .milliseconds(4))
     let core: WatchdogCore
@@ -107,8 +111,15 @@ struct WatchdogSystem: ExplorableSystem {
                 default: nil
                 }
             let now = world.now
-            let effective = !delivered && !invalidated
-            _ = core.completeReturningTicket(core.transition { $0.kick(now: now, timeout: timeout) })
+            // A kick counts before the deadline only; at or after it, it is
+            // refused even if the engine has not fired yet.
+            let effective = !delivered && !invalidated && now < earliestAllowed
+            let effects = core.transition { $0.kick(now: now, timeout: timeout) }
+            _ = core.completeReturningTicket(effects)
+            if effects.prevented != effective {
+                world.violation =
+                    "kick at \(now) ns (deadline \(earliestAllowed) ns) returned \(effects.prevented)"
+            }
             if effective {
                 earliestAllowed = now + DeadlineArithmetic.nanoseconds(core.timeout)
             }
@@ -152,6 +163,7 @@ struct WatchdogSystem: ExplorableSystem {
             end: { _ in core.end() })
         if let violation { return violation }
         if !invalidated && runs.count != 1 { return "never fired, though never invalidated" }
+        if world.manual.pendingCount != 0 { return "\(world.manual.pendingCount) pending at rest" }
         if !core.hasFired && core.holdsHandler && invalidated { return "invalidated but kept its handler" }
         return nil
     }

@@ -1,20 +1,31 @@
 @testable @_spi(SchedulerImplementation) import SafeTimers
 
-/// A `Debouncer` (delay 10 ms) in a ``PrimitiveWorld``: calls are `call` (each
-/// with a new number), `flush` and `cancel`. Only the latest call, or one that
-/// was flushed, may run; each call at most once; not before its delay unless
-/// flushed; and at rest the last call and every flushed one have run unless a
-/// cancel came after them.
-struct DebouncerSystem: ExplorableSystem {
+/// Whether an explored debouncer also runs the first call of a burst.
+protocol DebouncerEdge { static var leading: Bool { get } }
+enum TrailingOnly: DebouncerEdge { static let leading = false }
+enum LeadingToo: DebouncerEdge { static let leading = true }
+
+/// A `Debouncer` (delay 10 ms, trailing or also leading) in a
+/// ``PrimitiveWorld``: calls are `call` (each with a new number), `flush` and
+/// `cancel`. Only the latest call, one that was flushed, or (leading) the first
+/// of a burst may run; each call at most once, in the order made (the last run
+/// is the latest call); not before its delay unless flushed or leading; at rest
+/// the last call, every flushed one and every leading one have run unless a
+/// cancel came after them, and nothing is pending. A burst ends at its quiet
+/// period, a flush (pending or not) or a cancel.
+struct DebouncerSystem<Edge: DebouncerEdge>: ExplorableSystem {
     let world = PrimitiveWorld(elapse: .milliseconds(6))
     let core: DebouncerCore
     let log = RunLog()
     private var calls: [Int64] = []  // call number → when it was made
     private var flushed: Set<Int> = []
+    private var leadingCalls: Set<Int> = []
+    private var burstOpen = false
     private var cancelledAfter: Int = -1  // the last call a cancel came after
 
     init() {
-        core = DebouncerCore(delay: .milliseconds(10), executor: world.executor, engine: world.engine)
+        core = DebouncerCore(
+            delay: .milliseconds(10), leading: Edge.leading, executor: world.executor, engine: world.engine)
     }
 
     func enabledSteps() -> [PrimitiveStep] {
@@ -27,6 +38,8 @@ struct DebouncerSystem: ExplorableSystem {
             let number = calls.count
             let log = self.log
             calls.append(world.now)
+            if Edge.leading && !burstOpen { leadingCalls.insert(number) }
+            burstOpen = true
             let deadline = world.now + 10_000_000
             _ = core.completeReturningTicket(
                 core.transition {
@@ -40,15 +53,22 @@ struct DebouncerSystem: ExplorableSystem {
                 flushed.insert(calls.count - 1)
             }
             _ = core.completeReturningTicket(core.transition { $0.flush() })
+            burstOpen = false
             world.collect()
         case .call(_, let thread):
             cancelledAfter = calls.count - 1
+            burstOpen = false
             world.cancelled(
                 on: thread, ticket: core.completeReturningTicket(core.transition { $0.cancel(thread: thread) }))
         default:
             let core = self.core
             world.performNonCall(
                 step, begin: { begin($0, $1) }, end: { core.end() }, passWaiter: { _ = core.passWaiter($0) })
+            // Time moving on may end the quiet period, which closes the burst.
+            switch step {
+            case .fire, .elapse: burstOpen = core.storage.withLock { $0.machine.inBurst }
+            default: break
+            }
         }
     }
 
@@ -56,10 +76,14 @@ struct DebouncerSystem: ExplorableSystem {
         guard let action = core.begin(tag: tag, thread: worker) else { return false }
         action()
         let number = log.numbers.last!
-        if number != calls.count - 1 && !flushed.contains(number) {
+        let exempt = flushed.contains(number) || leadingCalls.contains(number)
+        if number != calls.count - 1 && !exempt {
             world.violation = "call \(number) ran although call \(calls.count - 1) came after it"
         }
-        if !flushed.contains(number) && world.now < calls[number] + 10_000_000 {
+        if log.numbers.count > 1 && log.numbers[log.numbers.count - 2] > number {
+            world.violation = "call \(number) ran after the later call \(log.numbers[log.numbers.count - 2])"
+        }
+        if !exempt && world.now < calls[number] + 10_000_000 {
             world.violation = "call \(number) ran before its quiet period was over"
         }
         return true
@@ -83,6 +107,10 @@ struct DebouncerSystem: ExplorableSystem {
         for number in flushed where number > cancelledAfter && !log.numbers.contains(number) {
             return "flushed call \(number) never ran: \(log.numbers)"
         }
+        for number in leadingCalls where number > cancelledAfter && !log.numbers.contains(number) {
+            return "leading call \(number) never ran: \(log.numbers)"
+        }
+        if world.manual.pendingCount != 0 { return "\(world.manual.pendingCount) pending at rest" }
         return nil
     }
 }
