@@ -217,7 +217,9 @@ struct BatchedDeliveryTests {
         withExtendedLifetime(works) {}
     }
 
-    @Test("after works due together on a serial queue have all run, nothing is pending: the helper's entry is not the user's")
+    @Test(
+        "after works due together on a serial queue have all run, nothing is pending: the helper's entry is not the user's"
+    )
     func nothingPendingAfterABatch() async {
         let scheduler = SystemTimerScheduler()
         let queue = DispatchQueue(label: "batched.serial")
