@@ -136,7 +136,9 @@ public final class ManualTimerScheduler: TimerScheduler {
     /// ```
     ///
     /// A sleep counts from the moment its entry is armed until its deadline passes
-    /// or its task is cancelled. Waits forever if the count is never reached.
+    /// or its task is cancelled. Waits until the count is reached, or until the
+    /// calling task is cancelled: then it returns at once (whatever the count)
+    /// and leaves nothing registered.
     public func waitForSleepers(_ count: Int) async {
         await engine.waitForSleepers(count)
     }

@@ -70,9 +70,10 @@ public final class Watchdog: Sendable {
     /// Re-arms the watchdog: the deadline becomes now + timeout.
     ///
     /// Returns `true` if it did. A kick has no effect (and returns `false`) once
-    /// the deadline has passed: the handler has then begun, or is about to begin
-    /// on its queue, and still runs. It has no effect after ``invalidate()``
-    /// either.
+    /// the deadline is reached, by the scheduler's clock, even if a busy
+    /// scheduler thread has not fired the watchdog yet: the handler has then
+    /// begun, or is about to begin on its queue, and still runs. It has no
+    /// effect after ``invalidate()`` either.
     ///
     /// A kicked watchdog keeps its engine entry at the old deadline and moves it
     /// then (so a kick costs a clock read and a lock): among entries due at the
