@@ -1,4 +1,5 @@
 import Dispatch
+import Foundation
 @_spi(SchedulerImplementation) import SafeTimers
 import SafeTimersTesting
 import Synchronization
@@ -21,11 +22,27 @@ struct SleeperCountTests {
         let workersDone = Atomic<Bool>(false)
         let threadsDone = DispatchGroup()
         // Advances until every worker has ended: a sleep armed after the attack
-        // stopped still needs an advance to return.
-        DispatchQueue.global().async(group: threadsDone) {
-            while !workersDone.load(ordering: .relaxed) { manual.advance(by: .zero) }
-        }
-        DispatchQueue.global().async(group: threadsDone) {
+        // stopped still needs an advance to return. On threads of their own, not
+        // the global queue: two blocks spinning there would take all of its
+        // width on 2 cores and starve other suites' handlers.
+        threadsDone.enter()
+        Thread {
+            defer { threadsDone.leave() }
+            while !workersDone.load(ordering: .relaxed) {
+                manual.advance(by: .zero)
+                // Gently until the workers run (the suites beside this one may
+                // hold the task pool's threads for a while).
+                if attack.sleeps.load(ordering: .relaxed) == 0 { usleep(200) }
+            }
+        }.start()
+        threadsDone.enter()
+        Thread {
+            defer { threadsDone.leave() }
+            let begun = ContinuousClock.now
+            // The attack's time counts from the first sleep that returned.
+            while attack.sleeps.load(ordering: .relaxed) == 0 && ContinuousClock.now - begun < .seconds(120) {
+                usleep(1_000)
+            }
             let start = ContinuousClock.now
             while !attack.stop.load(ordering: .relaxed) {
                 let count = manual.sleeperCount
@@ -35,7 +52,7 @@ struct SleeperCountTests {
                 let enough = elapsed > .seconds(5) && attack.sleeps.load(ordering: .relaxed) >= 2_000
                 if count < 0 || enough || elapsed > .seconds(30) { attack.stop.store(true, ordering: .relaxed) }
             }
-        }
+        }.start()
         await withTaskGroup(of: Void.self) { group in
             for worker in 0..<4 {
                 group.addTask {
