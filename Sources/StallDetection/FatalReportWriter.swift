@@ -48,8 +48,7 @@ final class FatalReportWriter: Sendable {
         queue.async { [self] in
             let taken = state.withLock { state -> (event: StallEvent?, removals: UInt64) in
                 state.scheduled = false
-                defer { state.event = nil }
-                return (state.event, state.removals)
+                return (state.event.take(), state.removals)
             }
             guard let event = taken.event else { return }
             let bytes = FatalReportFile(event).encodedWithinLimit()

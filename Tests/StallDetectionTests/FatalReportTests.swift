@@ -182,10 +182,15 @@ extension StallDetectorInProcessTests {
         usleep(100_000)
         let seen = Locked<(during: StallEvent?, existed: Bool)>((nil, false))
         queue.sync {
-            // 600 ms: the report is written at .started (about 100 ms in) and
-            // rewritten every 250 ms; peek at it without removing it.
-            let end = ContinuousClock.now + .milliseconds(600)
-            while ContinuousClock.now < end {
+            // The report is written at .started (about 100 ms in on a quiet
+            // machine) and rewritten every 250 ms; peek at it without removing
+            // it. The stall lasts 600 ms, and longer until the report was seen
+            // (a machine at load 7 gave the detector no time within 600 ms),
+            // 20 s at most.
+            let start = ContinuousClock.now
+            while ContinuousClock.now - start < .milliseconds(600)
+                || (!seen.withLock { $0.existed } && ContinuousClock.now - start < .seconds(20))
+            {
                 usleep(20_000)
                 if access(path, F_OK) == 0, let data = FileManager.default.contents(atPath: path),
                     let file = FatalReportFile.decode(Array(data))

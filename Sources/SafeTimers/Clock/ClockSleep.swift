@@ -65,8 +65,7 @@ final class ClockSleep: TimerEntry {
     private func cancel() {
         let continuation = state.withLock { state -> CheckedContinuation<Void, any Error>? in
             state.cancelled = true
-            defer { state.continuation = nil }
-            return state.continuation
+            return state.continuation.take()
         }
         guard let continuation else { return }
         engine.disarm(self)
@@ -75,10 +74,7 @@ final class ClockSleep: TimerEntry {
     }
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
-        let continuation = state.withLock { state -> CheckedContinuation<Void, any Error>? in
-            defer { state.continuation = nil }
-            return state.continuation
-        }
+        let continuation = state.withLock { $0.continuation.take() }
         guard let continuation else { return }
         engine.sleeperEnded()
         continuation.resume()

@@ -43,8 +43,7 @@ struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
     mutating func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
         guard state == .pending, gate.begin(tag: tag, thread: thread) else { return nil }
         state = .running
-        defer { work = nil }
-        return work
+        return work.take()
     }
 
     /// The work returned.
@@ -59,8 +58,7 @@ struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
         case .pending:
             state = .cancelled
             gate.revoke()
-            defer { work = nil }
-            return MachineEffects(timer: .disarm, released: work, prevented: true)
+            return MachineEffects(timer: .disarm, released: work.take(), prevented: true)
         case .running:
             return MachineEffects(waitFor: waiting ? gate.waitTicket(thread: thread) : nil)
         case .completed, .cancelled:

@@ -121,8 +121,7 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
 
     mutating func begin(tag: UInt64, thread: UInt) -> RateLimitedAction? {
         guard gate.begin(tag: tag, thread: thread) else { return nil }
-        defer { queuedAction = nil }
-        return queuedAction
+        return queuedAction.take()
     }
 
     mutating func end() -> MachineEffects {

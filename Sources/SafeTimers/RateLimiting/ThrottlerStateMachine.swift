@@ -65,8 +65,7 @@ struct ThrottlerStateMachine: GatedStateMachine, Sendable {
     mutating func begin(tag: UInt64, thread: UInt, now: Int64) -> RateLimitedAction? {
         guard gate.begin(tag: tag, thread: thread) else { return nil }
         lastBegin = now
-        defer { queuedAction = nil }
-        return queuedAction
+        return queuedAction.take()
     }
 
     mutating func end(now: Int64) -> MachineEffects {

@@ -121,10 +121,7 @@ final class RepeatingTimerCore: GatedPrimitive {
     /// another thread) and drop the handler and its captures.
     func release() {
         cancel()
-        let dropped = handler.withLock { handler in
-            defer { handler = nil }
-            return handler
-        }
+        let dropped = handler.withLock { $0.take() }
         _ = dropped  // released here, outside the lock
     }
 

@@ -30,11 +30,11 @@ struct TimerNode {
 /// it back, and neither allocates once the slab has grown to the peak number of
 /// armed entries.
 ///
-/// Chunks hold 512 nodes (24 KiB), so growing never copies what exists. When the
+/// Chunks hold 512 nodes (16 KiB), so growing never copies what exists. When the
 /// last node is given back, every chunk but the first is freed, so a burst of
 /// timers leaves nothing behind once it is over.
 ///
-/// Not thread-safe: ``TimerWheel`` owns one, under the engine's lock.
+/// Not thread-safe: ``TimerWheel`` owns one, under its shard's lock.
 struct TimerNodeSlab: ~Copyable {
     private static let chunkShift = 9
     private static let chunkSize = 1 << chunkShift

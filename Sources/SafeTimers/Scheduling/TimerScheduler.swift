@@ -31,8 +31,11 @@ extension TimerScheduler {
     /// while the machine sleeps; for a manual scheduler it is virtual.
     public var now: Duration { engine.now }
 
-    /// How many timer entries are armed and waiting for their deadline.
+    /// How many timer entries are armed and waiting for their deadline: what
+    /// was armed and not cancelled, and has not fired yet (the scheduler's own
+    /// helper entries are not counted).
     ///
-    /// - Complexity: O(1), takes the scheduler's lock.
+    /// - Complexity: O(number of shards): takes each shard's lock in turn, so
+    ///   while other threads arm and cancel the sum is not one instant's.
     public var pendingCount: Int { engine.pendingCount }
 }

@@ -27,7 +27,7 @@
 /// buckets: each level's occupied buckets are one 64-bit mask, and the next
 /// bucket to cascade is a trailing-zero count away.
 ///
-/// Not thread-safe: ``TimerEngine`` owns one and guards it with its lock.
+/// Not thread-safe: each shard of a ``TimerEngine`` owns one and guards it with the shard's lock.
 struct TimerWheel: ~Copyable {
     /// A due entry, taken out of the wheel.
     struct Fired {

@@ -76,8 +76,7 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
     mutating func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)? {
         guard status == .armed, gate.begin(tag: tag, thread: thread) else { return nil }
         status = .fired
-        defer { handler = nil }
-        return handler
+        return handler.take()
     }
 
     /// The handler returned.
@@ -91,8 +90,7 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
         case .armed:
             status = .invalidated
             gate.revoke()
-            defer { handler = nil }
-            return MachineEffects(timer: .disarm, released: handler, prevented: true)
+            return MachineEffects(timer: .disarm, released: handler.take(), prevented: true)
         case .fired:
             return MachineEffects(waitFor: gate.waitTicket(thread: thread))
         case .invalidated:
