@@ -42,15 +42,10 @@ final class Locked<Value>: @unchecked Sendable {
 /// platforms): the clock of every time the detector measures. It does not advance
 /// while the machine sleeps.
 enum Monotonic {
-    static func now() -> Int64 {
-        #if canImport(Darwin)
-        return Int64(truncatingIfNeeded: clock_gettime_nsec_np(CLOCK_UPTIME_RAW))
-        #else
-        var spec = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &spec)
-        return Int64(spec.tv_sec) * 1_000_000_000 + Int64(spec.tv_nsec)
-        #endif
-    }
+    /// SafeTimers' clock (`MonotonicClock`), so that the detector's times and
+    /// its timers' deadlines are on one clock.
+    @inline(__always)
+    static func now() -> Int64 { MonotonicClock.nanoseconds() }
 
     /// A duration in nanoseconds, saturating, whatever its magnitude: the one
     /// conversion the whole package uses (`DeadlineArithmetic` in SafeTimers).
