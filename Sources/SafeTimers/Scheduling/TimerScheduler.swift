@@ -32,8 +32,11 @@ extension TimerScheduler {
     public var now: Duration { engine.now }
 
     /// How many timer entries are armed and waiting for their deadline: what
-    /// was armed and not cancelled, and has not fired yet (the scheduler's own
-    /// helper entries are not counted).
+    /// was armed and not cancelled, and whose deadline the scheduler has not
+    /// reached yet (the scheduler's own helper entries are not counted). A work
+    /// whose deadline was reached and whose handler still waits for a busy queue
+    /// (or the main actor) is no longer counted, though its `state` is still
+    /// `.pending` and `cancel()` can still prevent the run.
     ///
     /// - Complexity: O(number of shards): takes each shard's lock in turn, so
     ///   while other threads arm and cancel the sum is not one instant's.
