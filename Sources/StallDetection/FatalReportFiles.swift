@@ -121,9 +121,7 @@ struct FatalReportFiles {
         }
         defer { closedir(stream) }
         while let entry = readdir(stream) {
-            let entryName = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
+            let entryName = ProcessFacts.entryName(entry)
             guard entryName.utf8.count == length, entryName.hasPrefix(namePrefix), entryName.hasSuffix(".tmp")
             else { continue }
             var status = stat()

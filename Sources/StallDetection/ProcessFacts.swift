@@ -32,16 +32,22 @@ enum ProcessFacts {
         #endif
     }
 
+    /// The name of a directory entry `readdir` returned, read in place up to its
+    /// terminating zero. (Copying the `d_name` field copies its declared 256
+    /// bytes, past the end of a shorter entry: at the end of `readdir`'s buffer
+    /// that read faulted.)
+    static func entryName(_ entry: UnsafeMutablePointer<dirent>) -> String {
+        let offset = MemoryLayout<dirent>.offset(of: \dirent.d_name) ?? 0
+        return String(cString: UnsafeRawPointer(entry).advanced(by: offset).assumingMemoryBound(to: CChar.self))
+    }
+
     /// The threads of this process with their names (`comm`).
     static func threads() -> [(id: Int32, name: String)] {
         guard let directory = opendir("/proc/self/task") else { return [] }
         defer { closedir(directory) }
         var result: [(Int32, String)] = []
         while let entry = readdir(directory) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix(while: { $0 != 0 }), as: UTF8.self)
-            }
-            guard let id = Int32(name) else { continue }
+            guard let id = Int32(Self.entryName(entry)) else { continue }
             let comm = read("/proc/self/task/\(id)/comm")?.trimmingCharacters(in: "\n") ?? ""
             result.append((id, comm))
         }
