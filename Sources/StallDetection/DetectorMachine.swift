@@ -1,0 +1,313 @@
+/// The decisions of one ``StallDetector``, as a pure state machine: each input
+/// carries its time and the facts the detector read outside its lock (a continue
+/// the ``StopWitness`` saw, a sample, whether a debugger is attached), and each
+/// output says what the detector must do next: what to do with its next look,
+/// whether to sample, what to emit. No clock, no timers, no `/proc`, no threads:
+/// `DetectorCore` owns those, asks this machine under its lock, and acts after.
+///
+/// A stall goes through these phases: a look finds the target overdue
+/// (``look(now:continued:)`` returns ``Look/sample(_:)``); the detector samples
+/// it and says what it saw (``sampled(_:reported:samples:samplingTime:confirmed:suppressed:)``):
+/// confirmed, `.started` is emitted; not confirmed (no thread was running the
+/// target's job), the next look samples it again and reports it if it still
+/// owes. The answer that finally comes (``answered(at:thread:queue:)``, or
+/// run-loop ``activity(at:idle:)``) ends it.
+struct DetectorMachine: Sendable {
+    enum Lifecycle: Equatable, Sendable { case idle, running, stopped }
+
+    /// What to do with the detector's look (the one-shot timer that runs when the
+    /// target would be overdue).
+    enum LookPlan: Equatable, Sendable {
+        /// Leave the armed look as it is.
+        case keep
+        /// Push the armed look back to `timeout` from now; arm a new one when it
+        /// cannot be moved (it is running, or was armed with another timeout).
+        case move(timeout: Int64)
+        /// Replace the armed look (the one running now, if any) with a new one.
+        case arm(timeout: Int64)
+        /// No look: nothing is owed.
+        case drop
+    }
+
+    /// What a look decided: nothing to do, a stall goes on (the fatal report may
+    /// be due), or a stall to sample.
+    enum Look: Equatable, Sendable {
+        case nothing
+        case stallGoesOn
+        case sample(Decision)
+    }
+
+    /// A stall to sample: its id, how long it has lasted, whether this is the
+    /// second look at it, and whether its events are suppressed (a debugger is
+    /// attached): known from the first look on, nil for the first look itself.
+    struct Decision: Equatable, Sendable {
+        var id: UInt64
+        var duration: Int64
+        var suppressed: Bool?
+        var second: Bool
+    }
+
+    /// What an answer, an activity or a sample concluded: a reported stall
+    /// ended, or a stall no look confirmed in time has come and gone (reported
+    /// only with evidence that the target ran its own code meanwhile).
+    enum Outcome: Sendable {
+        case ended(id: UInt64, duration: Int64, backtrace: StallBacktrace, sampling: Int64)
+        case missed(id: UInt64, duration: Int64, since: Int64)
+    }
+
+    /// What the sample of a stall leads to.
+    enum Report: Sendable {
+        case nothing
+        /// `.started`, and `.ended` too if the stall ended while it was sampled.
+        case events(ended: (duration: Int64, backtrace: StallBacktrace)?)
+        /// Not confirmed, and ended while sampled.
+        case missed(Outcome)
+    }
+
+    /// The result of an answer or an activity: its outcome, the look, and
+    /// whether no stall is open any more (the profile of the last one ends).
+    struct Step: Sendable {
+        var outcome: Outcome?
+        var look: LookPlan
+        var settled: Bool
+    }
+
+    private struct OpenStall {
+        enum Phase {
+            /// `.started` is being sampled.
+            case sampling
+            /// The first sample found no thread running a job for the target: the
+            /// target may just not have had the CPU yet. The next look, a
+            /// heartbeat later, samples again and reports it if it still owes.
+            case awaitingConfirmation
+            /// `.started` was emitted.
+            case reported
+        }
+
+        var id: UInt64
+        var samples: [Int32: StallBacktrace] = [:]
+        var reported: StallBacktrace = .unavailable("not sampled yet")
+        var suppressed = false
+        var sampling: Int64 = 0
+        /// `.ended` arrived while `.started` was still being sampled.
+        var endedWhileSampling: (duration: Int64, thread: Int32?)?
+        var phase = Phase.sampling
+    }
+
+    let threshold: Int64
+    let heartbeat: Int64
+    /// A heartbeat target (probes answer); false for the main run loop (an observer).
+    let usesHeartbeat: Bool
+    private(set) var lifecycle = Lifecycle.idle
+    private(set) var tracker: StallTracker
+    /// The start of the probe timer's grid.
+    private var probeGridStart: Int64 = 0
+    private(set) var lastAnsweringThread: Int32?
+    /// The serial queue the last probe ran on (the watched queue's address).
+    private(set) var lastAnsweringQueue: UInt?
+    /// A posted probe is outstanding: it has neither run nor been released.
+    private var postedProbeOutstanding = false
+    /// The last moment the detector saw the process run (answers, looks).
+    private var lastObservation: Int64
+    /// The latest continue after a stop that a look has taken into account.
+    private(set) var lastContinueSeen: Int64 = 0
+    private var open: OpenStall?
+
+    init(threshold: Int64, heartbeat: Int64, usesHeartbeat: Bool, now: Int64) {
+        self.threshold = threshold
+        self.heartbeat = heartbeat
+        self.usesHeartbeat = usesHeartbeat
+        self.tracker = StallTracker(threshold: threshold, now: now)
+        self.lastObservation = now
+    }
+
+    /// The look's timeout while the target is healthy: from an answer to the
+    /// moment the next probe's answer is overdue (a stall's start is estimated at
+    /// the midpoint between the answer and the next probe).
+    var healthyLookTimeout: Int64 { usesHeartbeat ? threshold + heartbeat / 2 : threshold }
+
+    /// Whether the target owes an answer and no stall is open: the profiler
+    /// samples ahead of the threshold while this holds.
+    var owesAnswer: Bool { lifecycle == .running && !tracker.isStalled && tracker.dueTime != nil }
+
+    // MARK: Lifecycle
+
+    /// Idle to running; false when the detector was started or stopped before.
+    mutating func begin() -> Bool {
+        guard lifecycle == .idle else { return false }
+        lifecycle = .running
+        return true
+    }
+
+    /// The detector's timers are set up at `now`: the first probe is sent a
+    /// heartbeat later, or the run loop is busy from now (`start()` was called
+    /// inside a pass). Nil when the detector was stopped meanwhile.
+    mutating func watch(from now: Int64, inRunLoopPass: Bool) -> LookPlan? {
+        guard lifecycle == .running else { return nil }
+        tracker = StallTracker(threshold: threshold, now: now)
+        lastObservation = now
+        lastContinueSeen = now
+        if usesHeartbeat {
+            probeGridStart = now
+            tracker.probeSent(at: now + heartbeat)
+        } else if inRunLoopPass {
+            _ = tracker.progress(at: now, busyAfterwards: true)
+        }
+        return usesHeartbeat || inRunLoopPass ? .arm(timeout: healthyLookTimeout) : .keep
+    }
+
+    /// Running to stopped; whether it was running.
+    mutating func stop() -> Bool {
+        defer { lifecycle = .stopped }
+        return lifecycle == .running
+    }
+
+    // MARK: Posted probes
+
+    /// Takes the one slot for a posted probe; false when one is outstanding.
+    mutating func claimPostSlot() -> Bool {
+        guard lifecycle == .running, !postedProbeOutstanding else { return false }
+        postedProbeOutstanding = true
+        return true
+    }
+
+    /// The posted probe ran or was released unrun: the next heartbeat may post.
+    mutating func releasePostSlot() {
+        postedProbeOutstanding = false
+    }
+
+    // MARK: Facts from the target
+
+    /// A probe answered at `time`, on `thread` (and serial `queue`, if known).
+    mutating func answered(at time: Int64, thread: Int32?, queue: UInt?) -> Step? {
+        guard lifecycle == .running else { return nil }
+        lastAnsweringThread = thread
+        lastAnsweringQueue = queue
+        lastObservation = max(lastObservation, time)
+        let outcome = finish(tracker.progress(at: time), thread: thread)
+        tracker.probeSent(at: nextProbe(after: time))
+        return Step(outcome: outcome, look: .move(timeout: healthyLookTimeout), settled: open == nil)
+    }
+
+    /// The main run loop moved on at `time` (busy from then on), or went to sleep.
+    mutating func activity(at time: Int64, idle: Bool) -> Step? {
+        guard lifecycle == .running else { return nil }
+        lastObservation = max(lastObservation, time)
+        let event = idle ? tracker.idle(at: time) : tracker.progress(at: time, busyAfterwards: true)
+        let outcome = finish(event, thread: nil)
+        return Step(outcome: outcome, look: idle ? .keep : .move(timeout: healthyLookTimeout), settled: open == nil)
+    }
+
+    /// The next probe after an answer at `time`: the next point of the timer's grid.
+    private func nextProbe(after time: Int64) -> Int64 {
+        let elapsed = max(0, time - probeGridStart)
+        return probeGridStart + (elapsed / heartbeat + 1) * heartbeat
+    }
+
+    /// The outcome of a tracker event for the open stall, if any.
+    private mutating func finish(_ event: StallTracker.Event?, thread: Int32?) -> Outcome? {
+        if case .missed(let id, let duration) = event {
+            return .missed(id: id, duration: duration, since: lastContinueSeen)
+        }
+        guard case .ended(let id, let duration) = event, var stall = open, stall.id == id else { return nil }
+        switch stall.phase {
+        case .sampling:
+            // The sample under way emits both events.
+            stall.endedWhileSampling = (duration, thread)
+            open = stall
+            return nil
+        case .awaitingConfirmation:
+            // Answered before a second look: a missed stall, reported if the
+            // profile's samples saw the target's job running meanwhile.
+            open = nil
+            return stall.suppressed ? nil : .missed(id: id, duration: duration, since: lastContinueSeen)
+        case .reported:
+            open = nil
+            if stall.suppressed { return nil }
+            let backtrace = Self.endedBacktrace(answeredBy: thread, samples: stall.samples, reported: stall.reported)
+            return .ended(id: id, duration: duration, backtrace: backtrace, sampling: stall.sampling)
+        }
+    }
+
+    /// The stack an `.ended` event shows: the sample of the thread that answered,
+    /// unless it was idle then (a `queue.sync` caller blocks, a worker answers);
+    /// never an idle stack in place of the one `.started` reported.
+    static func endedBacktrace(
+        answeredBy thread: Int32?, samples: [Int32: StallBacktrace], reported: StallBacktrace
+    ) -> StallBacktrace {
+        guard let thread, let sample = samples[thread], !StackShape.looksIdle(sample.frames) else { return reported }
+        return sample
+    }
+
+    // MARK: Looks
+
+    /// The look that was due ran at `now`; `continued` is the latest continue
+    /// after a stop the witness recorded since ``lastContinueSeen``, if any.
+    mutating func look(now: Int64, continued: Int64?) -> (Look, LookPlan) {
+        guard lifecycle == .running else { return (.nothing, .keep) }
+        if let continued, continued > lastContinueSeen {
+            // Owed answers are owed afresh from this look, the first since the
+            // continue: a process that gets the CPU late after a stop (a loaded
+            // machine) is not stalled for that.
+            tracker.continued(at: max(continued, now), lastObservation: lastObservation)
+            lastContinueSeen = continued
+        }
+        lastObservation = max(lastObservation, now)
+        if var stall = open, stall.phase == .awaitingConfirmation, let start = tracker.stall?.start {
+            // The second look at an unconfirmed stall: the target still owes.
+            stall.phase = .sampling
+            open = stall
+            let decision = Decision(id: stall.id, duration: now - start, suppressed: stall.suppressed, second: true)
+            return (.sample(decision), .arm(timeout: heartbeat))
+        }
+        guard case .started(let id, let duration) = tracker.tick(now: now) else {
+            // Not (or no longer) overdue: keep looking while anything is owed.
+            if tracker.isStalled { return (.stallGoesOn, .arm(timeout: heartbeat)) }
+            return (.nothing, tracker.dueTime == nil ? .drop : .arm(timeout: healthyLookTimeout))
+        }
+        open = OpenStall(id: id)
+        // While the stall lasts, look every heartbeat, so that a stop during it
+        // is measured within a heartbeat.
+        return (.sample(Decision(id: id, duration: duration, suppressed: nil, second: false)), .arm(timeout: heartbeat))
+    }
+
+    /// The stall of `decision` was sampled: `reported` is the stack `.started`
+    /// shows, `confirmed` whether it shows the target's own work (or needs no
+    /// confirmation), `suppressed` whether a debugger is attached.
+    mutating func sampled(
+        _ decision: Decision, reported: StallBacktrace, samples: [Int32: StallBacktrace], samplingTime: Int64,
+        confirmed: Bool, suppressed: Bool
+    ) -> (report: Report, settled: Bool) {
+        let report = record(
+            decision, reported: reported, samples: samples, samplingTime: samplingTime, confirmed: confirmed,
+            suppressed: suppressed)
+        return (report, open == nil)
+    }
+
+    private mutating func record(
+        _ decision: Decision, reported: StallBacktrace, samples: [Int32: StallBacktrace], samplingTime: Int64,
+        confirmed: Bool, suppressed: Bool
+    ) -> Report {
+        guard lifecycle == .running, var stall = open, stall.id == decision.id else { return .nothing }
+        stall.samples = samples
+        stall.reported = reported
+        stall.sampling = samplingTime
+        stall.suppressed = suppressed
+        guard confirmed else {
+            // Look again in a heartbeat. Ended meanwhile: a missed stall.
+            stall.phase = .awaitingConfirmation
+            open = stall.endedWhileSampling == nil ? stall : nil
+            guard let ended = stall.endedWhileSampling, !suppressed else { return .nothing }
+            return .missed(.missed(id: stall.id, duration: ended.duration, since: lastContinueSeen))
+        }
+        stall.phase = .reported
+        guard let ended = stall.endedWhileSampling else {
+            open = stall
+            return suppressed ? .nothing : .events(ended: nil)
+        }
+        open = nil
+        guard !suppressed else { return .nothing }
+        let backtrace = Self.endedBacktrace(answeredBy: ended.thread, samples: samples, reported: reported)
+        return .events(ended: (ended.duration, backtrace))
+    }
+}

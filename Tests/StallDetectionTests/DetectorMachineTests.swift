@@ -1,0 +1,378 @@
+import Testing
+
+@testable import StallDetection
+
+/// The detector's decisions, as a pure state machine, in virtual time
+/// (milliseconds written as ms × 1e6): each phase of a stall, and random runs
+/// with late looks, late samples and answers during sampling checked against what
+/// a stall must lead to.
+@Suite("DetectorMachine (virtual time)")
+struct DetectorMachineTests {
+    static let ms: Int64 = 1_000_000
+    let ms = Self.ms
+    let threshold = 250 * Self.ms
+    let heartbeat = 25 * Self.ms
+
+    private func running(heartbeat usesHeartbeat: Bool = true) -> DetectorMachine {
+        var machine = DetectorMachine(threshold: threshold, heartbeat: heartbeat, usesHeartbeat: usesHeartbeat, now: 0)
+        let begun = machine.begin()
+        #expect(begun)
+        let again = machine.begin()
+        #expect(!again, "started once")
+        let plan = machine.watch(from: 0, inRunLoopPass: false)
+        #expect(plan == (usesHeartbeat ? .arm(timeout: 262_500_000) : .keep))
+        return machine
+    }
+
+    private let sample = StallBacktrace(frames: [], threadID: 7, unavailableReason: nil)
+
+    @Test("healthy answers move the look; a stall is sampled once, goes on each heartbeat, ends at the answer")
+    func confirmedStall() throws {
+        var machine = running()
+        for beat in stride(from: Int64(25), through: 100, by: 25) {
+            let answer = machine.answered(at: beat * ms, thread: 7, queue: 1)
+            let step = try #require(answer)
+            #expect(step.outcome == nil)
+            #expect(step.look == .move(timeout: threshold + heartbeat / 2))
+            #expect(step.settled)
+        }
+        #expect(machine.owesAnswer, "the next probe is owed from when it is sent")
+        // The target blocks from 110 ms on: the look moved by the last answer runs at 362.5 ms.
+        let (look, plan) = machine.look(now: 362_500_000, continued: nil)
+        guard case .sample(let decision) = look else {
+            Issue.record("expected a stall to sample, got \(look)")
+            return
+        }
+        #expect(plan == .arm(timeout: heartbeat))
+        #expect(decision.second == false && decision.suppressed == nil)
+        #expect(decision.duration == 362_500_000 - 112_500_000, "from the midpoint of the answer and the next probe")
+        #expect(!machine.owesAnswer, "a stall is open: the profiler's pre-threshold sampling ends")
+        let (report, settled) = machine.sampled(
+            decision, reported: sample, samples: [7: sample], samplingTime: ms, confirmed: true, suppressed: false)
+        guard case .events(nil) = report else {
+            Issue.record("expected .started alone, got \(report)")
+            return
+        }
+        #expect(!settled)
+        let goesOn = machine.look(now: 390 * ms, continued: nil)
+        #expect(goesOn == (.stallGoesOn, .arm(timeout: heartbeat)))
+        let answer = machine.answered(at: 700 * ms, thread: 7, queue: 1)
+        let end = try #require(answer)
+        guard case .ended(let id, let duration, _, let sampling)? = end.outcome else {
+            Issue.record("expected the end, got \(String(describing: end.outcome))")
+            return
+        }
+        #expect(id == decision.id && duration == 700 * ms - 112_500_000 && sampling == ms)
+        #expect(end.settled)
+    }
+
+    @Test("a first sample that shows no job is looked at again; the second look reports it")
+    func unconfirmedThenSecondLook() throws {
+        var machine = running()
+        guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        let (report, settled) = machine.sampled(
+            first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
+        guard case .nothing = report else {
+            Issue.record("an unconfirmed sample reports nothing yet, got \(report)")
+            return
+        }
+        #expect(!settled)
+        guard case (.sample(let second), .arm(let timeout)) = machine.look(now: 325 * ms, continued: nil) else {
+            Issue.record("expected a second look")
+            return
+        }
+        #expect(timeout == heartbeat)
+        #expect(second.id == first.id && second.second && second.suppressed == false)
+        #expect(second.duration == first.duration + 25 * ms)
+        guard
+            case .events(nil) = machine.sampled(
+                second, reported: sample, samples: [:], samplingTime: ms, confirmed: true, suppressed: false
+            ).report
+        else {
+            Issue.record("the second look reports it")
+            return
+        }
+    }
+
+    @Test("an unconfirmed stall that ends before the second look is a missed stall")
+    func unconfirmedThenAnswered() throws {
+        var machine = running()
+        guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        _ = machine.sampled(
+            first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
+        let answer = machine.answered(at: 310 * ms, thread: 7, queue: 1)
+        let step = try #require(answer)
+        guard case .missed(let id, let duration, _)? = step.outcome else {
+            Issue.record("expected a missed stall, got \(String(describing: step.outcome))")
+            return
+        }
+        #expect(id == first.id && duration == 310 * ms - 12_500_000)
+        #expect(step.settled)
+    }
+
+    @Test("an answer while `.started` is sampled: both events come from the sample, once")
+    func endedWhileSampling() throws {
+        var machine = running()
+        guard case (.sample(let decision), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        let answer = machine.answered(at: 305 * ms, thread: 7, queue: 1)
+        let during = try #require(answer)
+        #expect(during.outcome == nil && !during.settled)
+        let (report, settled) = machine.sampled(
+            decision, reported: sample, samples: [7: sample], samplingTime: ms, confirmed: true, suppressed: false)
+        guard case .events(let ended?) = report else {
+            Issue.record("expected .started and .ended, got \(report)")
+            return
+        }
+        #expect(ended.duration == 305 * ms - 12_500_000)
+        #expect(settled)
+        let later = machine.answered(at: 330 * ms, thread: 7, queue: 1)
+        #expect(try #require(later).outcome == nil, "ended once")
+    }
+
+    @Test("a debugger: the stall is tracked and ends, nothing is reported")
+    func suppressed() throws {
+        var machine = running()
+        guard case (.sample(let decision), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        guard
+            case .nothing = machine.sampled(
+                decision, reported: sample, samples: [:], samplingTime: 0, confirmed: true, suppressed: true
+            ).report
+        else {
+            Issue.record("suppressed")
+            return
+        }
+        let answer = machine.answered(at: 500 * ms, thread: 7, queue: 1)
+        #expect(try #require(answer).outcome == nil)
+    }
+
+    @Test("a continue after a stop owes the answer afresh; after stop() every input does nothing")
+    func continueAndStop() throws {
+        var machine = running()
+        // Stopped from 20 ms to 1 s: the look at 1.01 s sees the continue.
+        let afterStop = machine.look(now: 1_010 * ms, continued: 1_000 * ms)
+        #expect(afterStop == (.nothing, .arm(timeout: 262_500_000)))
+        #expect(machine.lastContinueSeen == 1_000 * ms)
+        guard case (.sample, _) = machine.look(now: 1_300 * ms, continued: nil) else {
+            Issue.record("owed from the continue on: a stall 300 ms later")
+            return
+        }
+        let wasRunning = machine.stop()
+        #expect(wasRunning)
+        let stoppedTwice = machine.stop()
+        #expect(!stoppedTwice)
+        let answer = machine.answered(at: 1_400 * ms, thread: 7, queue: 1)
+        #expect(answer == nil)
+        let activity = machine.activity(at: 1_400 * ms, idle: false)
+        #expect(activity == nil)
+        let look = machine.look(now: 1_500 * ms, continued: nil)
+        #expect(look == (.nothing, .keep))
+        let slot = machine.claimPostSlot()
+        #expect(!slot)
+        #expect(!machine.owesAnswer)
+    }
+
+    @Test("the run loop: started inside a pass, the pass is watched; asleep, nothing is owed")
+    func runLoop() throws {
+        var machine = DetectorMachine(threshold: threshold, heartbeat: heartbeat, usesHeartbeat: false, now: 0)
+        let begun = machine.begin()
+        #expect(begun)
+        let plan = machine.watch(from: 0, inRunLoopPass: true)
+        #expect(plan == .arm(timeout: threshold))
+        guard case (.sample(let decision), _) = machine.look(now: threshold, continued: nil) else {
+            Issue.record("the pass that called start() is watched")
+            return
+        }
+        #expect(decision.duration == threshold)
+        let asleep = machine.activity(at: 400 * ms, idle: true)
+        let idle = try #require(asleep)
+        #expect(idle.look == .keep)
+        let look = machine.look(now: 500 * ms, continued: nil)
+        #expect(look == (.nothing, .drop), "asleep: no look")
+        let busyAgain = machine.activity(at: 600 * ms, idle: false)
+        let busy = try #require(busyAgain)
+        #expect(busy.look == .move(timeout: threshold))
+    }
+
+    @Test("one posted probe at a time")
+    func postSlot() {
+        var machine = running()
+        let first = machine.claimPostSlot()
+        #expect(first)
+        let second = machine.claimPostSlot()
+        #expect(!second)
+        machine.releasePostSlot()
+        let third = machine.claimPostSlot()
+        #expect(third)
+    }
+
+    @Test(
+        "random runs: every block past threshold + heartbeat is reported once, none under threshold - heartbeat",
+        arguments: 0..<200)
+    func randomRuns(seed: UInt64) {
+        var run = RandomRun(seed: seed, threshold: threshold, heartbeat: heartbeat)
+        run.play()
+        #expect(run.problems.isEmpty, "seed \(seed): \(run.problems)")
+    }
+}
+
+/// A heartbeat target that answers each probe at once unless blocked, a detector
+/// whose looks and samples come late by random amounts (a loaded machine), and
+/// answers that arrive while a sample is taken. Checks: each stall's events in
+/// order and once; a block of threshold + heartbeat or more ends in a report
+/// (`.started` then `.ended`, or a missed stall); none for a block under
+/// threshold − heartbeat.
+private struct RandomRun {
+    var random: SplitMix
+    let threshold: Int64
+    let heartbeat: Int64
+    var machine: DetectorMachine
+    var problems: [String] = []
+    var now: Int64 = 0
+    var lookAt: Int64?
+    /// A sample under way: its decision, when it completes, whether it confirms.
+    var sampling: (decision: DetectorMachine.Decision, at: Int64, confirmed: Bool)?
+    var started: Set<UInt64> = []
+    var ended: Set<UInt64> = []
+    var missed: Set<UInt64> = []
+    var firstSampled: Set<UInt64> = []
+    var nextProbe: Int64
+
+    init(seed: UInt64, threshold: Int64, heartbeat: Int64) {
+        random = SplitMix(seed: seed)
+        self.threshold = threshold
+        self.heartbeat = heartbeat
+        machine = DetectorMachine(threshold: threshold, heartbeat: heartbeat, usesHeartbeat: true, now: 0)
+        _ = machine.begin()
+        nextProbe = heartbeat
+        if let plan = machine.watch(from: 0, inRunLoopPass: false) { apply(plan) }
+    }
+
+    mutating func play() {
+        for _ in 0..<12 {
+            let healthy = Int64(random.next() % 8 + 1) * heartbeat
+            run(until: now + healthy, blocked: false)
+            let blockStart = now
+            let before = outcomes
+            run(until: now + Int64(random.next() % UInt64(3 * threshold)), blocked: true)
+            // The probe queued behind the block answers now; a sample under way
+            // and the looks then finish.
+            let block = now - blockStart
+            answer()
+            run(until: now + 2 * heartbeat + 2 * threshold, blocked: false)
+            finishSampling()
+            let reports = outcomes - before
+            let at = "a \(block / 1_000_000) ms block at \(blockStart / 1_000_000) ms"
+            if block >= threshold + heartbeat && reports != 1 { problems.append("\(at): \(reports) reports") }
+            if block < threshold - heartbeat && reports != 0 { problems.append("\(at) reported") }
+        }
+        _ = machine.stop()
+    }
+
+    var outcomes: Int { ended.count + missed.count }
+
+    mutating func run(until end: Int64, blocked: Bool) {
+        while true {
+            guard let next = [lookAt, sampling?.at, blocked ? nil : nextProbe].compactMap({ $0 }).min(), next <= end
+            else { break }
+            now = max(now, next)
+            if let at = sampling?.at, at <= now {
+                finishSampling()
+            } else if let at = lookAt, at <= now {
+                look()
+            } else {
+                answer()
+            }
+        }
+        now = max(now, end)
+    }
+
+    mutating func answer() {
+        guard let step = machine.answered(at: now, thread: 7, queue: 1) else { return }
+        record(step.outcome)
+        apply(step.look)
+        nextProbe = now + heartbeat
+    }
+
+    mutating func look() {
+        lookAt = nil
+        let (look, plan) = machine.look(now: now, continued: nil)
+        apply(plan)
+        guard case .sample(let decision) = look else { return }
+        if decision.second {
+            if !firstSampled.contains(decision.id) || started.contains(decision.id) {
+                problems.append("stall \(decision.id) looked at a second time out of order")
+            }
+        } else if !firstSampled.insert(decision.id).inserted {
+            problems.append("stall \(decision.id) sampled first twice")
+        }
+        let delay = Int64(random.next() % UInt64(2 * heartbeat))
+        sampling = (decision, now + delay, random.next() % 10 < 7)
+    }
+
+    mutating func finishSampling() {
+        guard case let (decision, _, confirmed)? = sampling.take() else { return }
+        let sample = StallBacktrace(frames: [], threadID: 7, unavailableReason: nil)
+        let (report, _) = machine.sampled(
+            decision, reported: sample, samples: [:], samplingTime: 0, confirmed: confirmed, suppressed: false)
+        switch report {
+        case .nothing: break
+        case .missed(let outcome): record(outcome)
+        case .events(let end):
+            if !started.insert(decision.id).inserted { problems.append("stall \(decision.id) started twice") }
+            if end != nil { markEnded(decision.id) }
+        }
+    }
+
+    mutating func record(_ outcome: DetectorMachine.Outcome?) {
+        switch outcome {
+        case nil: break
+        case .ended(let id, _, _, _):
+            if !started.contains(id) { problems.append("stall \(id) ended before it started") }
+            markEnded(id)
+        case .missed(let id, _, _):
+            if started.contains(id) || !missed.insert(id).inserted {
+                problems.append("stall \(id) missed twice or after .started")
+            }
+        }
+    }
+
+    mutating func markEnded(_ id: UInt64) {
+        if !ended.insert(id).inserted { problems.append("stall \(id) ended twice") }
+    }
+
+    mutating func apply(_ plan: DetectorMachine.LookPlan) {
+        switch plan {
+        case .keep: break
+        case .drop: lookAt = nil
+        case .move(let timeout), .arm(let timeout):
+            // The look runs late: usually a little, sometimes by more than a
+            // threshold (a loaded machine).
+            let lateness = random.next() % 10 == 0 ? random.next() % UInt64(2 * threshold) : random.next() % 1_000_000
+            lookAt = now + timeout + Int64(lateness)
+        }
+    }
+}
+
+private struct SplitMix {
+    var state: UInt64
+    init(seed: UInt64) { state = seed &+ 0x9E37_79B9_7F4A_7C15 }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49EB_11B7_5133
+        return z ^ (z >> 31)
+    }
+}
