@@ -349,8 +349,8 @@ final class DetectorCore: Sendable {
 
     /// Samples a stall the look found, and emits what that leads to.
     private func sampleAndReport(_ decision: DetectorMachine.Decision, now: Int64) {
-        let sampleStart = Monotonic.now()
         let suppressed = decision.suppressed ?? (!reportsWhileDebugged && isTraced())
+        let sampleStart = Monotonic.now()
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")
         var samples: [Int32: StallBacktrace] = [:]
         if !suppressed {

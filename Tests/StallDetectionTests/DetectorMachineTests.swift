@@ -228,11 +228,13 @@ struct DetectorMachineTests {
 }
 
 /// A heartbeat target that answers each probe at once unless blocked, a detector
-/// whose looks and samples come late by random amounts (a loaded machine), and
-/// answers that arrive while a sample is taken. Checks: each stall's events in
-/// order and once; a block of threshold + heartbeat or more ends in a report
-/// (`.started` then `.ended`, or a missed stall); none for a block under
-/// threshold − heartbeat.
+/// whose looks and samples come late by random amounts (a loaded machine),
+/// answers that arrive while a sample is taken, and a debugger now and then.
+/// Checks: each stall's events in order and once, every `.started` ended; a block
+/// of threshold + heartbeat or more ends in one report (`.started` then `.ended`,
+/// or a missed stall), none while a debugger is attached; `.started` while the
+/// block lasts when the looks were on time; none for a block under
+/// threshold − heartbeat; nothing open after the answer.
 private struct RandomRun {
     var random: SplitMix
     let threshold: Int64
@@ -247,7 +249,13 @@ private struct RandomRun {
     var ended: Set<UInt64> = []
     var missed: Set<UInt64> = []
     var firstSampled: Set<UInt64> = []
+    var suppressed: Set<UInt64> = []
     var nextProbe: Int64
+    /// The largest lateness of a look armed since the current block began.
+    var latestLook: Int64 = 0
+    var armedLateness: Int64 = 0
+    /// What the last answer or sample said: no stall open.
+    var settled = true
 
     init(seed: UInt64, threshold: Int64, heartbeat: Int64) {
         random = SplitMix(seed: seed)
@@ -264,32 +272,46 @@ private struct RandomRun {
             let healthy = Int64(random.next() % 8 + 1) * heartbeat
             run(until: now + healthy, blocked: false)
             let blockStart = now
-            let before = outcomes
+            let before = (outcomes, started.count, suppressed.count)
+            latestLook = lookAt == nil ? 0 : armedLateness
             run(until: now + Int64(random.next() % UInt64(3 * threshold)), blocked: true)
             // The probe queued behind the block answers now; a sample under way
             // and the looks then finish.
             let block = now - blockStart
+            let startedLive = started.count - before.1
             answer()
             run(until: now + 2 * heartbeat + 2 * threshold, blocked: false)
             finishSampling()
-            let reports = outcomes - before
+            let reports = outcomes - before.0
+            let hidden = suppressed.count > before.2
             let at = "a \(block / 1_000_000) ms block at \(blockStart / 1_000_000) ms"
-            if block >= threshold + heartbeat && reports != 1 { problems.append("\(at): \(reports) reports") }
-            if block < threshold - heartbeat && reports != 0 { problems.append("\(at) reported") }
+            if block >= threshold + heartbeat && reports != (hidden ? 0 : 1) {
+                problems.append("\(at): \(reports) reports")
+            }
+            if block < threshold - heartbeat && (reports != 0 || hidden) { problems.append("\(at) reported") }
+            // Looks on time (a sample takes up to 2 heartbeats, a second look one
+            // more): `.started` comes while the block lasts.
+            if block >= threshold + 6 * heartbeat && latestLook <= 1_000_000 && !hidden && startedLive != 1 {
+                problems.append("\(at), looks on time: \(startedLive) .started while it lasted")
+            }
+            if !settled { problems.append("\(at): still open after its answer") }
         }
         _ = machine.stop()
+        if !started.isSubset(of: ended) { problems.append("started, never ended: \(started.subtracting(ended))") }
     }
 
     var outcomes: Int { ended.count + missed.count }
 
     mutating func run(until end: Int64, blocked: Bool) {
         while true {
-            guard let next = [lookAt, sampling?.at, blocked ? nil : nextProbe].compactMap({ $0 }).min(), next <= end
+            // A look waits for a sample under way (both run on the detector's queue).
+            let due = sampling == nil ? lookAt : nil
+            guard let next = [due, sampling?.at, blocked ? nil : nextProbe].compactMap({ $0 }).min(), next <= end
             else { break }
             now = max(now, next)
             if let at = sampling?.at, at <= now {
                 finishSampling()
-            } else if let at = lookAt, at <= now {
+            } else if sampling == nil, let at = lookAt, at <= now {
                 look()
             } else {
                 answer()
@@ -302,6 +324,7 @@ private struct RandomRun {
         guard let step = machine.answered(at: now, thread: 7, queue: 1) else { return }
         record(step.outcome)
         apply(step.look)
+        settled = step.settled
         nextProbe = now + heartbeat
     }
 
@@ -318,20 +341,27 @@ private struct RandomRun {
             problems.append("stall \(decision.id) sampled first twice")
         }
         let delay = Int64(random.next() % UInt64(2 * heartbeat))
-        sampling = (decision, now + delay, random.next() % 10 < 7)
+        // A second look needs no confirmation.
+        sampling = (decision, now + delay, decision.second || random.next() % 10 < 7)
     }
 
     mutating func finishSampling() {
         guard case let (decision, _, confirmed)? = sampling.take() else { return }
         let sample = StallBacktrace(frames: [], threadID: 7, unavailableReason: nil)
-        let (report, _) = machine.sampled(
-            decision, reported: sample, samples: [:], samplingTime: 0, confirmed: confirmed, suppressed: false)
+        // A debugger attached now and then: the stall is tracked, nothing reported.
+        let hidden = decision.suppressed ?? (random.next() % 10 == 0)
+        if hidden { suppressed.insert(decision.id) }
+        let (report, isSettled) = machine.sampled(
+            decision, reported: sample, samples: [:], samplingTime: 0, confirmed: confirmed || hidden,
+            suppressed: hidden)
+        settled = isSettled
         switch report {
         case .nothing: break
         case .missed(let outcome): record(outcome)
         case .events(let end):
             if !started.insert(decision.id).inserted { problems.append("stall \(decision.id) started twice") }
             if end != nil { markEnded(decision.id) }
+            if isSettled != (end != nil) { problems.append("stall \(decision.id) settled: \(isSettled)") }
         }
     }
 
@@ -360,6 +390,8 @@ private struct RandomRun {
             // The look runs late: usually a little, sometimes by more than a
             // threshold (a loaded machine).
             let lateness = random.next() % 10 == 0 ? random.next() % UInt64(2 * threshold) : random.next() % 1_000_000
+            armedLateness = Int64(lateness)
+            latestLook = max(latestLook, armedLateness)
             lookAt = now + timeout + Int64(lateness)
         }
     }
