@@ -13,7 +13,7 @@ import Darwin
 /// its CPU cost on the detector's thread (capture and unwinding, and the part
 /// of it spent naming functions by their symbols for the first time), whether it
 /// joined the profile, and when the next sample is due. The stall probe's
-/// `first-stall` scenario and the README's measured rates read these lines.
+/// `first-stall` scenario and `Benchmarks/stall-rates.sh` read these lines.
 enum SamplingTrace {
     static let isEnabled = getenv("STALLDETECTION_TRACE").map { String(cString: $0) == "1" } ?? false
 

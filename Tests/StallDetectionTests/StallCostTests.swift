@@ -22,7 +22,7 @@ extension StallDetectorIntegrationTests {
             }
         }
 
-        /// Goal 0.1 % of a core; reached: see README ("What it costs"). The bound
+        /// Goal 0.1 % of a core; see "How stall reports are made" ("What it costs"). The bound
         /// here catches regressions: at most 0.5 % of a core (on this shared 2-core VM,
         /// 0.08 % quiet and up to 0.32 % while other builds run) and 4 wake-ups
         /// (voluntary context switches of the whole process) per heartbeat.
