@@ -49,10 +49,11 @@ import SafeTimers
 /// between samples, and passes other `SIGPROF`s to the handler installed before it.
 ///
 /// ## Cost
-/// The detector has no thread of its own: it runs on SafeTimers' engine
-/// (`SystemTimerScheduler.shared`). While the target answers, each heartbeat costs
-/// one timer firing and one tiny block on the target, and each answer kicks one
-/// `Watchdog`; the detector's private queue runs only when an answer is overdue.
+/// The detector runs on SafeTimers' engine (`SystemTimerScheduler.shared`) and a
+/// private queue; the one thread StallDetection starts is the stop witness, shared by
+/// every detector of the process. While the target answers, each heartbeat costs one
+/// timer firing and one tiny block on the target, and each answer moves one
+/// `DelayedWork` (the look) back; the private queue runs only when an answer is overdue.
 ///
 /// ## False positives it suppresses
 /// - **Stopped process** (`SIGSTOP`, a debugger's breakpoint): a witness thread
