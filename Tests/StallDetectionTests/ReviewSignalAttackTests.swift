@@ -570,7 +570,15 @@ struct ReviewSignalAttackTests {
     /// spins; the process' first signal sample lands there. Alone (scenario
     /// `rsig-near-stack-end-alone`) the program runs with 4 KB left.
     private func nearStackEnd(free: Int) throws {
-        let run = try ProbeRun.run(["rsig-near-stack-end", "\(free)"])
+        var run = try ProbeRun.run(["rsig-near-stack-end", "\(free)"])
+        for _ in 1..<3
+        where run.exitStatus == 0 && run.started.first?.report.contains("reviewSignalDescend") == true
+            && run.started.first?.report.contains("reviewSignalNearStackEndSpin") == false
+        {
+            // The first sample came while the job was still recursing down (a
+            // loaded machine), not near the stack's end: the promise was not tried.
+            run = try ProbeRun.run(["rsig-near-stack-end", "\(free)"])
+        }
         #expect(run.exitStatus == 0, "the helper died (status \(run.exitStatus)): \(run.lines.prefix(3))")
         #expect(run.started.count == 1, "\(run.lines.prefix(3))")
         #expect(
