@@ -259,9 +259,22 @@ struct StackUnwinder {
     /// (two a frame: 8,192 frames).
     static let readsBeyondCopy = 16_384
 
-    /// The most uncertain frames added beyond the certain chain (from at most 4,096
-    /// words beyond it).
+    /// The most uncertain frames added beyond the certain chain, from at most
+    /// `uncertainScanWords` words beyond it.
     static let uncertainLimit = 24
+    private static let uncertainScanWords = 4_096
+    /// How far up the copy the scan for the next frame record goes (256 KB).
+    private static let anchorScanWords = 32_768
+    /// The farthest a frame record's saved frame pointer may lie above the record
+    /// (1 MB): farther, the word is data, not a link.
+    private static let recordLinkLimit: UInt = 0x10_0000
+    /// Two addresses this close (1 MB) are taken to be in one library, where a
+    /// tail call may lie between a call and the function it reached.
+    private static let sameLibraryDistance: UInt = 0x10_0000
+    /// A callee starts at most this far (256 KB) before the code it led to.
+    private static let calleeReach: UInt = 0x4_0000
+    /// A wrapper that tail-calls its target lies at most this far (4 KB) after it.
+    private static let wrapperReach: UInt = 0x1000
     private static let wordSize = UInt(MemoryLayout<UInt>.size)
 
     func word(at address: UInt) -> UInt? {
@@ -348,7 +361,10 @@ struct StackUnwinder {
                     complete = true
                     break
                 }
-                guard saved > framePointer, saved - framePointer < 0x10_0000, chainWord(at: saved) != nil else { break }
+                guard saved > framePointer, saved - framePointer < Self.recordLinkLimit, chainWord(at: saved) != nil
+                else {
+                    break
+                }
                 framePointer = saved
             }
             if complete || scratch.signalFrame != nil || lastSlot + 1 >= words.count { break }
@@ -364,7 +380,7 @@ struct StackUnwinder {
         let lastCertain = bySlot.keys.max() ?? -1
         var added = 0
         var index = lastCertain + 1
-        let scanEnd = min(words.count, index + 4_096)
+        let scanEnd = min(words.count, index + Self.uncertainScanWords)
         while index < scanEnd && added < Self.uncertainLimit {
             if isReturnAddress(words[index]) {
                 bySlot[index] = RawFrame(address: words[index], isUncertain: true)
@@ -394,7 +410,7 @@ struct StackUnwinder {
     private func scanToAnchor(from first: Int, inner: inout UInt, into bySlot: inout [Int: RawFrame]) -> UInt? {
         let words = copy.words
         guard first < words.count else { return nil }
-        let limit = min(words.count, first + 32_768)
+        let limit = min(words.count, first + Self.anchorScanWords)
         let entryInner = inner
         var added: [Int] = []
         // The innermost frame proven by its call, and how many frames the scan had
@@ -463,7 +479,7 @@ struct StackUnwinder {
                     inner = candidate
                     added.append(index)
                 } else if exactStart?(candidate, inner, inner != copy.pc) == nil,
-                    target > inner ? target - inner < 0x10_0000 : inner - target < 0x10_0000
+                    (target > inner ? target - inner : inner - target) < Self.sameLibraryDistance
                 {
                     // A call within the same library that does not reach `inner`'s
                     // function directly: a tail call may lie between (glibc's futex
@@ -518,7 +534,7 @@ struct StackUnwinder {
     /// at most 256 KB before it, or is a wrapper at most 4 KB after it that
     /// tail-calls it.
     static func leads(to inner: UInt, from target: UInt) -> Bool {
-        (target <= inner && inner - target < 0x4_0000) || (target > inner && target - inner < 0x1000)
+        (target <= inner && inner - target < calleeReach) || (target > inner && target - inner < wrapperReach)
     }
 
     private func validates(_ record: UInt, links: Int) -> Bool {
@@ -528,7 +544,7 @@ struct StackUnwinder {
         guard isReturnAddress(returnAddress) else { return false }
         if links <= 1 { return true }
         if saved == 0 { return links <= 2 }
-        guard saved > record, saved - record < 0x10_0000, saved % Self.wordSize == 0 else { return false }
+        guard saved > record, saved - record < Self.recordLinkLimit, saved % Self.wordSize == 0 else { return false }
         if word(at: saved) == nil { return links <= 2 }  // beyond the copy
         return validates(saved, links: links - 1)
     }
@@ -561,9 +577,8 @@ enum CallSite {
         guard address > 8, let word = readWord(address - 8) else { return .none }
         // code[k] is the byte at address - 7 + k (k = 0…6), little-endian.
         func code(_ k: Int) -> UInt8 { UInt8(truncatingIfNeeded: word >> UInt(8 * (k + 1))) }
-        func displacement() -> Int32 {
-            Int32(bitPattern: UInt32(code(3)) | UInt32(code(4)) << 8 | UInt32(code(5)) << 16 | UInt32(code(6)) << 24)
-        }
+        // A rel32 call's displacement is code[3…6]: the word's top four bytes.
+        func displacement() -> Int32 { Int32(truncatingIfNeeded: word >> 32) }
         // call rel32: E8 xx xx xx xx
         if code(2) == 0xE8 {
             return .direct(UInt(bitPattern: Int(bitPattern: address) &+ Int(displacement())))
@@ -645,18 +660,8 @@ enum CallSite {
     /// proven.
     static func tailJumps(from function: UInt, readWord: (UInt) -> UInt?) -> TailJumps {
         #if arch(x86_64)
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(256)
-        for index in 0..<32 {
-            guard let word = readWord(function &+ UInt(index * 8)) else { break }
-            for shift in stride(from: 0, to: 64, by: 8) { bytes.append(UInt8(truncatingIfNeeded: word >> UInt(shift))) }
-        }
-        func displacement(at index: Int) -> Int {
-            Int(
-                Int32(
-                    bitPattern: UInt32(bytes[index]) | UInt32(bytes[index + 1]) << 8 | UInt32(bytes[index + 2]) << 16
-                        | UInt32(bytes[index + 3]) << 24))
-        }
+        let bytes = codeBytes(at: function, words: 32, readWord: readWord)
+        func displacement(at index: Int) -> Int { Int(littleEndianInt32(bytes, at: index)) }
         var found = TailJumps()
         for index in bytes.indices {
             if bytes[index] == 0xE9, index + 5 <= bytes.count {
@@ -681,22 +686,34 @@ enum CallSite {
 
     #if arch(x86_64)
     private static func resolvePLT(_ stub: UInt, readWord: (UInt) -> UInt?) -> UInt? {
-        guard let first = readWord(stub), let second = readWord(stub + 8) else { return nil }
-        var bytes: [UInt8] = []
-        for value in [first, second] {
-            for shift in stride(from: 0, to: 64, by: 8) {
-                bytes.append(UInt8(truncatingIfNeeded: value >> UInt(shift)))
-            }
-        }
+        let bytes = codeBytes(at: stub, words: 2, readWord: readWord)
+        guard bytes.count == 16 else { return nil }
         var index = 0
         if bytes[0] == 0xF3 && bytes[1] == 0x0F && bytes[2] == 0x1E && bytes[3] == 0xFA { index = 4 }  // endbr64
         if bytes[index] == 0xF2 { index += 1 }  // bnd
         guard bytes[index] == 0xFF, bytes[index + 1] == 0x25 else { return nil }
-        let displacement = Int32(
-            bitPattern: UInt32(bytes[index + 2]) | UInt32(bytes[index + 3]) << 8
-                | UInt32(bytes[index + 4]) << 16 | UInt32(bytes[index + 5]) << 24)
+        let displacement = littleEndianInt32(bytes, at: index + 2)
         let next = Int(bitPattern: stub) + index + 6
         return readWord(UInt(bitPattern: next &+ Int(displacement)))
+    }
+
+    /// The bytes of up to `words` words of code from `address`, in memory order
+    /// (fewer when a word cannot be read).
+    private static func codeBytes(at address: UInt, words: Int, readWord: (UInt) -> UInt?) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(words * 8)
+        for index in 0..<words {
+            guard let word = readWord(address &+ UInt(index * 8)) else { break }
+            for shift in stride(from: 0, to: 64, by: 8) { bytes.append(UInt8(truncatingIfNeeded: word >> UInt(shift))) }
+        }
+        return bytes
+    }
+
+    /// The little-endian 32-bit value at `bytes[index…index + 3]`.
+    private static func littleEndianInt32(_ bytes: [UInt8], at index: Int) -> Int32 {
+        Int32(
+            bitPattern: UInt32(bytes[index]) | UInt32(bytes[index + 1]) << 8 | UInt32(bytes[index + 2]) << 16
+                | UInt32(bytes[index + 3]) << 24)
     }
     #endif
 }
