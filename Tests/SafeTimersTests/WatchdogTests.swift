@@ -93,10 +93,10 @@ struct WatchdogTests {
     @Test("the state machine refuses a kick at or after the deadline, whatever the engine has delivered")
     func machineRefusesLateKick() {
         var machine = WatchdogStateMachine(timeout: .nanoseconds(100), now: 0) {}
-        #expect(machine.kick(now: 99).prevented)
+        #expect(machine.kick(now: 99).movedDeadline)
         #expect(machine.deadline == 199)
-        #expect(!machine.kick(now: 199).prevented)
-        #expect(!machine.kick(now: 10_000, timeout: .seconds(1)).prevented)
+        #expect(!machine.kick(now: 199).movedDeadline)
+        #expect(!machine.kick(now: 10_000, timeout: .seconds(1)).movedDeadline)
         #expect(machine.deadline == 199)
         #expect(machine.timeoutDuration == .nanoseconds(100))
     }

@@ -195,7 +195,7 @@ public final class DelayedWork: Sendable {
     @discardableResult
     public func reschedule(at deadline: TimerClock.Instant) -> Bool {
         let effects = transition { $0.reschedule(to: deadline.ticks) }
-        let rescheduled = effects.prevented
+        let rescheduled = effects.movedDeadline
         complete(effects)
         return rescheduled
     }
@@ -262,7 +262,7 @@ public final class DelayedWork: Sendable {
     func cancel(waitingForRun: Bool) -> Bool {
         let thread = ThreadIdentity.current()
         let effects = transition { $0.cancel(thread: thread, waiting: waitingForRun) }
-        let prevented = effects.prevented
+        let prevented = effects.preventedRun
         complete(effects)
         return prevented
     }
@@ -279,7 +279,7 @@ public final class DelayedWork: Sendable {
     public func reschedule(after delay: Duration) -> Bool {
         let deadline = DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay)
         let effects = transition { $0.reschedule(to: deadline) }
-        let rescheduled = effects.prevented
+        let rescheduled = effects.movedDeadline
         complete(effects)
         return rescheduled
     }

@@ -5,9 +5,9 @@
 /// | pending | deadline passed | pending | deliver (the gate admits one invocation) |
 /// | pending | begin (the delivered tag) | running | the work is taken out to run |
 /// | running | end | completed | wake a waiting cancel |
-/// | pending | cancel | cancelled | disarm; release the work; revoke a queued delivery; prevented |
+/// | pending | cancel | cancelled | disarm; release the work; revoke a queued delivery; preventedRun |
 /// | running | cancel (another thread) | running | wait for the end |
-/// | pending | reschedule | pending | revoke a queued delivery; arm the new deadline |
+/// | pending | reschedule | pending | revoke a queued delivery; arm the new deadline; movedDeadline |
 ///
 /// Other inputs are no-ops.
 struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
@@ -58,7 +58,7 @@ struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
         case .pending:
             state = .cancelled
             gate.revoke()
-            return MachineEffects(timer: .disarm, released: work.take(), prevented: true)
+            return MachineEffects(timer: .disarm, released: work.take(), preventedRun: true)
         case .running:
             return MachineEffects(waitFor: waiting ? gate.waitTicket(thread: thread) : nil)
         case .completed, .cancelled:
@@ -67,11 +67,11 @@ struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
     }
 
     /// `reschedule(…)`: a pending work waits for `deadline` instead (a delivery
-    /// already queued is revoked). Returns effects with `prevented` set when it
-    /// was pending.
+    /// already queued is revoked). Returns effects with `movedDeadline` set when
+    /// it was pending.
     mutating func reschedule(to deadline: Int64) -> MachineEffects {
         guard state == .pending else { return MachineEffects() }
         gate.revoke()
-        return MachineEffects(timer: .arm(deadline), prevented: true)
+        return MachineEffects(timer: .arm(deadline), movedDeadline: true)
     }
 }

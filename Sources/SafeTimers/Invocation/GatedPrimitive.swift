@@ -16,8 +16,12 @@ struct MachineEffects {
     /// A ticket to wait for: the handler runs on another thread and the input was
     /// a cancel, which must not return before it ended.
     var waitFor: WaitTicket?
-    /// Whether the input prevented a run (what `cancel()` reports).
-    var prevented = false
+    /// A cancel (or `invalidate()`) prevented a run that was pending: what
+    /// `cancel()` returns.
+    var preventedRun = false
+    /// A reschedule or a kick moved a pending deadline: what `reschedule` and
+    /// `kick()` return.
+    var movedDeadline = false
     /// Whether the primitive stopped for good (a timer cancelled or finished):
     /// tick streams end.
     var stopped = false

@@ -142,11 +142,11 @@ struct DebouncerStateMachine: GatedStateMachine, Sendable {
         inBurst = false
         var effects = MachineEffects(timer: .disarm, waitFor: gate.waitTicket(thread: thread))
         let dropped = (pending?.run, flushed.map(\.run), queuedAction?.run)
-        effects.prevented = dropped.0 != nil || !dropped.1.isEmpty || dropped.2 != nil
+        effects.preventedRun = dropped.0 != nil || !dropped.1.isEmpty || dropped.2 != nil
         pending = nil
         flushed = []
         queuedAction = nil
-        if effects.prevented { effects.released = { _ = dropped } }
+        if effects.preventedRun { effects.released = { _ = dropped } }
         return effects
     }
 

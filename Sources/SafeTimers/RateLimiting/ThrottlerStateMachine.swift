@@ -77,7 +77,7 @@ struct ThrottlerStateMachine: GatedStateMachine, Sendable {
     mutating func cancel(thread: UInt) -> MachineEffects {
         gate.revoke()
         var effects = MachineEffects(waitFor: gate.waitTicket(thread: thread))
-        effects.prevented = waiting != nil || queuedAction != nil
+        effects.preventedRun = waiting != nil || queuedAction != nil
         // Two closures may go; one travels in `released`, the other is dropped
         // here, which is outside any lock only if the caller holds none: so hand
         // both over by chaining them into one released value.

@@ -146,7 +146,7 @@ final class WatchdogCore: GatedPrimitive {
     func kick(timeout newTimeout: Duration? = nil) -> Bool {
         let now = engine.nowTicks
         let effects = transition { $0.kick(now: now, timeout: newTimeout) }
-        let kicked = effects.prevented
+        let kicked = effects.movedDeadline
         complete(effects)
         return kicked
     }

@@ -47,7 +47,7 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
     var holdsHandler: Bool { handler != nil }
 
     /// `kick()` or `kick(timeout:)` at `now`.
-    /// `prevented` in the effects tells whether the kick took effect. A kick at
+    /// `movedDeadline` in the effects tells whether the kick took effect. A kick at
     /// or after the deadline is refused whether or not the engine has delivered
     /// it yet (a busy scheduler thread may be behind the clock).
     mutating func kick(now: Int64, timeout newTimeout: Duration? = nil) -> MachineEffects {
@@ -57,9 +57,9 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
             timeout = DeadlineArithmetic.delayNanoseconds(newTimeout)
         }
         deadline = DeadlineArithmetic.adding(timeout, to: now)
-        guard deadline < armedAt else { return MachineEffects(prevented: true) }
+        guard deadline < armedAt else { return MachineEffects(movedDeadline: true) }
         armedAt = deadline
-        return MachineEffects(timer: .arm(deadline), prevented: true)
+        return MachineEffects(timer: .arm(deadline), movedDeadline: true)
     }
 
     /// The armed deadline `passed` was reached.
@@ -90,7 +90,7 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
         case .armed:
             status = .invalidated
             gate.revoke()
-            return MachineEffects(timer: .disarm, released: handler.take(), prevented: true)
+            return MachineEffects(timer: .disarm, released: handler.take(), preventedRun: true)
         case .fired:
             return MachineEffects(waitFor: gate.waitTicket(thread: thread))
         case .invalidated:

@@ -25,7 +25,7 @@ struct DelayedWorkSystem: ExplorableSystem {
         switch step {
         case .call("cancel", let thread):
             let effects = work.transition { $0.cancel(thread: thread) }
-            if effects.prevented { preventedByCancel = true }
+            if effects.preventedRun { preventedByCancel = true }
             world.cancelled(on: thread, ticket: work.completeReturningTicket(effects))
         case .call(let name, _):
             let deadline = world.now + (name == "reschedulePast" ? -5_000_000 : 10_000_000)
@@ -116,9 +116,9 @@ struct WatchdogSystem: ExplorableSystem {
             let effective = !delivered && !invalidated && now < earliestAllowed
             let effects = core.transition { $0.kick(now: now, timeout: timeout) }
             _ = core.completeReturningTicket(effects)
-            if effects.prevented != effective {
+            if effects.movedDeadline != effective {
                 world.violation =
-                    "kick at \(now) ns (deadline \(earliestAllowed) ns) returned \(effects.prevented)"
+                    "kick at \(now) ns (deadline \(earliestAllowed) ns) returned \(effects.movedDeadline)"
             }
             if effective {
                 earliestAllowed = now + DeadlineArithmetic.nanoseconds(core.timeout)
