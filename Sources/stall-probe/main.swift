@@ -240,11 +240,11 @@ case "recall":
 case _ where profileScenarios.contains(scenario):
     runProfileScenario(scenario, number)
 
-case _ where review13cScenarios.contains(scenario):
-    runReview13cScenario(scenario, number)
+case _ where samplerAttackScenarios.contains(scenario):
+    runSamplerAttackScenario(scenario, number)
 
-case _ where reviewSignalScenarios.contains(scenario):
-    runReviewSignalScenario(scenario, number)
+case _ where unwindAttackScenarios.contains(scenario):
+    runUnwindAttackScenario(scenario, number)
 
 case _ where realConditionScenarios.contains(scenario):
     runRealConditionScenario(scenario, number)

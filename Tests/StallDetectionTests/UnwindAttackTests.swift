@@ -10,7 +10,7 @@ import Testing
 import Glibc
 #endif
 
-// Adversarial review of the signal sampler without `backtrace()` in the handler:
+// Attacks on the signal sampler, which has no `backtrace()` in its handler:
 // the sampler unwinds the copied stack itself (frame-pointer chain validated for
 // three links, frameless gaps filled by proven calls, uncertain scan beyond).
 
@@ -28,7 +28,7 @@ import Glibc
 ///   the deepest of those stale records.
 /// - `rs_interrupted_outer` → `rs_interrupted_spin` spin; the thread's own SIGALRM
 ///   handler `rs_alarm_handler` (optionally on a `sigaltstack`) spins on top of it.
-private let reviewSignalSource = #"""
+private let unwindAttackSource = #"""
     #define _GNU_SOURCE
     #include <pthread.h>
     #include <signal.h>
@@ -176,35 +176,35 @@ private let reviewSignalSource = #"""
 
 /// Builds `source` into a shared library and opens it; the handle's bit pattern
 /// (a pointer is not `Sendable`), or nil when no C compiler is installed.
-private func reviewSignalBuild(_ source: String, name: String) -> UInt? {
+private func unwindAttackBuild(_ source: String, name: String) -> UInt? {
     guard
-        let libraryPath = review13cBuildLibrary(
+        let libraryPath = samplerAttackBuildLibrary(
             named: name, source: source, flags: ["-O2", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer"])
     else { return nil }
     return dlopen(libraryPath, RTLD_NOW | RTLD_LOCAL).map { UInt(bitPattern: $0) }
 }
 
 /// The attacks' library, built once.
-private let reviewSignalLibrary: UInt? = reviewSignalBuild(reviewSignalSource, name: "rs")
+private let unwindAttackLibrary: UInt? = unwindAttackBuild(unwindAttackSource, name: "rs")
 
-private func reviewSignalFunction<T>(_ name: String, as type: T.Type) throws -> T {
-    let handle = try #require(reviewSignalLibrary, "no C compiler to build the test library")
+private func unwindAttackFunction<T>(_ name: String, as type: T.Type) throws -> T {
+    let handle = try #require(unwindAttackLibrary, "no C compiler to build the test library")
     let address = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: handle), name), "no symbol \(name)")
     return unsafeBitCast(address, to: type)
 }
 
-private func reviewSignalInt32(_ name: String) throws -> UnsafeMutablePointer<Int32> {
-    let handle = try #require(reviewSignalLibrary, "no C compiler to build the test library")
+private func unwindAttackInt32(_ name: String) throws -> UnsafeMutablePointer<Int32> {
+    let handle = try #require(unwindAttackLibrary, "no C compiler to build the test library")
     let address = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: handle), name), "no symbol \(name)")
     return address.assumingMemoryBound(to: Int32.self)
 }
 
-private func reviewSignalNames(_ backtrace: StallBacktrace) -> [String] {
+private func unwindAttackNames(_ backtrace: StallBacktrace) -> [String] {
     backtrace.frames.map { ($0.function ?? String(format: "0x%lx", $0.address)) + ($0.isUncertain ? " ?" : "") }
 }
 
 /// A stop flag the C code spins on (`volatile int *`), shared with a thread.
-private final class ReviewSignalFlag: @unchecked Sendable {
+private final class UnwindAttackFlag: @unchecked Sendable {
     // Invariant: the memory is only read and written through volatile C
     // accesses (the spinning thread) and `Atomic`-free stores of a whole Int32
     // from the test; it lives until the thread was joined.
@@ -215,7 +215,7 @@ private final class ReviewSignalFlag: @unchecked Sendable {
 }
 
 /// A thread running `body`; publishes its kernel id.
-private final class ReviewSignalThread: @unchecked Sendable {
+private final class UnwindAttackThread: @unchecked Sendable {
     // Invariant: `tid` is written once before `ready` is signalled and read after.
     private(set) var tid: Int32 = 0
     private let ready = DispatchSemaphore(value: 0)
@@ -237,8 +237,8 @@ private final class ReviewSignalThread: @unchecked Sendable {
 
 /// Calls a C function of the library by pointer from Swift (its frame stays).
 @inline(never)
-private func reviewSignalCall(
-    _ function: @convention(c) (UnsafeMutablePointer<Int32>) -> Void, _ stop: ReviewSignalFlag
+private func unwindAttackCall(
+    _ function: @convention(c) (UnsafeMutablePointer<Int32>) -> Void, _ stop: UnwindAttackFlag
 ) {
     function(stop.pointer)
     withExtendedLifetime(stop) {}
@@ -246,11 +246,11 @@ private func reviewSignalCall(
 
 /// The names of a sample of thread `tid`, sampled again (5 ms apart, 20 tries at
 /// most, with one context) until `accept` holds; the last sample's names.
-private func reviewSignalSampleNames(of tid: Int32, until accept: ([String]) -> Bool) -> [String] {
+private func unwindAttackSampleNames(of tid: Int32, until accept: ([String]) -> Bool) -> [String] {
     let context = SamplingContext()
     var names: [String] = []
     for _ in 0..<20 {
-        names = reviewSignalNames(context.backtrace(of: tid))
+        names = unwindAttackNames(context.backtrace(of: tid))
         if accept(names) { break }
         usleep(5_000)
     }
@@ -259,25 +259,25 @@ private func reviewSignalSampleNames(of tid: Int32, until accept: ([String]) -> 
 
 /// Samples the thread running `entry(stop)` until `accept` holds for a sample (or
 /// 20 tries), then stops it; returns the last sample.
-private func reviewSignalSample(
+private func unwindAttackSample(
     entry: String, settle: useconds_t = 20_000, accept: ([String]) -> Bool
 ) throws -> [String] {
-    let function = try reviewSignalFunction(entry, as: (@convention(c) (UnsafeMutablePointer<Int32>) -> Void).self)
-    let stop = ReviewSignalFlag()
-    let thread = ReviewSignalThread { reviewSignalCall(function, stop) }
+    let function = try unwindAttackFunction(entry, as: (@convention(c) (UnsafeMutablePointer<Int32>) -> Void).self)
+    let stop = UnwindAttackFlag()
+    let thread = UnwindAttackThread { unwindAttackCall(function, stop) }
     usleep(settle)
-    let names = reviewSignalSampleNames(of: thread.tid, until: accept)
+    let names = unwindAttackSampleNames(of: thread.tid, until: accept)
     stop.raise()
     #expect(thread.join())
     return names
 }
 
 @Suite(
-    "Review signal: attacks on the sampler's own unwinding", .serialized,
+    "Attacks on unwinding a sample of the thread's own stack", .serialized,
     .disabled(
         if: underThreadSanitizer,
         "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))
-struct ReviewSignalAttackTests {
+struct UnwindAttackAttackTests {
     /// Promise 2: a frameless leaf (no frame record) interrupted in a shared library;
     /// `rs_caller` (frame record, called from `rs_outer` by a direct call) must stay.
     /// The gap above `rbp`'s record is filled only when the outer record's call does
@@ -291,7 +291,7 @@ struct ReviewSignalAttackTests {
             "holds alone (`--filter framelessLeafInLibraryKeepsCaller`), but samples frames in a library loaded after the first symbolication, which (bug: see libraryLoadedAfterFirstSampleKeepsNames) unnames libc for the rest of the test process"
         ))
     func framelessLeafInLibraryKeepsCaller() throws {
-        let names = try reviewSignalSample(entry: "rs_outer") { $0.first == "rs_leaf" }
+        let names = try unwindAttackSample(entry: "rs_outer") { $0.first == "rs_leaf" }
         try #require(names.first == "rs_leaf", "never sampled inside the leaf: \(names)")
         let caller = names.firstIndex(of: "rs_caller")
         let outer = names.firstIndex(of: "rs_outer")
@@ -308,7 +308,7 @@ struct ReviewSignalAttackTests {
             "bug: rbp used as data pointing at stale frame records is accepted (the stale chain validates for 3 links, linking to live records): rs_stale_deep, returned long ago, is reported as 4 certain frames"
         ))
     func rbpAtStaleRecordsInventsNoFrames() throws {
-        let names = try reviewSignalSample(entry: "rs_stale_outer") { $0.first == "rs_spin_rbp" }
+        let names = try unwindAttackSample(entry: "rs_stale_outer") { $0.first == "rs_spin_rbp" }
         try #require(names.first == "rs_spin_rbp", "never sampled inside the spin: \(names)")
         #expect(!names.contains("rs_stale_deep"), "frames of a function that returned, as certain: \(names)")
         #expect(names.contains("rs_stale_outer"), "the real caller: \(names)")
@@ -318,14 +318,14 @@ struct ReviewSignalAttackTests {
     /// called `rs_stale_h` → `rs_bufleaf` (returned), then calls `rs_bufleaf`
     /// itself; the leaf's uninitialized locals hold the old return address into
     /// `rs_stale_h`, whose call provably targets `rs_bufleaf`. gdb:
-    /// rs_bufleaf, rs_stale_g, reviewSignalCall…
+    /// rs_bufleaf, rs_stale_g, unwindAttackCall…
     @Test(
         "A stale return address in a frameless leaf's locals is not a certain frame",
         .disabled(
             "bug: a stale return address (into rs_stale_h, whose call targets the running leaf) in a frameless leaf's uninitialized locals fills the gap above rbp's record as a certain frame"
         ))
     func staleReturnAddressInLeafLocals() throws {
-        let names = try reviewSignalSample(entry: "rs_stale_g") { $0.first == "rs_bufleaf" }
+        let names = try unwindAttackSample(entry: "rs_stale_g") { $0.first == "rs_bufleaf" }
         try #require(names.first == "rs_bufleaf", "never sampled inside the leaf: \(names)")
         #expect(!names.contains("rs_stale_h"), "a frame that returned, as certain: \(names)")
         #expect(names.contains("rs_stale_g"), "the leaf's real caller: \(names)")
@@ -337,14 +337,14 @@ struct ReviewSignalAttackTests {
     /// order.
     @Test("A Swift comparator spinning inside qsort keeps qsort's caller")
     func qsortCallback() throws {
-        reviewSignalCompareGate.store(0, ordering: .releasing)
-        let thread = ReviewSignalThread { reviewSignalSorter() }
+        unwindAttackCompareGate.store(0, ordering: .releasing)
+        let thread = UnwindAttackThread { unwindAttackSorter() }
         usleep(20_000)
-        let names = reviewSignalSampleNames(of: thread.tid) { $0.first?.contains("reviewSignalCompare") == true }
-        reviewSignalCompareGate.store(1, ordering: .releasing)
+        let names = unwindAttackSampleNames(of: thread.tid) { $0.first?.contains("unwindAttackCompare") == true }
+        unwindAttackCompareGate.store(1, ordering: .releasing)
         #expect(thread.join())
-        let compare = names.firstIndex { $0.contains("reviewSignalCompare") }
-        let sorter = names.firstIndex { $0.hasPrefix("reviewSignalSorter") }
+        let compare = names.firstIndex { $0.contains("unwindAttackCompare") }
+        let sorter = names.firstIndex { $0.hasPrefix("unwindAttackSorter") }
         #expect(compare != nil && sorter != nil && compare! < sorter!, "\(names)")
     }
 
@@ -353,54 +353,54 @@ struct ReviewSignalAttackTests {
     /// function and reaches the thread's root, or says it is truncated.
     @Test("A spinning function under 6,000 recursive frames is sampled whole or marked truncated")
     func deepRecursionRunning() {
-        let stop = ReviewSignalFlag()
-        let thread = ReviewSignalThread { _ = reviewSignalRecurse(6_000, stop) }
+        let stop = UnwindAttackFlag()
+        let thread = UnwindAttackThread { _ = unwindAttackRecurse(6_000, stop) }
         usleep(50_000)
         let context = SamplingContext()
         var backtrace = context.backtrace(of: thread.tid)
-        for _ in 0..<20 where reviewSignalNames(backtrace).first?.hasPrefix("reviewSignalRecurse") != true {
+        for _ in 0..<20 where unwindAttackNames(backtrace).first?.hasPrefix("unwindAttackRecurse") != true {
             usleep(5_000)
             backtrace = context.backtrace(of: thread.tid)
         }
         stop.raise()
         #expect(thread.join())
-        let names = reviewSignalNames(backtrace)
-        let recursive = names.filter { $0.hasPrefix("reviewSignalRecurse") }.count
-        #expect(names.first?.hasPrefix("reviewSignalRecurse") == true, "\(names.prefix(5))")
+        let names = unwindAttackNames(backtrace)
+        let recursive = names.filter { $0.hasPrefix("unwindAttackRecurse") }.count
+        #expect(names.first?.hasPrefix("unwindAttackRecurse") == true, "\(names.prefix(5))")
         #expect(names.contains("start_thread") || backtrace.isTruncated, "\(names.suffix(5))")
         #expect(recursive >= 1_000, "\(recursive) recursive frames")
     }
 
     /// Promise 2 through JIT code without a frame record: a stub in anonymous
     /// r-x memory (`sub rsp, 8; movabs rax, callee; call rax; add rsp, 8; ret`)
-    /// calls a Swift callback that spins. Its caller (`reviewSignalCallStub`)
+    /// calls a Swift callback that spins. Its caller (`unwindAttackCallStub`)
     /// must stay, after the callback.
     @Test(
         "A frameless JIT stub between a spinning callback and its caller keeps the caller",
         .disabled(
-            "bug: the return address into reviewSignalCallStub (after its `call *%rax` into the JIT stub) lies between two chained records and its indirect call cannot be proven, so the running Swift caller of the JIT code is dropped, not even kept uncertain"
+            "bug: the return address into unwindAttackCallStub (after its `call *%rax` into the JIT stub) lies between two chained records and its indirect call cannot be proven, so the running Swift caller of the JIT code is dropped, not even kept uncertain"
         ))
     func framelessJITStub() throws {
         guard
             let memory = mmap(nil, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
             memory != MAP_FAILED
-        else { throw ReviewSignalError.noMemory }
+        else { throw UnwindAttackError.noMemory }
         defer { munmap(memory, 4096) }
-        let callee = unsafeBitCast(reviewSignalStubCallee, to: UInt.self)
+        let callee = unsafeBitCast(unwindAttackStubCallee, to: UInt.self)
         var code: [UInt8] = [0x48, 0x83, 0xEC, 0x08, 0x48, 0xB8]
         withUnsafeBytes(of: callee.littleEndian) { code += $0 }
         code += [0xFF, 0xD0, 0x48, 0x83, 0xC4, 0x08, 0xC3]
         code.withUnsafeBytes { memory.advanced(by: 0x800).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
         try #require(mprotect(memory, 4096, PROT_READ | PROT_EXEC) == 0)
         let stub = UInt(bitPattern: memory.advanced(by: 0x800))
-        reviewSignalStubGate.store(0, ordering: .releasing)
-        let thread = ReviewSignalThread { reviewSignalCallStub(stub) }
+        unwindAttackStubGate.store(0, ordering: .releasing)
+        let thread = UnwindAttackThread { unwindAttackCallStub(stub) }
         usleep(20_000)
-        let names = reviewSignalSampleNames(of: thread.tid) { $0.first?.contains("reviewSignalStubCallee") == true }
-        reviewSignalStubGate.store(1, ordering: .releasing)
+        let names = unwindAttackSampleNames(of: thread.tid) { $0.first?.contains("unwindAttackStubCallee") == true }
+        unwindAttackStubGate.store(1, ordering: .releasing)
         #expect(thread.join())
-        let callback = names.firstIndex { $0.contains("reviewSignalStubCallee") }
-        let caller = names.firstIndex { $0.hasPrefix("reviewSignalCallStub") }
+        let callback = names.firstIndex { $0.contains("unwindAttackStubCallee") }
+        let caller = names.firstIndex { $0.hasPrefix("unwindAttackCallStub") }
         #expect(callback != nil && caller != nil && callback! < caller!, "\(names)")
     }
 
@@ -414,32 +414,32 @@ struct ReviewSignalAttackTests {
             "bug: once a frame in a library loaded after the first symbolication is sampled, the image map is taken again and names no libc or Foundation frame (addresses only; start_thread unrecognized, an uncertain tail added), in that context and every new one"
         ))
     func libraryLoadedAfterFirstSampleKeepsNames() throws {
-        let stop = ReviewSignalFlag()
-        let thread = ReviewSignalThread { _ = reviewSignalRecurse(3, stop) }
+        let stop = UnwindAttackFlag()
+        let thread = UnwindAttackThread { _ = unwindAttackRecurse(3, stop) }
         defer {
             stop.raise()
             #expect(thread.join())
         }
         usleep(20_000)
-        let before = reviewSignalNames(SamplingContext().backtrace(of: thread.tid))
+        let before = unwindAttackNames(SamplingContext().backtrace(of: thread.tid))
         try #require(before.contains("start_thread"), "\(before)")
         // A fresh library, and a thread running in it (its frame makes the map be taken again).
         let source = """
             void rs_fresh_spin(volatile int *stop) { while (!*stop) __asm__ volatile("pause" ::: "memory"); }
             int rs_fresh_\(UInt32.random(in: 0...UInt32.max))(void) { return 1; }
             """
-        let handle = try #require(reviewSignalBuild(source, name: "rsfresh"), "no C compiler")
+        let handle = try #require(unwindAttackBuild(source, name: "rsfresh"), "no C compiler")
         let spin = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: handle), "rs_fresh_spin"))
         let function = unsafeBitCast(spin, to: (@convention(c) (UnsafeMutablePointer<Int32>) -> Void).self)
-        let freshStop = ReviewSignalFlag()
-        let fresh = ReviewSignalThread { reviewSignalCall(function, freshStop) }
+        let freshStop = UnwindAttackFlag()
+        let fresh = UnwindAttackThread { unwindAttackCall(function, freshStop) }
         usleep(20_000)
         let context = SamplingContext()
-        let inFresh = reviewSignalNames(context.backtrace(of: fresh.tid))
+        let inFresh = unwindAttackNames(context.backtrace(of: fresh.tid))
         freshStop.raise()
         #expect(fresh.join())
-        let after = reviewSignalNames(context.backtrace(of: thread.tid))
-        let afresh = reviewSignalNames(SamplingContext().backtrace(of: thread.tid))
+        let after = unwindAttackNames(context.backtrace(of: thread.tid))
+        let afresh = unwindAttackNames(SamplingContext().backtrace(of: thread.tid))
         #expect(inFresh.contains("rs_fresh_spin"), "\(inFresh)")
         #expect(afresh.contains("start_thread") && afresh.contains("Thread.main()"), "new context: \(afresh)")
         #expect(after.contains("start_thread") && after.contains("Thread.main()"), "before: \(before), after: \(after)")
@@ -454,19 +454,19 @@ struct ReviewSignalAttackTests {
             "holds alone (`--filter ownSignalHandlerOnStack`), but samples frames in a library loaded after the first symbolication, which (bug: see libraryLoadedAfterFirstSampleKeepsNames) unnames libc for the rest of the test process; DegradedEnvironmentTests checks the same in a child process, against gdb"
         ), arguments: [false, true])
     func ownSignalHandlerOnStack(alternateStack: Bool) throws {
-        let install = try reviewSignalFunction("rs_install_alarm", as: (@convention(c) (Int32) -> Int32).self)
-        let restore = try reviewSignalFunction("rs_restore_alarm", as: (@convention(c) () -> Int32).self)
-        let alarm = try reviewSignalFunction("rs_alarm", as: (@convention(c) (Int32) -> Int32).self)
-        let threadBody = try reviewSignalFunction(
+        let install = try unwindAttackFunction("rs_install_alarm", as: (@convention(c) (Int32) -> Int32).self)
+        let restore = try unwindAttackFunction("rs_restore_alarm", as: (@convention(c) () -> Int32).self)
+        let alarm = try unwindAttackFunction("rs_alarm", as: (@convention(c) (Int32) -> Int32).self)
+        let threadBody = try unwindAttackFunction(
             "rs_interrupted_thread", as: (@convention(c) (UnsafeMutablePointer<Int32>, Int32) -> Void).self)
-        let handlerStop = try reviewSignalInt32("rs_handler_stop")
-        let inHandler = try reviewSignalInt32("rs_in_handler")
-        let inSpin = try reviewSignalInt32("rs_in_spin")
+        let handlerStop = try unwindAttackInt32("rs_handler_stop")
+        let inHandler = try unwindAttackInt32("rs_in_handler")
+        let inSpin = try unwindAttackInt32("rs_in_spin")
         handlerStop.pointee = 0
         try #require(install(alternateStack ? 1 : 0) == 0)
         defer { _ = restore() }
-        let stop = ReviewSignalFlag()
-        let thread = ReviewSignalThread {
+        let stop = UnwindAttackFlag()
+        let thread = UnwindAttackThread {
             threadBody(stop.pointer, alternateStack ? 1 : 0)
             withExtendedLifetime(stop) {}
         }
@@ -481,7 +481,7 @@ struct ReviewSignalAttackTests {
             usleep(1_000)
             waited += 1
         }
-        let names = reviewSignalSampleNames(of: thread.tid) { $0.first == "rs_alarm_handler" }
+        let names = unwindAttackSampleNames(of: thread.tid) { $0.first == "rs_alarm_handler" }
         handlerStop.pointee = 1
         stop.raise()
         #expect(thread.join())
@@ -506,7 +506,7 @@ struct ReviewSignalAttackTests {
             "holds alone, but samples a frame in a library loaded after the first symbolication, which (bug: see libraryLoadedAfterFirstSampleKeepsNames) unnames libc for the rest of the test process: the other sampling suites then fail"
         ))
     func makecontextStack() throws {
-        let names = try reviewSignalSample(entry: "rs_ctx_run") { $0.first == "rs_ctx_inner" }
+        let names = try unwindAttackSample(entry: "rs_ctx_run") { $0.first == "rs_ctx_inner" }
         try #require(names.first == "rs_ctx_inner", "never sampled inside the spin: \(names)")
         #expect(names.contains("rs_ctx_body"), "the caller on the context's stack: \(names)")
     }
@@ -517,21 +517,21 @@ struct ReviewSignalAttackTests {
     /// samples that lost the loop, and those that named a certain frame not on
     /// the stack.
     private func sampleTightLoop() -> (lostLoop: [[String]], invented: [[String]]) {
-        let stop = ReviewSignalFlag()
-        let thread = ReviewSignalThread { reviewSignalTightLoop(stop) }
+        let stop = UnwindAttackFlag()
+        let thread = UnwindAttackThread { unwindAttackTightLoop(stop) }
         usleep(20_000)
         let context = SamplingContext()
         var lostLoop: [[String]] = []
         var invented: [[String]] = []
         for _ in 0..<300 {
-            let names = reviewSignalNames(context.backtrace(of: thread.tid))
-            if !names.contains(where: { $0.hasPrefix("reviewSignalTightLoop") }) { lostLoop.append(names) }
+            let names = unwindAttackNames(context.backtrace(of: thread.tid))
+            if !names.contains(where: { $0.hasPrefix("unwindAttackTightLoop") }) { lostLoop.append(names) }
             let unknown = names.filter { name in
                 // Unnamed addresses are not judged (a library loaded by an earlier
                 // test makes libc's frames lose their names: see
                 // `libraryLoadedAfterFirstSampleKeepsNames`).
                 !name.hasSuffix(" ?") && !name.hasPrefix("0x")
-                    && !reviewSignalTightLoopFrames.contains { name.contains($0) }
+                    && !unwindAttackTightLoopFrames.contains { name.contains($0) }
             }
             if !unknown.isEmpty { invented.append(names) }
         }
@@ -568,21 +568,21 @@ struct ReviewSignalAttackTests {
     /// Promise 1, deep recursion near the end of a thread's stack: the stalled job
     /// (a dispatch worker) recurses until `free` bytes of its stack are left, then
     /// spins; the process' first signal sample lands there. Alone (scenario
-    /// `rsig-near-stack-end-alone`) the program runs with 4 KB left.
+    /// `unwind-near-stack-end-alone`) the program runs with 4 KB left.
     private func nearStackEnd(free: Int) throws {
-        var run = try ProbeRun.run(["rsig-near-stack-end", "\(free)"])
+        var run = try ProbeRun.run(["unwind-near-stack-end", "\(free)"])
         for _ in 1..<3
-        where run.exitStatus == 0 && run.started.first?.report.contains("reviewSignalDescend") == true
-            && run.started.first?.report.contains("reviewSignalNearStackEndSpin") == false
+        where run.exitStatus == 0 && run.started.first?.report.contains("unwindAttackDescend") == true
+            && run.started.first?.report.contains("unwindAttackNearStackEndSpin") == false
         {
             // The first sample came while the job was still recursing down (a
             // loaded machine), not near the stack's end: the promise was not tried.
-            run = try ProbeRun.run(["rsig-near-stack-end", "\(free)"])
+            run = try ProbeRun.run(["unwind-near-stack-end", "\(free)"])
         }
         #expect(run.exitStatus == 0, "the helper died (status \(run.exitStatus)): \(run.lines.prefix(3))")
         #expect(run.started.count == 1, "\(run.lines.prefix(3))")
         #expect(
-            run.started.first?.report.contains("reviewSignalNearStackEndSpin") == true,
+            run.started.first?.report.contains("unwindAttackNearStackEndSpin") == true,
             "\(run.started.first?.report ?? "")")
     }
 
@@ -596,17 +596,17 @@ struct ReviewSignalAttackTests {
     /// symbol lookup) runs on the sampled thread's stack inside the signal
     /// handler. With 4 to 6.2 KB left the process died of SIGSEGV on the first
     /// sample (7 of 7 runs); with `LD_BIND_NOW=1` the same runs passed down to 4 KB
-    /// (as does a no-op SIGPROF handler). Since the review the handler's functions
-    /// are bound when it is installed.
+    /// (as does a no-op SIGPROF handler). The handler's functions are now bound
+    /// when it is installed.
     @Test("A first sample 5 KB above the end of the stack does not crash")
     func firstSampleFiveKilobytesAboveStackEnd() throws { try nearStackEnd(free: 5_000) }
 
     /// Promise 2 on the cooperative pool: an async function spinning in a task.
     @Test("An async function spinning on the cooperative pool is named")
     func asyncFunctionOnCooperativePool() async throws {
-        let stop = ReviewSignalFlag()
+        let stop = UnwindAttackFlag()
         let tid = Atomic<Int32>(0)
-        let task = Task.detached { await reviewSignalAsyncSpinner(stop, tid: tid) }
+        let task = Task.detached { await unwindAttackAsyncSpinner(stop, tid: tid) }
         var waited = 0
         while tid.load(ordering: .acquiring) == 0 && waited < 200 {
             try await Task.sleep(for: .milliseconds(10))
@@ -615,64 +615,64 @@ struct ReviewSignalAttackTests {
         let context = SamplingContext()
         var names: [String] = []
         for _ in 0..<10 {
-            names = reviewSignalNames(context.backtrace(of: tid.load(ordering: .acquiring)))
-            if names.contains(where: { $0.contains("reviewSignalAsyncSpinner") }) { break }
+            names = unwindAttackNames(context.backtrace(of: tid.load(ordering: .acquiring)))
+            if names.contains(where: { $0.contains("unwindAttackAsyncSpinner") }) { break }
             try await Task.sleep(for: .milliseconds(5))
         }
         stop.raise()
         await task.value
-        #expect(names.contains { $0.contains("reviewSignalAsyncSpinner") }, "\(names)")
+        #expect(names.contains { $0.contains("unwindAttackAsyncSpinner") }, "\(names)")
     }
 }
 
 /// Recurses `depth` times, then spins until `stop` is raised.
 @inline(never)
-private func reviewSignalRecurse(_ depth: Int, _ stop: ReviewSignalFlag) -> Int {
+private func unwindAttackRecurse(_ depth: Int, _ stop: UnwindAttackFlag) -> Int {
     if depth == 0 {
         var spins = 0
         while stop.pointer.pointee == 0 { spins &+= 1 }
         return spins & 1
     }
-    return reviewSignalRecurse(depth - 1, stop) &+ 1
+    return unwindAttackRecurse(depth - 1, stop) &+ 1
 }
 
-private enum ReviewSignalError: Error { case noMemory }
+private enum UnwindAttackError: Error { case noMemory }
 
 /// Opened by the JIT stub test to let its callback return.
-private let reviewSignalStubGate = Atomic<Int>(0)
+private let unwindAttackStubGate = Atomic<Int>(0)
 
 /// The callback a frameless JIT stub calls: spins until the gate opens.
-private let reviewSignalStubCallee: @convention(c) () -> Void = {
+private let unwindAttackStubCallee: @convention(c) () -> Void = {
     var spins = 0
-    while reviewSignalStubGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
+    while unwindAttackStubGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
     _ = spins
 }
 
 /// Calls the stub at `code`.
 @inline(never)
-private func reviewSignalCallStub(_ code: UInt) {
+private func unwindAttackCallStub(_ code: UInt) {
     let function = unsafeBitCast(code, to: (@convention(c) () -> Void).self)
     function()
     withExtendedLifetime(code) {}
 }
 
 /// Opened by the qsort test to let its comparator return.
-private let reviewSignalCompareGate = Atomic<Int>(0)
+private let unwindAttackCompareGate = Atomic<Int>(0)
 
 /// A comparator that spins until the gate opens.
-private func reviewSignalCompare(_ left: UnsafeRawPointer?, _ right: UnsafeRawPointer?) -> Int32 {
+private func unwindAttackCompare(_ left: UnsafeRawPointer?, _ right: UnsafeRawPointer?) -> Int32 {
     var spins = 0
-    while reviewSignalCompareGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
+    while unwindAttackCompareGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
     let a = left!.load(as: Int32.self)
     let b = right!.load(as: Int32.self)
     return a < b ? -1 : a > b ? 1 : Int32(truncatingIfNeeded: spins & 0)
 }
 
 @inline(never)
-private func reviewSignalSorter() {
+private func unwindAttackSorter() {
     var values = (0..<64).map { Int32(64 - $0) }
     values.withUnsafeMutableBufferPointer { buffer in
-        qsort(buffer.baseAddress!, buffer.count, MemoryLayout<Int32>.size, reviewSignalCompare)
+        qsort(buffer.baseAddress!, buffer.count, MemoryLayout<Int32>.size, unwindAttackCompare)
     }
     if values.first == 42 { print(values) }
 }
@@ -680,22 +680,22 @@ private func reviewSignalSorter() {
 /// What the tight loop's stack may hold: the loop, its callee, memset's variants,
 /// the thread's root; `_init` is how a pc inside the executable's PLT stub is named
 /// (the symbol before `.plt`): a wrong name for a real frame.
-private let reviewSignalTightLoopFrames = [
+private let unwindAttackTightLoopFrames = [
     "_init",
-    "reviewSignalTightLoop", "reviewSignalTiny", "memset", "Iterator", "Range",
-    "closure #1 in ReviewSignalAttackTests.sampleTightLoop()", "closure #1 in ReviewSignalThread.init",
+    "unwindAttackTightLoop", "unwindAttackTiny", "memset", "Iterator", "Range",
+    "closure #1 in UnwindAttackAttackTests.sampleTightLoop()", "closure #1 in UnwindAttackThread.init",
     "Thread.main()", "NSThreadStart", "start_thread", "clone",
 ]
 
 @inline(never)
-private func reviewSignalTiny(_ value: Int) -> Int { value &* 3 &+ 1 }
+private func unwindAttackTiny(_ value: Int) -> Int { value &* 3 &+ 1 }
 
 @inline(never)
-private func reviewSignalTightLoop(_ stop: ReviewSignalFlag) {
+private func unwindAttackTightLoop(_ stop: UnwindAttackFlag) {
     let buffer = UnsafeMutableRawPointer.allocate(byteCount: 512, alignment: 16)
     var sum = 0
     while stop.pointer.pointee == 0 {
-        for index in 0..<64 { sum &+= reviewSignalTiny(index) }
+        for index in 0..<64 { sum &+= unwindAttackTiny(index) }
         memset(buffer, Int32(sum & 0xFF), 512)
     }
     buffer.deallocate()
@@ -703,7 +703,7 @@ private func reviewSignalTightLoop(_ stop: ReviewSignalFlag) {
 }
 
 @inline(never)
-private func reviewSignalAsyncSpinner(_ stop: ReviewSignalFlag, tid: borrowing Atomic<Int32>) async {
+private func unwindAttackAsyncSpinner(_ stop: UnwindAttackFlag, tid: borrowing Atomic<Int32>) async {
     await Task.yield()
     tid.store(stallcapture_current_tid(), ordering: .releasing)
     var spins = 0

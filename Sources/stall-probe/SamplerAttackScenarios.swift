@@ -6,71 +6,72 @@ import StallDetection
 import Glibc
 #endif
 
-// Review 13c's attacks on the sampler. Extra output lines (besides PROFILE and FUNCTION):
+// Attacks on the sampler. Extra output lines (besides PROFILE and FUNCTION):
 //   FDS <label> <open descriptors>        /proc/self/fd entries at a point of the scenario
 //   OPENED <0|1> <errno>                  whether the program could still open a file after a stall
 
 /// The scenarios this file runs.
-let review13cScenarios: Set<String> = [
-    "r13c-phases", "r13c-masked", "r13c-masked-only", "r13c-nofile", "r13c-pool-crowd", "r13c-custom-crowd",
-    "r13c-tailcall",
+let samplerAttackScenarios: Set<String> = [
+    "sampler-phases", "sampler-masked", "sampler-masked-only", "sampler-nofile", "sampler-pool-crowd",
+    "sampler-custom-crowd",
+    "sampler-tailcall",
 ]
 
-func runReview13cScenario(_ scenario: String, _ number: Int) {
-    let queue = DispatchQueue(label: "probe.r13c")
+func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
+    let queue = DispatchQueue(label: "probe.sampler")
     let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
     defer { withExtendedLifetime(detector) {} }
     switch scenario {
-    case "r13c-phases":
+    case "sampler-phases":
         // A warm-up stall, then stalls of four phases of `number` ms each: asleep
         // in usleep, spinning, blocked in read(2) on a pipe, asleep in a futex. Each
         // must get about a quarter of the samples.
         // The same stall twice: the second names nothing new, so its STALLCPU is
         // sampling alone (the naming allowance is spent by then).
         watchWithProfile(detector, endedCount: 3)
-        queue.asyncAfter(deadline: .now() + 0.3) { review13cWarmUp(400) }
+        queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackWarmUp(400) }
         let phases: @Sendable () -> Void = {
             measuredStall {
-                review13cSleepPhase(number)
-                review13cSpinPhase(number)
-                review13cReadPhase(number)
-                review13cFutexPhase(number)
+                samplerAttackSleepPhase(number)
+                samplerAttackSpinPhase(number)
+                samplerAttackReadPhase(number)
+                samplerAttackFutexPhase(number)
             }
         }
         queue.asyncAfter(deadline: .now() + 1.2, execute: phases)
         queue.asyncAfter(deadline: .now() + 1.6 + 4 * Double(number) / 1000, execute: phases)
         dispatchMain()
 
-    case "r13c-masked":
+    case "sampler-masked":
         // A warm-up stall, then a stall asleep for `number` ms, then spinning for
         // `number` ms with SIGPROF blocked (as code that masks signals does).
         watchWithProfile(detector, endedCount: 2)
-        queue.asyncAfter(deadline: .now() + 0.3) { review13cWarmUp(400) }
+        queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackWarmUp(400) }
         queue.asyncAfter(deadline: .now() + 1.2) {
             measuredStall {
-                review13cSleepPhase(number)
-                review13cMaskedSpinPhase(number)
+                samplerAttackSleepPhase(number)
+                samplerAttackMaskedSpinPhase(number)
             }
         }
         dispatchMain()
 
-    case "r13c-masked-only":
+    case "sampler-masked-only":
         // A warm-up stall, then `number` ms spinning with SIGPROF blocked: the
         // detector's samples before the threshold wait for an answer that never
         // comes; `.started` must still come on time.
         watchWithProfile(detector, endedCount: 2)
-        queue.asyncAfter(deadline: .now() + 0.3) { review13cWarmUp(400) }
-        queue.asyncAfter(deadline: .now() + 1.2) { measuredStall { review13cMaskedSpinPhase(number) } }
+        queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackWarmUp(400) }
+        queue.asyncAfter(deadline: .now() + 1.2) { measuredStall { samplerAttackMaskedSpinPhase(number) } }
         dispatchMain()
 
-    case "r13c-pool-crowd", "r13c-custom-crowd":
+    case "sampler-pool-crowd", "sampler-custom-crowd":
         // `number` idle threads made first (the lowest thread ids, so listed first
         // in /proc/self/task), then the whole cooperative pool blocked for 800 ms,
         // or a custom executor's queue: the blocker must still be found.
         let crowd = DispatchSemaphore(value: 0)
         for _ in 0..<number { Thread { crowd.wait() }.start() }
         usleep(100_000)
-        if scenario == "r13c-pool-crowd" {
+        if scenario == "sampler-pool-crowd" {
             let pool = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
             watch(pool, endedCount: 1, priority: .high, then: finishAndExit(pool))
             let width = ProcessInfo.processInfo.activeProcessorCount
@@ -86,22 +87,22 @@ func runReview13cScenario(_ scenario: String, _ number: Int) {
         }
         dispatchMain()
 
-    case "r13c-tailcall":
+    case "sampler-tailcall":
         // Two stalls in a function the job's closure reaches by a tail call (a
-        // release build compiles `{ review13cSleepPhase(500) }` to `jmp`).
+        // release build compiles `{ samplerAttackSleepPhase(500) }` to `jmp`).
         watchWithProfile(detector, endedCount: 2)
-        queue.asyncAfter(deadline: .now() + 0.2) { review13cSleepPhase(number) }
-        queue.asyncAfter(deadline: .now() + 0.4 + Double(number) / 1000) { review13cSleepPhase(number) }
+        queue.asyncAfter(deadline: .now() + 0.2) { samplerAttackSleepPhase(number) }
+        queue.asyncAfter(deadline: .now() + 0.4 + Double(number) / 1000) { samplerAttackSleepPhase(number) }
         dispatchMain()
 
-    case "r13c-nofile":
+    case "sampler-nofile":
         // The process uses every descriptor its limit allows but `number`; then
         // two stalls. Reports must say why a stack is missing, and the program
         // must still have its `number` descriptors afterwards.
-        emit("FDS start \(review13cOpenDescriptors())")
+        emit("FDS start \(samplerAttackOpenDescriptors())")
         var limit = rlimit()
         getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
-        let open = review13cOpenDescriptors()
+        let open = samplerAttackOpenDescriptors()
         limit.rlim_cur = rlim_t(open + 40)
         setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
         watchWithProfile(detector, endedCount: 2)
@@ -114,9 +115,9 @@ func runReview13cScenario(_ scenario: String, _ number: Int) {
             filler.append(descriptor)
         }
         for _ in 0..<max(0, number) { if let last = filler.popLast() { close(last) } }
-        emit("FDS filled \(review13cOpenDescriptors()) free \(number)")
-        queue.asyncAfter(deadline: .now() + 0.2) { review13cSleepPhase(500) }
-        queue.asyncAfter(deadline: .now() + 1.2) { review13cSleepPhase(500) }
+        emit("FDS filled \(samplerAttackOpenDescriptors()) free \(number)")
+        queue.asyncAfter(deadline: .now() + 0.2) { samplerAttackSleepPhase(500) }
+        queue.asyncAfter(deadline: .now() + 1.2) { samplerAttackSleepPhase(500) }
         queue.asyncAfter(deadline: .now() + 1.8) {
             var opened: [Int32] = []
             var failure: Int32 = 0
@@ -130,7 +131,7 @@ func runReview13cScenario(_ scenario: String, _ number: Int) {
             }
             emit("OPENED \(opened.count) \(failure)")
             for descriptor in opened { close(descriptor) }
-            emit("FDS end \(review13cOpenDescriptors())")
+            emit("FDS end \(samplerAttackOpenDescriptors())")
             for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [] {
                 if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)"),
                     target != "/dev/null"
@@ -166,25 +167,25 @@ private func watchWithProfile(_ detector: StallDetector, endedCount: Int) {
     }
 }
 
-func review13cOpenDescriptors() -> Int {
+func samplerAttackOpenDescriptors() -> Int {
     (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
 }
 
 @inline(never)
-func review13cWarmUp(_ ms: Int) {
-    // Not a tail call, and not the same code as review13cSleepPhase (which
+func samplerAttackWarmUp(_ ms: Int) {
+    // Not a tail call, and not the same code as samplerAttackSleepPhase (which
     // identical code folding would merge into one symbol).
     blackHole(Int(usleep(UInt32(ms) * 1000)) &+ 7)
 }
 
 @inline(never)
-func review13cSleepPhase(_ ms: Int) {
+func samplerAttackSleepPhase(_ ms: Int) {
     // Not a tail call: this function's frame stays on the stack.
     blackHole(Int(usleep(UInt32(ms) * 1000)))
 }
 
 @inline(never)
-func review13cSpinPhase(_ ms: Int) {
+func samplerAttackSpinPhase(_ ms: Int) {
     let end = ContinuousClock.now + .milliseconds(ms)
     var spins = 0
     while ContinuousClock.now < end { spins &+= 1 }
@@ -192,7 +193,7 @@ func review13cSpinPhase(_ ms: Int) {
 }
 
 @inline(never)
-func review13cReadPhase(_ ms: Int) {
+func samplerAttackReadPhase(_ ms: Int) {
     var ends: [Int32] = [0, 0]
     guard pipe(&ends) == 0 else { return }
     let writer = ends[1]
@@ -208,18 +209,18 @@ func review13cReadPhase(_ ms: Int) {
 }
 
 @inline(never)
-func review13cFutexPhase(_ ms: Int) {
+func samplerAttackFutexPhase(_ ms: Int) {
     let semaphore = DispatchSemaphore(value: 0)
     _ = semaphore.wait(timeout: .now() + .milliseconds(ms))
 }
 
 @inline(never)
-func review13cMaskedSpinPhase(_ ms: Int) {
+func samplerAttackMaskedSpinPhase(_ ms: Int) {
     var set = sigset_t()
     sigemptyset(&set)
     sigaddset(&set, SIGPROF)
     var old = sigset_t()
     pthread_sigmask(SIG_BLOCK, &set, &old)
-    review13cSpinPhase(ms)
+    samplerAttackSpinPhase(ms)
     pthread_sigmask(SIG_SETMASK, &old, nil)
 }

@@ -5,10 +5,10 @@ import Testing
 
 @testable @_spi(SchedulerImplementation) import SafeTimers
 
-/// Adversarial tests (review-12): each tries to break one promise of the
-/// compact layout / batched delivery changes.
-@Suite("Review12 attacks")
-struct Review12AttackTests {
+/// Attacks: each tries to break one promise of the compact layout, the
+/// sharded engine or batched delivery.
+@Suite("Attacks on the sharded engine and batched delivery")
+struct EngineDeliveryAttackTests {
     final class Capture: Sendable {}
 
     final class Box<T>: @unchecked Sendable {
@@ -136,7 +136,7 @@ struct Review12AttackTests {
     @Test func serialQueueOrderWithBlockingHandlers() async {
         let scheduler = SystemTimerScheduler()
         let engine = scheduler.engine
-        let queue = DispatchQueue(label: "review12.serial")
+        let queue = DispatchQueue(label: "attack.serial")
         let log = Box<[Int]>([])
         let count = 300
         let base = engine.nowTicks + 20_000_000
@@ -370,7 +370,7 @@ struct Review12AttackTests {
     @Test func blockedHopOnSerialQueueDoesNotSpinSchedulerThread() async {
         let scheduler = SystemTimerScheduler()
         let engine = scheduler.engine
-        let queue = DispatchQueue(label: "review12.serial.blocked")
+        let queue = DispatchQueue(label: "attack.serial.blocked")
         let deadline = engine.nowTicks + 5_000_000
         let done = Atomic<Int>(0)
         var works: [DelayedWork] = []
@@ -396,7 +396,7 @@ struct Review12AttackTests {
     @Test func hopOnSuspendedQueueDoesNotSpinSchedulerThread() async {
         let scheduler = SystemTimerScheduler()
         let engine = scheduler.engine
-        let queue = DispatchQueue(label: "review12.suspended", attributes: .concurrent)
+        let queue = DispatchQueue(label: "attack.suspended", attributes: .concurrent)
         queue.suspend()
         let deadline = engine.nowTicks + 5_000_000
         let done = Atomic<Int>(0)

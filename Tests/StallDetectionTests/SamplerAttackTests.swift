@@ -10,7 +10,7 @@ import Testing
 import Glibc
 #endif
 
-// Adversarial review 13c: attacks on the sampler's promises (kept-open /proc files,
+// Attacks on the sampler's promises (kept-open /proc files,
 // code cached across samples, rwx mappings not treated as code, images loaded
 // after the first sample).
 
@@ -18,23 +18,23 @@ import Glibc
 
 /// Released by a test to let its blocked thread return (one test at a time: the
 /// suite is serialized).
-private let review13cGate = Atomic<Int>(0)
+private let samplerAttackGate = Atomic<Int>(0)
 
 /// The callee a JIT stub or a test library calls: sleeps in the kernel until the gate opens.
-private let review13cSleeper: @convention(c) () -> Void = {
-    while review13cGate.load(ordering: .acquiring) == 0 { usleep(2_000) }
+private let samplerAttackSleeper: @convention(c) () -> Void = {
+    while samplerAttackGate.load(ordering: .acquiring) == 0 { usleep(2_000) }
 }
 
 /// The same, but running in user code (sampled by signal).
-private let review13cSpinner: @convention(c) () -> Void = {
+private let samplerAttackSpinner: @convention(c) () -> Void = {
     var spins = 0
-    while review13cGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
+    while samplerAttackGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
     _ = spins
 }
 
 /// Calls a C function `code(callback)` or `code()`; its own frame must stay in reports.
 @inline(never)
-private func review13cCaller(_ code: UInt, callback: UInt?) {
+private func samplerAttackCaller(_ code: UInt, callback: UInt?) {
     if let callback {
         let function = unsafeBitCast(code, to: (@convention(c) (UInt) -> Void).self)
         function(callback)
@@ -45,7 +45,7 @@ private func review13cCaller(_ code: UInt, callback: UInt?) {
 }
 
 /// A thread running `body`, whose kernel id and a stack address it publishes.
-private final class Review13cThread: @unchecked Sendable {
+private final class SamplerAttackThread: @unchecked Sendable {
     // Invariant: `tid` and `stackMarker` are written once by the thread before
     // `ready` is signalled, and read only after `ready` was waited for.
     private(set) var tid: Int32 = 0
@@ -74,7 +74,7 @@ private final class Review13cThread: @unchecked Sendable {
 }
 
 /// The `/proc/self/task/TID/{stat,syscall}` descriptors open in this process, by tid.
-private func review13cTaskDescriptors() -> [Int32: Int] {
+private func samplerAttackTaskDescriptors() -> [Int32: Int] {
     var counts: [Int32: Int] = [:]
     guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return [:] }
     for entry in entries {
@@ -94,11 +94,11 @@ private func review13cTaskDescriptors() -> [Int32: Int] {
 
 /// Builds a shared library from C source with the system compiler (`-O1` unless
 /// `flags` are given, frame pointers kept); its path, or nil when there is no compiler.
-func review13cBuildLibrary(
+func samplerAttackBuildLibrary(
     named name: String, source: String, flags: [String] = ["-O1", "-fno-omit-frame-pointer"]
 ) -> String? {
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
-        "review-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
+        "sampler-attack-\(name)-\(getpid())-\(UInt32.random(in: 0...UInt32.max))")
     try? FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     let sourcePath = directory.appendingPathComponent("\(name).c").path
     let libraryPath = directory.appendingPathComponent("lib\(name).so").path
@@ -118,7 +118,7 @@ func review13cBuildLibrary(
 }
 
 /// Two functions that keep their frames (`outer` calls `inner` calls the callback).
-private func review13cLibrarySource(_ prefix: String) -> String {
+private func samplerAttackLibrarySource(_ prefix: String) -> String {
     """
     typedef void (*callback_t)(void);
     __attribute__((noinline)) void \(prefix)_inner(callback_t callback) {
@@ -134,7 +134,7 @@ private func review13cLibrarySource(_ prefix: String) -> String {
 
 /// A JIT-like stub in anonymous memory: `push rbp; mov rbp, rsp; movabs rax,
 /// callee; call rax; pop rbp; ret`.
-private func review13cMakeStub(calling callee: UInt, protection: Int32) -> UnsafeMutableRawPointer? {
+private func samplerAttackMakeStub(calling callee: UInt, protection: Int32) -> UnsafeMutableRawPointer? {
     guard
         let memory = mmap(nil, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
         memory != MAP_FAILED
@@ -149,33 +149,33 @@ private func review13cMakeStub(calling callee: UInt, protection: Int32) -> Unsaf
     return memory.advanced(by: offset)
 }
 
-private func review13cSymbol(_ handle: UnsafeMutableRawPointer, _ name: String) throws -> UInt {
+private func samplerAttackSymbol(_ handle: UnsafeMutableRawPointer, _ name: String) throws -> UInt {
     let address = UInt(bitPattern: dlsym(handle, name))
     try #require(address != 0, "no symbol \(name)")
     return address
 }
 
-private func review13cNames(_ backtrace: StallBacktrace) -> [String] {
+private func samplerAttackNames(_ backtrace: StallBacktrace) -> [String] {
     backtrace.frames.map { $0.function ?? String(format: "0x%lx", $0.address) }
 }
 
 /// Recurses `depth` times, then sleeps until the gate opens.
 @inline(never)
-private func review13cRecurse(_ depth: Int) -> Int {
+private func samplerAttackRecurse(_ depth: Int) -> Int {
     if depth == 0 {
-        review13cSleeper()
+        samplerAttackSleeper()
         return 0
     }
-    return review13cRecurse(depth - 1) &+ 1
+    return samplerAttackRecurse(depth - 1) &+ 1
 }
 
 /// Holds `count` copies of `decoy` (a real return address of other code) on its
 /// stack while it sleeps.
 @inline(never)
-private func review13cDecoyHolder(_ decoy: UInt, count: Int) {
+private func samplerAttackDecoyHolder(_ decoy: UInt, count: Int) {
     withUnsafeTemporaryAllocation(of: UInt.self, capacity: count) { buffer in
         for index in 0..<count { buffer[index] = decoy }
-        review13cSleeper()
+        samplerAttackSleeper()
         var sum: UInt = 0
         for value in buffer { sum &+= value }
         if sum == 42 { print(sum) }
@@ -183,49 +183,49 @@ private func review13cDecoyHolder(_ decoy: UInt, count: Int) {
 }
 
 /// The thread id a short-lived thread hopes to get (thread-id reuse), and whether one got it.
-private let review13cWantedTid = Atomic<Int32>(0)
-private let review13cReuseHit = Atomic<Bool>(false)
+private let samplerAttackWantedTid = Atomic<Int32>(0)
+private let samplerAttackReuseHit = Atomic<Bool>(false)
 
 /// A thread's body: returns at once unless it got the wanted id, in which case it
-/// sleeps in `review13cDecoyHolder` until the gate opens.
-private func review13cReuseBody(_: UnsafeMutableRawPointer?) -> UnsafeMutableRawPointer? {
-    if stallcapture_current_tid() == review13cWantedTid.load(ordering: .acquiring) {
-        review13cReuseHit.store(true, ordering: .releasing)
-        review13cReuseChecked.add(1, ordering: .releasing)
-        review13cDecoyHolder(0, count: 1)
+/// sleeps in `samplerAttackDecoyHolder` until the gate opens.
+private func samplerAttackReuseBody(_: UnsafeMutableRawPointer?) -> UnsafeMutableRawPointer? {
+    if stallcapture_current_tid() == samplerAttackWantedTid.load(ordering: .acquiring) {
+        samplerAttackReuseHit.store(true, ordering: .releasing)
+        samplerAttackReuseChecked.add(1, ordering: .releasing)
+        samplerAttackDecoyHolder(0, count: 1)
     } else {
-        review13cReuseChecked.add(1, ordering: .releasing)
+        samplerAttackReuseChecked.add(1, ordering: .releasing)
     }
     return nil
 }
 
 /// How many short-lived threads have compared their id (the creator waits for each
 /// before it joins it: joining the one that got the id would wait for the gate).
-private let review13cReuseChecked = Atomic<Int>(0)
+private let samplerAttackReuseChecked = Atomic<Int>(0)
 
 /// Starts a thread running `body` (which waits on the gate), samples it once with
 /// `context`, lets it go and joins it.
-func review13cSample(with context: SamplingContext, _ body: @escaping @Sendable () -> Void) -> StallBacktrace {
-    review13cGate.store(0, ordering: .releasing)
-    let thread = Review13cThread(body)
+func samplerAttackSample(with context: SamplingContext, _ body: @escaping @Sendable () -> Void) -> StallBacktrace {
+    samplerAttackGate.store(0, ordering: .releasing)
+    let thread = SamplerAttackThread(body)
     let backtrace = context.backtrace(of: thread.tid)
-    review13cGate.store(1, ordering: .releasing)
+    samplerAttackGate.store(1, ordering: .releasing)
     #expect(thread.join())
     return backtrace
 }
 
 @Suite(
-    "Review 13c attacks on the sampler", .serialized,
+    "Attacks on the sampler: descriptors, threads, stacks, phases", .serialized,
     .disabled(
         if: underThreadSanitizer,
         "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))
-struct Review13cAttackTests {
+struct SamplerAttackAttackTests {
     // MARK: - Kept-open /proc files
 
     @Test("80 sleeping threads sampled: at most 64 threads' files stay open, none after the context goes")
     func manyThreadsKeepBoundedDescriptors() throws {
-        review13cGate.store(0, ordering: .releasing)
-        let threads = (0..<80).map { _ in Review13cThread { review13cSleeper() } }
+        samplerAttackGate.store(0, ordering: .releasing)
+        let threads = (0..<80).map { _ in SamplerAttackThread { samplerAttackSleeper() } }
         let tids = Set(threads.map(\.tid))
         var context: SamplingContext? = SamplingContext()
         var maximum = 0
@@ -242,35 +242,35 @@ struct Review13cAttackTests {
         #expect(maximum <= 2 * ProcTaskFiles.limit, "at most \(ProcTaskFiles.limit) threads' files: \(maximum) fds")
         context = nil
         // Other suites' detectors close theirs when their stalls end: waited for.
-        var left = review13cTaskDescriptors().filter { tids.contains($0.key) }
+        var left = samplerAttackTaskDescriptors().filter { tids.contains($0.key) }
         for _ in 0..<100 where !left.isEmpty {
             usleep(50_000)
-            left = review13cTaskDescriptors().filter { tids.contains($0.key) }
+            left = samplerAttackTaskDescriptors().filter { tids.contains($0.key) }
         }
         #expect(left.isEmpty, "descriptors left after the context went: \(left)")
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         for thread in threads { #expect(thread.join()) }
     }
 
     @Test(
         "A thread that exits between samples: reported gone, its files closed by the next look")
     func exitedThreadBetweenSamples() throws {
-        review13cGate.store(0, ordering: .releasing)
+        samplerAttackGate.store(0, ordering: .releasing)
         let context = SamplingContext()
-        let thread = Review13cThread { review13cSleeper() }
+        let thread = SamplerAttackThread { samplerAttackSleeper() }
         // Asleep (read through both files, stat and syscall), not still starting
         // (a running thread is signalled: stat only).
         // The sleeper wakes every 2 ms; on a loaded machine it may wait for a core
         // (running, so signalled: stat only) at the moment of a sample. Sampled again
         // until one sample caught it asleep.
         var first = context.backtrace(of: thread.tid)
-        for _ in 0..<200 where review13cTaskDescriptors()[thread.tid] != 2 {
+        for _ in 0..<200 where samplerAttackTaskDescriptors()[thread.tid] != 2 {
             usleep(5_000)
             first = context.backtrace(of: thread.tid)
         }
         #expect(first.unavailableReason == nil)
-        #expect(review13cTaskDescriptors()[thread.tid] == 2)
-        review13cGate.store(1, ordering: .releasing)
+        #expect(samplerAttackTaskDescriptors()[thread.tid] == 2)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(thread.join())
         // Give the kernel time to reap the thread.
         var second = context.backtrace(of: thread.tid)
@@ -285,22 +285,22 @@ struct Review13cAttackTests {
             _ = context.backtrace(of: thread.tid)
         }
         #expect(
-            review13cTaskDescriptors()[thread.tid] == nil,
-            "an exited thread's files stay open (\(second.unavailableReason ?? "")): \(review13cTaskDescriptors()[thread.tid] ?? 0)"
+            samplerAttackTaskDescriptors()[thread.tid] == nil,
+            "an exited thread's files stay open (\(second.unavailableReason ?? "")): \(samplerAttackTaskDescriptors()[thread.tid] ?? 0)"
         )
     }
 
     @Test("Threads that exit without being sampled again: how many descriptors the sampler holds for the dead")
     func exitedThreadsHoldDescriptors() throws {
-        review13cGate.store(0, ordering: .releasing)
+        samplerAttackGate.store(0, ordering: .releasing)
         let context = SamplingContext()
-        let threads = (0..<20).map { _ in Review13cThread { review13cSleeper() } }
+        let threads = (0..<20).map { _ in SamplerAttackThread { samplerAttackSleeper() } }
         let tids = Set(threads.map(\.tid))
         for thread in threads { _ = context.backtrace(of: thread.tid) }
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         for thread in threads { #expect(thread.join()) }
         usleep(100_000)
-        let held = review13cTaskDescriptors().filter { tids.contains($0.key) }.values.reduce(0, +)
+        let held = samplerAttackTaskDescriptors().filter { tids.contains($0.key) }.values.reduce(0, +)
         // Promise: bounded by the limit (2 files per thread, 64 threads).
         #expect(held <= 2 * ProcTaskFiles.limit)
         withExtendedLifetime(context) {}
@@ -308,7 +308,7 @@ struct Review13cAttackTests {
 
     @Test("A stopped and released detector closes every /proc file it opened")
     func releasedDetectorClosesDescriptors() async throws {
-        let queue = DispatchQueue(label: "review13c.blocked")
+        let queue = DispatchQueue(label: "samplerAttack.blocked")
         let blockedTid = Locked<Int32>(0)
         var detector: StallDetector? = StallDetector(target: .queue(queue), threshold: .milliseconds(100))
         detector!.start()
@@ -327,17 +327,17 @@ struct Review13cAttackTests {
         }
         #expect(sawEnded)
         let tid = blockedTid.withLock { $0 }
-        let whileAlive = review13cTaskDescriptors()[tid] ?? 0
+        let whileAlive = samplerAttackTaskDescriptors()[tid] ?? 0
         detector!.stop()
         detector = nil
-        var left = review13cTaskDescriptors()[tid] ?? 0
+        var left = samplerAttackTaskDescriptors()[tid] ?? 0
         for _ in 0..<200 where left > 0 {
             try await Task.sleep(for: .milliseconds(10))
-            left = review13cTaskDescriptors()[tid] ?? 0
+            left = samplerAttackTaskDescriptors()[tid] ?? 0
         }
-        // Since the review, a stall's files are closed once it ends (the program
+        // A stall's files are closed once it ends (the program
         // may need the descriptors): none need be open here any more.
-        print("REVIEW13C /proc files of the blocked thread after .ended: \(whileAlive)")
+        print("SAMPLER_ATTACK /proc files of the blocked thread after .ended: \(whileAlive)")
         #expect(left == 0, "a stopped and released detector kept \(left) /proc files of thread \(tid) open")
     }
 
@@ -352,7 +352,7 @@ struct Review13cAttackTests {
             }.start()
         }
         defer { stop.withLock { $0 = true } }
-        let queue = DispatchQueue(label: "review13c.between")
+        let queue = DispatchQueue(label: "samplerAttack.between")
         let blockedTid = Locked<Int32>(0)
         let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(100))
         detector.start()
@@ -388,10 +388,10 @@ struct Review13cAttackTests {
             while blocking.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(10)) }
             let tid = blockedTid.withLock { $0 }
             // Closed on the detector queue once the stall ended.
-            var held = review13cTaskDescriptors()[tid] ?? 0
+            var held = samplerAttackTaskDescriptors()[tid] ?? 0
             for _ in 0..<300 where held > 0 {
                 try await Task.sleep(for: .milliseconds(10))
-                held = review13cTaskDescriptors()[tid] ?? 0
+                held = samplerAttackTaskDescriptors()[tid] ?? 0
             }
             #expect(held == 0, "round \(round): \(held) /proc files of thread \(tid) still open between stalls")
         }
@@ -399,15 +399,15 @@ struct Review13cAttackTests {
 
     // MARK: - Code the image map does not know
 
-    /// Samples a thread that runs `review13cCaller` -> stub at `stub` -> callee, and returns the names.
+    /// Samples a thread that runs `samplerAttackCaller` -> stub at `stub` -> callee, and returns the names.
     private func sampleThroughStub(
         _ stub: UnsafeMutableRawPointer, context: SamplingContext, spinning: Bool
     ) -> (StallBacktrace, stackMarker: UInt) {
-        review13cGate.store(0, ordering: .releasing)
+        samplerAttackGate.store(0, ordering: .releasing)
         let address = UInt(bitPattern: stub)
-        let thread = Review13cThread { review13cCaller(address, callback: nil) }
+        let thread = SamplerAttackThread { samplerAttackCaller(address, callback: nil) }
         let backtrace = context.backtrace(of: thread.tid)
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(thread.join())
         return (backtrace, thread.stackMarker)
     }
@@ -421,22 +421,22 @@ struct Review13cAttackTests {
         ])
     func jitStubKeepsCaller(protection: Int32, mappedAfterFirstSample: Bool, spinning: Bool) throws {
         let context = SamplingContext()
-        let callee = unsafeBitCast(spinning ? review13cSpinner : review13cSleeper, to: UInt.self)
+        let callee = unsafeBitCast(spinning ? samplerAttackSpinner : samplerAttackSleeper, to: UInt.self)
         var stub: UnsafeMutableRawPointer?
-        if !mappedAfterFirstSample { stub = review13cMakeStub(calling: callee, protection: protection) }
+        if !mappedAfterFirstSample { stub = samplerAttackMakeStub(calling: callee, protection: protection) }
         // The first sample takes the image map and the text ranges.
-        let warm = Review13cThread { review13cSleeper() }
+        let warm = SamplerAttackThread { samplerAttackSleeper() }
         _ = context.backtrace(of: warm.tid)
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(warm.join())
-        if mappedAfterFirstSample { stub = review13cMakeStub(calling: callee, protection: protection) }
+        if mappedAfterFirstSample { stub = samplerAttackMakeStub(calling: callee, protection: protection) }
         let made = try #require(stub)
         defer { munmap(UnsafeMutableRawPointer(bitPattern: UInt(bitPattern: made) & ~4095), 4096) }
         let (backtrace, marker) = sampleThroughStub(made, context: context, spinning: spinning)
-        let names = review13cNames(backtrace)
+        let names = samplerAttackNames(backtrace)
         #expect(backtrace.unavailableReason == nil)
         #expect(
-            names.contains { $0.contains("review13cCaller") },
+            names.contains { $0.contains("samplerAttackCaller") },
             "the stub's caller is lost: \(names)")
         // No frame may be a pointer into the thread's own stack.
         let stackFrames = backtrace.frames.filter { $0.address &- (marker &- 0x10_0000) < 0x20_0000 }
@@ -450,23 +450,23 @@ struct Review13cAttackTests {
         .disabled("bug: text ranges are not taken again, so a dlopen after the first sample is never seen"),
         arguments: [false, true])
     func libraryLoadedLaterIsNamed(spinning: Bool) throws {
-        let prefix = spinning ? "r13c_late_spin" : "r13c_late_sleep"
-        let path = try #require(review13cBuildLibrary(named: prefix, source: review13cLibrarySource(prefix)))
+        let prefix = spinning ? "sampler_late_spin" : "sampler_late_sleep"
+        let path = try #require(samplerAttackBuildLibrary(named: prefix, source: samplerAttackLibrarySource(prefix)))
         let context = SamplingContext()
-        review13cGate.store(0, ordering: .releasing)
-        let warm = Review13cThread { review13cSleeper() }
+        samplerAttackGate.store(0, ordering: .releasing)
+        let warm = SamplerAttackThread { samplerAttackSleeper() }
         _ = context.backtrace(of: warm.tid)
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(warm.join())
 
         let handle = try #require(dlopen(path, RTLD_NOW | RTLD_LOCAL))
-        let outer = try review13cSymbol(handle, "\(prefix)_outer")
-        let callee = unsafeBitCast(spinning ? review13cSpinner : review13cSleeper, to: UInt.self)
-        let backtrace = review13cSample(with: context) { review13cCaller(outer, callback: callee) }
-        let names = review13cNames(backtrace)
+        let outer = try samplerAttackSymbol(handle, "\(prefix)_outer")
+        let callee = unsafeBitCast(spinning ? samplerAttackSpinner : samplerAttackSleeper, to: UInt.self)
+        let backtrace = samplerAttackSample(with: context) { samplerAttackCaller(outer, callback: callee) }
+        let names = samplerAttackNames(backtrace)
         #expect(names.contains("\(prefix)_outer"), "\(names)")
         #expect(names.contains("\(prefix)_inner"), "\(names)")
-        #expect(names.contains { $0.contains("review13cCaller") }, "\(names)")
+        #expect(names.contains { $0.contains("samplerAttackCaller") }, "\(names)")
     }
 
     @Test(
@@ -474,25 +474,25 @@ struct Review13cAttackTests {
         .disabled("bug: an image map taken again lists Runtime's debug files and names no library frame"))
     func imageMapTakenAgainKeepsNames() throws {
         // Any earlier context: the process' shared image map is taken.
-        let before = review13cSample(with: SamplingContext()) { review13cSleeper() }
-        #expect(review13cNames(before).contains("usleep"), "before: \(review13cNames(before))")
+        let before = samplerAttackSample(with: SamplingContext()) { samplerAttackSleeper() }
+        #expect(samplerAttackNames(before).contains("usleep"), "before: \(samplerAttackNames(before))")
 
-        let prefix = "r13c_refresh"
-        let path = try #require(review13cBuildLibrary(named: prefix, source: review13cLibrarySource(prefix)))
+        let prefix = "sampler_refresh"
+        let path = try #require(samplerAttackBuildLibrary(named: prefix, source: samplerAttackLibrarySource(prefix)))
         let handle = try #require(dlopen(path, RTLD_NOW | RTLD_LOCAL))
-        let outer = try review13cSymbol(handle, "\(prefix)_outer")
+        let outer = try samplerAttackSymbol(handle, "\(prefix)_outer")
         // A context made now lists the library as text; the shared map does not know it.
         let context = SamplingContext()
-        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
-        let backtrace = review13cSample(with: context) { review13cCaller(outer, callback: callee) }
-        let names = review13cNames(backtrace)
+        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
+        let backtrace = samplerAttackSample(with: context) { samplerAttackCaller(outer, callback: callee) }
+        let names = samplerAttackNames(backtrace)
         #expect(names.contains("\(prefix)_outer"), "\(names)")
         #expect(names.contains("usleep"), "the C library's frames lost their names: \(names)")
         #expect(names.contains("start_thread"), "the C library's frames lost their names: \(names)")
 
         // And a detector made afterwards (it starts from the shared map).
-        let after = review13cSample(with: SamplingContext()) { review13cSleeper() }
-        #expect(review13cNames(after).contains("usleep"), "a later context: \(review13cNames(after))")
+        let after = samplerAttackSample(with: SamplingContext()) { samplerAttackSleeper() }
+        #expect(samplerAttackNames(after).contains("usleep"), "a later context: \(samplerAttackNames(after))")
     }
 
     @Test(
@@ -500,31 +500,31 @@ struct Review13cAttackTests {
         .disabled("bug: names (and decoded code) cached by address survive a dlclose; no refresh for a known range"))
     func libraryReplacedAtSameAddress() throws {
         let alphaPath = try #require(
-            review13cBuildLibrary(named: "r13c_alpha", source: review13cLibrarySource("r13c_alpha")))
+            samplerAttackBuildLibrary(named: "sampler_alpha", source: samplerAttackLibrarySource("sampler_alpha")))
         let betaPath = try #require(
-            review13cBuildLibrary(named: "r13c_betaa", source: review13cLibrarySource("r13c_betaa")))
+            samplerAttackBuildLibrary(named: "sampler_betaa", source: samplerAttackLibrarySource("sampler_betaa")))
         // Loaded before the context's first sample, so its image is known.
         let alpha = try #require(dlopen(alphaPath, RTLD_NOW | RTLD_LOCAL))
-        let alphaOuter = try review13cSymbol(alpha, "r13c_alpha_outer")
+        let alphaOuter = try samplerAttackSymbol(alpha, "sampler_alpha_outer")
         let context = SamplingContext()
-        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
+        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
 
-        let first = review13cSample(with: context) { review13cCaller(alphaOuter, callback: callee) }
-        #expect(review13cNames(first).contains("r13c_alpha_outer"), "\(review13cNames(first))")
-        #expect(review13cNames(first).contains("usleep"), "first: \(review13cNames(first))")
+        let first = samplerAttackSample(with: context) { samplerAttackCaller(alphaOuter, callback: callee) }
+        #expect(samplerAttackNames(first).contains("sampler_alpha_outer"), "\(samplerAttackNames(first))")
+        #expect(samplerAttackNames(first).contains("usleep"), "first: \(samplerAttackNames(first))")
 
         dlclose(alpha)
         let beta = try #require(dlopen(betaPath, RTLD_NOW | RTLD_LOCAL))
         defer { dlclose(beta) }
-        let betaOuter = try review13cSymbol(beta, "r13c_betaa_outer")
+        let betaOuter = try samplerAttackSymbol(beta, "sampler_betaa_outer")
         // Same layout, same place: the same return addresses as before.
         try #require(betaOuter == alphaOuter, "the loader put the second library elsewhere; nothing to test")
 
-        let second = review13cSample(with: context) { review13cCaller(betaOuter, callback: callee) }
-        let names = review13cNames(second)
-        #expect(names.contains("r13c_betaa_outer"), "stale names after dlclose+dlopen: \(names)")
+        let second = samplerAttackSample(with: context) { samplerAttackCaller(betaOuter, callback: callee) }
+        let names = samplerAttackNames(second)
+        #expect(names.contains("sampler_betaa_outer"), "stale names after dlclose+dlopen: \(names)")
         #expect(names.contains("usleep"), "libc unnamed after the image map was taken again: \(names)")
-        #expect(!names.contains { $0.hasPrefix("r13c_alpha") }, "an unloaded library's names: \(names)")
+        #expect(!names.contains { $0.hasPrefix("sampler_alpha") }, "an unloaded library's names: \(names)")
     }
 
     // MARK: - Stack shapes
@@ -533,18 +533,18 @@ struct Review13cAttackTests {
         "Very deep recursion asleep in the kernel: every recursion frame in order up to the copy, marked truncated or reaching the root"
     )
     func deepRecursion() throws {
-        review13cGate.store(0, ordering: .releasing)
-        let thread = Review13cThread(stackSize: 64 << 20) { _ = review13cRecurse(20_000) }
+        samplerAttackGate.store(0, ordering: .releasing)
+        let thread = SamplerAttackThread(stackSize: 64 << 20) { _ = samplerAttackRecurse(20_000) }
         let context = SamplingContext()
         let backtrace = context.backtrace(of: thread.tid)
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(thread.join())
-        let names = review13cNames(backtrace)
-        let recursion = names.filter { $0.contains("review13cRecurse") }.count
+        let names = samplerAttackNames(backtrace)
+        let recursion = names.filter { $0.contains("samplerAttackRecurse") }.count
         #expect(recursion >= 1_000, "only \(recursion) recursion frames of 20,000")
         // Innermost first: the sleeper before every recursion frame.
-        let sleeper = names.firstIndex { $0.contains("review13cSleeper") }
-        let firstRecursion = names.firstIndex { $0.contains("review13cRecurse") }
+        let sleeper = names.firstIndex { $0.contains("samplerAttackSleeper") }
+        let firstRecursion = names.firstIndex { $0.contains("samplerAttackRecurse") }
         #expect(sleeper != nil && firstRecursion != nil && sleeper! < firstRecursion!, "\(names.prefix(12))")
         #expect(
             backtrace.isTruncated || names.contains("start_thread"),
@@ -553,52 +553,53 @@ struct Review13cAttackTests {
 
     @Test("A thread with the smallest stack, asleep and spinning: sampled whole", arguments: [false, true])
     func tinyStack(spinning: Bool) throws {
-        review13cGate.store(0, ordering: .releasing)
-        let body: @Sendable () -> Void = { spinning ? review13cSpinner() : review13cSleeper() }
-        let thread = Review13cThread(stackSize: 16 << 10, body)
+        samplerAttackGate.store(0, ordering: .releasing)
+        let body: @Sendable () -> Void = { spinning ? samplerAttackSpinner() : samplerAttackSleeper() }
+        let thread = SamplerAttackThread(stackSize: 16 << 10, body)
         let context = SamplingContext()
         var results: [StallBacktrace] = []
         for _ in 0..<20 { results.append(context.backtrace(of: thread.tid)) }
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(thread.join())
         for backtrace in results {
-            let names = review13cNames(backtrace)
+            let names = samplerAttackNames(backtrace)
             #expect(backtrace.unavailableReason == nil, "\(backtrace)")
-            #expect(names.contains { $0.contains(spinning ? "review13cSpinner" : "review13cSleeper") }, "\(names)")
+            #expect(
+                names.contains { $0.contains(spinning ? "samplerAttackSpinner" : "samplerAttackSleeper") }, "\(names)")
             #expect(names.contains("start_thread"), "\(names)")
         }
     }
 
     @Test("Hundreds of real return addresses of other code on the stack: none becomes a certain frame")
     func decoyReturnAddresses() throws {
-        // A real return address: where review13cCaller's call returns.
-        review13cGate.store(0, ordering: .releasing)
-        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
-        let source = Review13cThread { review13cCaller(callee, callback: nil) }
+        // A real return address: where samplerAttackCaller's call returns.
+        samplerAttackGate.store(0, ordering: .releasing)
+        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
+        let source = SamplerAttackThread { samplerAttackCaller(callee, callback: nil) }
         let context = SamplingContext()
         let reference = context.backtrace(of: source.tid)
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(source.join())
-        let decoys = reference.frames.filter { $0.function?.contains("review13cCaller") == true }.map(\.address)
-        let decoy = try #require(decoys.first, "\(review13cNames(reference))")
+        let decoys = reference.frames.filter { $0.function?.contains("samplerAttackCaller") == true }.map(\.address)
+        let decoy = try #require(decoys.first, "\(samplerAttackNames(reference))")
         // Also the return address inside the sleeper's own caller chain (usleep's caller).
-        review13cGate.store(0, ordering: .releasing)
-        let holder = Review13cThread { review13cDecoyHolder(decoy, count: 600) }
+        samplerAttackGate.store(0, ordering: .releasing)
+        let holder = SamplerAttackThread { samplerAttackDecoyHolder(decoy, count: 600) }
         var samples: [StallBacktrace] = []
         for _ in 0..<5 { samples.append(context.backtrace(of: holder.tid)) }
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(holder.join())
         for backtrace in samples {
             let certain = backtrace.frames.filter { !$0.isUncertain }
             #expect(
-                !certain.contains { $0.function?.contains("review13cCaller") == true },
-                "a decoy became a certain frame: \(review13cNames(backtrace))")
-            #expect(review13cNames(backtrace).contains { $0.contains("review13cDecoyHolder") })
-            #expect(review13cNames(backtrace).contains("start_thread"), "\(review13cNames(backtrace))")
+                !certain.contains { $0.function?.contains("samplerAttackCaller") == true },
+                "a decoy became a certain frame: \(samplerAttackNames(backtrace))")
+            #expect(samplerAttackNames(backtrace).contains { $0.contains("samplerAttackDecoyHolder") })
+            #expect(samplerAttackNames(backtrace).contains("start_thread"), "\(samplerAttackNames(backtrace))")
         }
     }
 
-    // MARK: - Whole stalls in a child process (stall-probe r13c-…)
+    // MARK: - Whole stalls in a child process (stall-probe sampler-…)
 
     /// The `.ended` profile of stall `id`: samples per function.
     private func endedProfile(_ run: ProbeRun, id: Int) -> (samples: Int, functions: [String: Int]) {
@@ -621,10 +622,12 @@ struct Review13cAttackTests {
 
     @Test("Four phases of one stall (asleep, spinning, in read(2), in a futex): each gets its share")
     func fourPhasesEachGetSamples() throws {
-        let run = try ProbeRun.run(["r13c-phases", "500"])
+        let run = try ProbeRun.run(["sampler-phases", "500"])
         #expect(run.exitStatus == 0)
         let (total, functions) = endedProfile(run, id: 2)
-        let phases = ["review13cSleepPhase", "review13cSpinPhase", "review13cReadPhase", "review13cFutexPhase"]
+        let phases = [
+            "samplerAttackSleepPhase", "samplerAttackSpinPhase", "samplerAttackReadPhase", "samplerAttackFutexPhase",
+        ]
         let counts = phases.map { samples(of: $0, in: functions) }
         #expect(total >= 8, "\(total) samples: \(run.lines.filter { $0.hasPrefix("PROFILE") })")
         for (phase, count) in zip(phases, counts) {
@@ -638,12 +641,12 @@ struct Review13cAttackTests {
     @Test(
         "A phase spent with SIGPROF blocked is not silently dropped from the profile")
     func maskedPhaseIsNotLost() throws {
-        let run = try ProbeRun.run(["r13c-masked", "600"])
+        let run = try ProbeRun.run(["sampler-masked", "600"])
         #expect(run.exitStatus == 0)
         let (total, functions) = endedProfile(run, id: 2)
-        let sleeping = samples(of: "review13cSleepPhase", in: functions)
-        // Half the stall was spent in review13cMaskedSpinPhase: at most about
-        // half of the profile may say review13cSleepPhase.
+        let sleeping = samples(of: "samplerAttackSleepPhase", in: functions)
+        // Half the stall was spent in samplerAttackMaskedSpinPhase: at most about
+        // half of the profile may say samplerAttackSleepPhase.
         #expect(total > 0)
         #expect(sleeping * 100 <= total * 70, "asleep in \(sleeping) of \(total) samples: the masked half is lost")
     }
@@ -651,7 +654,7 @@ struct Review13cAttackTests {
     @Test(
         "With one descriptor left, a stall neither takes it for good nor says the thread kept changing state")
     func lastDescriptor() throws {
-        let run = try ProbeRun.run(["r13c-nofile", "1"])
+        let run = try ProbeRun.run(["sampler-nofile", "1"])
         #expect(run.exitStatus == 0)
         #expect(
             run.lines.contains("OPENED 1 0"), "\(run.lines.filter { $0.hasPrefix("OPENED") || $0.hasPrefix("FD") })")
@@ -662,7 +665,7 @@ struct Review13cAttackTests {
 
     @Test("With few descriptors left, stalls are still named, and the detector keeps at most 2 per sampled thread")
     func fewDescriptors() throws {
-        let run = try ProbeRun.run(["r13c-nofile", "8"])
+        let run = try ProbeRun.run(["sampler-nofile", "8"])
         #expect(run.exitStatus == 0)
         let opened = run.lines.first { $0.hasPrefix("OPENED ") }?.split(separator: " ").dropFirst().first
             .flatMap { Int($0) }
@@ -674,15 +677,15 @@ struct Review13cAttackTests {
         }
     }
 
-    // A release stall-probe built from commit fb5ca8d's Review13cScenarios.swift lost these frames in
-    // every event of `r13c-nofile` (clock_nanosleep, then _dispatch_continuation_pop): see the review report.
+    // A release stall-probe built from commit fb5ca8d's SamplerAttackScenarios.swift lost these frames in
+    // every event of `sampler-nofile` (clock_nanosleep, then _dispatch_continuation_pop): see CHANGELOG.
     @Test("A sleeping function reached by the job's closure through a tail call keeps its frames (release build)")
     func tailCalledSleeperKeepsFrames() throws {
-        let run = try ProbeRun.run(["r13c-tailcall", "500"])
+        let run = try ProbeRun.run(["sampler-tailcall", "500"])
         #expect(run.exitStatus == 0)
         #expect(run.events.count == 4)
         for event in run.events {
-            for name in ["clock_nanosleep@", " nanosleep ", " usleep ", " review13cSleepPhase("] {
+            for name in ["clock_nanosleep@", " nanosleep ", " usleep ", " samplerAttackSleepPhase("] {
                 #expect(event.report.contains(name), "\(name): \(event.report)")
             }
         }
@@ -696,8 +699,8 @@ struct Review13cAttackTests {
         // handler's time (glibc's unwind and a 256 KB copy) shows as extra CPU.
         let result = Locked<(plain: Double, sampled: Double)>((0, 0))
         let phase = Atomic<Int>(0)
-        review13cGate.store(0, ordering: .releasing)
-        let thread = Review13cThread {
+        samplerAttackGate.store(0, ordering: .releasing)
+        let thread = SamplerAttackThread {
             func slices(_ count: Int) -> Double {
                 let before = StallProfiler.threadCPU()
                 var spins = 0
@@ -729,7 +732,7 @@ struct Review13cAttackTests {
         let (plain, sampled) = result.withLock { $0 }
         let perSample = (sampled - plain) / Double(max(1, count))
         print(
-            "REVIEW13C signal samples \(count): sampled thread +\(Int(perSample)) ns each, detector \(Int(detectorCPU) / max(1, count)) ns each"
+            "SAMPLER_ATTACK signal samples \(count): sampled thread +\(Int(perSample)) ns each, detector \(Int(detectorCPU) / max(1, count)) ns each"
         )
         #expect(count > 0)
     }
@@ -740,13 +743,13 @@ struct Review13cAttackTests {
         "Unwinding while another thread flips a code page between r-x and PROT_NONE (or unmaps it) never faults",
         arguments: [false, true])
     func codePageFlippedDuringUnwind(unmapping: Bool) throws {
-        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
-        let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
+        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
+        let stub = try #require(samplerAttackMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
         let page = UInt(bitPattern: stub) & ~4095
         let returnAddress = UInt(bitPattern: stub) + 16  // after `call rax`
         let running = Atomic<Bool>(true)
         let flips = Atomic<Int>(0)
-        let flipper = Review13cThread {
+        let flipper = SamplerAttackThread {
             let pointer = UnsafeMutableRawPointer(bitPattern: page)!
             while running.load(ordering: .relaxed) {
                 if unmapping {
@@ -776,7 +779,7 @@ struct Review13cAttackTests {
         running.store(false, ordering: .relaxed)
         #expect(flipper.join())
         munmap(UnsafeMutableRawPointer(bitPattern: page), 4096)
-        print("REVIEW13C \(unwinds) unwinds while the page flipped \(flips.load(ordering: .relaxed)) times")
+        print("SAMPLER_ATTACK \(unwinds) unwinds while the page flipped \(flips.load(ordering: .relaxed)) times")
         #expect(unwinds > 100)
     }
 
@@ -784,49 +787,50 @@ struct Review13cAttackTests {
 
     @Test("A thread id reused by a new thread between samples: the new thread's stack, not the old one's")
     func threadIDReused() throws {
-        review13cGate.store(0, ordering: .releasing)
+        samplerAttackGate.store(0, ordering: .releasing)
         let context = SamplingContext()
-        let old = Review13cThread { _ = review13cRecurse(3) }
+        let old = SamplerAttackThread { _ = samplerAttackRecurse(3) }
         let first = context.backtrace(of: old.tid)
-        #expect(review13cNames(first).contains { $0.contains("review13cRecurse") }, "\(review13cNames(first))")
+        #expect(
+            samplerAttackNames(first).contains { $0.contains("samplerAttackRecurse") }, "\(samplerAttackNames(first))")
         let tid = old.tid
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(old.join())
         usleep(20_000)
         // Short-lived threads until one gets the same id (pid_max wraps around).
-        review13cGate.store(0, ordering: .releasing)
-        review13cWantedTid.store(tid, ordering: .releasing)
-        review13cReuseHit.store(false, ordering: .releasing)
-        review13cReuseChecked.store(0, ordering: .releasing)
+        samplerAttackGate.store(0, ordering: .releasing)
+        samplerAttackWantedTid.store(tid, ordering: .releasing)
+        samplerAttackReuseHit.store(false, ordering: .releasing)
+        samplerAttackReuseChecked.store(0, ordering: .releasing)
         var holder: pthread_t?
         for created in 1...200_000 {
             var thread = pthread_t()
-            guard pthread_create(&thread, nil, review13cReuseBody, nil) == 0 else { break }
-            while review13cReuseChecked.load(ordering: .acquiring) < created { sched_yield() }
-            if review13cReuseHit.load(ordering: .acquiring) {
+            guard pthread_create(&thread, nil, samplerAttackReuseBody, nil) == 0 else { break }
+            while samplerAttackReuseChecked.load(ordering: .acquiring) < created { sched_yield() }
+            if samplerAttackReuseHit.load(ordering: .acquiring) {
                 holder = thread
                 break
             }
             pthread_join(thread, nil)
         }
         guard let holder else {
-            print("REVIEW13C no thread got id \(tid) again; nothing to test")
+            print("SAMPLER_ATTACK no thread got id \(tid) again; nothing to test")
             return
         }
         usleep(50_000)
         let second = context.backtrace(of: tid)
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         pthread_join(holder, nil)
-        let names = review13cNames(second)
+        let names = samplerAttackNames(second)
         #expect(second.unavailableReason == nil, "\(second)")
-        #expect(names.contains { $0.contains("review13cDecoyHolder") }, "the new thread's stack: \(names)")
-        #expect(!names.contains { $0.contains("review13cRecurse") }, "the old thread's frames: \(names)")
+        #expect(names.contains { $0.contains("samplerAttackDecoyHolder") }, "the new thread's stack: \(names)")
+        #expect(!names.contains { $0.contains("samplerAttackRecurse") }, "the old thread's frames: \(names)")
     }
 
     @Test(
         "A warm detector's .started comes on time for a thread that blocks SIGPROF")
     func maskedThreadStartedOnTime() throws {
-        let run = try ProbeRun.run(["r13c-masked-only", "1000"])
+        let run = try ProbeRun.run(["sampler-masked-only", "1000"])
         #expect(run.exitStatus == 0)
         let started = run.started.filter { $0.id == 2 }
         #expect(started.count == 1)
@@ -840,14 +844,14 @@ struct Review13cAttackTests {
         "Sampling a thread asleep under a JIT stub while another thread flips the stub's page to PROT_NONE never faults"
     )
     func jitPageFlippedWhileSampled() throws {
-        let callee = unsafeBitCast(review13cSleeper, to: UInt.self)
-        let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
+        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
+        let stub = try #require(samplerAttackMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
         let page = UInt(bitPattern: stub) & ~4095
-        review13cGate.store(0, ordering: .releasing)
+        samplerAttackGate.store(0, ordering: .releasing)
         let address = UInt(bitPattern: stub)
-        let sleeper = Review13cThread { review13cCaller(address, callback: nil) }
+        let sleeper = SamplerAttackThread { samplerAttackCaller(address, callback: nil) }
         let running = Atomic<Bool>(true)
-        let flipper = Review13cThread {
+        let flipper = SamplerAttackThread {
             let pointer = UnsafeMutableRawPointer(bitPattern: page)!
             while running.load(ordering: .relaxed) {
                 // Never PROT_NONE for long: the sleeper returns through the page.
@@ -864,9 +868,9 @@ struct Review13cAttackTests {
         }
         running.store(false, ordering: .relaxed)
         #expect(flipper.join())
-        review13cGate.store(1, ordering: .releasing)
+        samplerAttackGate.store(1, ordering: .releasing)
         #expect(sleeper.join())
-        print("REVIEW13C \(samples) samples while the stub's page flipped")
+        print("SAMPLER_ATTACK \(samples) samples while the stub's page flipped")
     }
 
     @Test(
@@ -874,19 +878,19 @@ struct Review13cAttackTests {
         arguments: [false, true])
     func executeOnlyStub(spinning: Bool) throws {
         let context = SamplingContext()
-        let callee = unsafeBitCast(spinning ? review13cSpinner : review13cSleeper, to: UInt.self)
-        let stub = try #require(review13cMakeStub(calling: callee, protection: PROT_EXEC))
+        let callee = unsafeBitCast(spinning ? samplerAttackSpinner : samplerAttackSleeper, to: UInt.self)
+        let stub = try #require(samplerAttackMakeStub(calling: callee, protection: PROT_EXEC))
         defer { munmap(UnsafeMutableRawPointer(bitPattern: UInt(bitPattern: stub) & ~4095), 4096) }
         let (backtrace, _) = sampleThroughStub(stub, context: context, spinning: spinning)
-        let names = review13cNames(backtrace)
+        let names = samplerAttackNames(backtrace)
         #expect(backtrace.unavailableReason == nil)
-        #expect(names.contains { $0.contains("review13cCaller") }, "the stub's caller is lost: \(names)")
+        #expect(names.contains { $0.contains("samplerAttackCaller") }, "the stub's caller is lost: \(names)")
     }
 
     @Test(
         "The cooperative pool, or a custom executor, blocked in a process with 60 older threads: the blockers are found",
         arguments: [
-            ("r13c-pool-crowd", "uniquelyNamedPoolBlocker"), ("r13c-custom-crowd", "uniquelyNamedQueueBlocker"),
+            ("sampler-pool-crowd", "uniquelyNamedPoolBlocker"), ("sampler-custom-crowd", "uniquelyNamedQueueBlocker"),
         ])
     func blockerFoundAmongManyThreads(scenario: String, blocker: String) throws {
         let run = try ProbeRun.run([scenario, "60"])

@@ -6,30 +6,30 @@ import StallDetection
 import Glibc
 #endif
 
-// Review of the signal sampler without `backtrace()`. Extra output lines:
+// Attacks on the signal sampler's unwinding (no `backtrace()` in the handler). Extra output lines:
 //   FREE <bytes>      the stack left below the spinning frame when the stall began
 
 /// The scenarios this file runs.
-let reviewSignalScenarios: Set<String> = ["rsig-near-stack-end", "rsig-near-stack-end-alone"]
+let unwindAttackScenarios: Set<String> = ["unwind-near-stack-end", "unwind-near-stack-end-alone"]
 
-func runReviewSignalScenario(_ scenario: String, _ number: Int) {
-    let queue = DispatchQueue(label: "probe.rsig")
+func runUnwindAttackScenario(_ scenario: String, _ number: Int) {
+    let queue = DispatchQueue(label: "probe.unwind")
     let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
     defer { withExtendedLifetime(detector) {} }
     switch scenario {
-    case "rsig-near-stack-end":
+    case "unwind-near-stack-end":
         // The stalled job recurses until only `number` bytes of its thread's stack
         // are left below it, then spins for 1.5 s: the detector's first signal
         // sample of the process lands there. (The program alone never overflows.)
         watch(detector, endedCount: 1, then: finishAndExit(detector))
         queue.asyncAfter(deadline: .now() + 0.3) {
-            emit("FREE \(reviewSignalDescend(low: reviewSignalStackLow(), left: UInt(max(number, 0))))")
+            emit("FREE \(unwindAttackDescend(low: unwindAttackStackLow(), left: UInt(max(number, 0))))")
         }
         dispatchMain()
-    case "rsig-near-stack-end-alone":
+    case "unwind-near-stack-end-alone":
         // The same job without a detector: the program alone does not overflow.
         queue.asyncAfter(deadline: .now() + 0.3) {
-            emit("FREE \(reviewSignalDescend(low: reviewSignalStackLow(), left: UInt(max(number, 0))))")
+            emit("FREE \(unwindAttackDescend(low: unwindAttackStackLow(), left: UInt(max(number, 0))))")
             exit(0)
         }
         dispatchMain()
@@ -42,7 +42,7 @@ func runReviewSignalScenario(_ scenario: String, _ number: Int) {
 /// pointer (from `/proc/self/maps`: a thread's stack is one mapping, with its
 /// guard page a separate one below).
 @inline(never)
-func reviewSignalStackLow() -> UInt {
+func unwindAttackStackLow() -> UInt {
     var marker = 0
     let here = withUnsafeMutablePointer(to: &marker) { UInt(bitPattern: $0) }
     let maps = (try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8)) ?? ""
@@ -59,20 +59,20 @@ func reviewSignalStackLow() -> UInt {
 /// Recurses until less than `left` bytes of stack remain above `low`, then spins;
 /// returns how many were left there.
 @inline(never)
-func reviewSignalDescend(low: UInt, left: UInt) -> UInt {
+func unwindAttackDescend(low: UInt, left: UInt) -> UInt {
     var marker = 0
     let here = withUnsafeMutablePointer(to: &marker) { UInt(bitPattern: $0) }
     if here > low + left + 256 {
-        let free = reviewSignalDescend(low: low, left: left)
+        let free = unwindAttackDescend(low: low, left: left)
         withExtendedLifetime(marker) {}
         return free
     }
-    reviewSignalNearStackEndSpin()
+    unwindAttackNearStackEndSpin()
     return here - low
 }
 
 @inline(never)
-func reviewSignalNearStackEndSpin() {
+func unwindAttackNearStackEndSpin() {
     let end = ContinuousClock.now + .milliseconds(1_500)
     var spins = 0
     while ContinuousClock.now < end { spins &+= 1 }

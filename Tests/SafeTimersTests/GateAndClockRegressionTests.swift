@@ -6,9 +6,9 @@ import Testing
 
 @testable @_spi(SchedulerImplementation) import SafeTimers
 
-/// One test per break found by an adversarial review of the invocation gate.
-@Suite("Regressions (review of the invocation gate)")
-struct ReviewRegressionTests {
+/// One test per break found by attacking the invocation gate.
+@Suite("Regressions: the invocation gate")
+struct InvocationGateRegressionTests {
     @Test("two handlers that cancel each other's timer do not deadlock; each timer stops")
     func crossCancelDoesNotDeadlock() {
         let a = StateLock<RepeatingTimer?>(nil)
@@ -117,9 +117,9 @@ struct ReviewRegressionTests {
     }
 }
 
-/// One test per break found by an adversarial review of the clock and deadline APIs.
-@Suite("Regressions (review of clocks and deadlines)")
-struct ClockReviewRegressionTests {
+/// One test per break found by attacking the clock and deadline APIs.
+@Suite("Regressions: clocks and deadlines")
+struct ClockRegressionTests {
     @Test("a zero-interval throttler whose action calls it again cannot hang advance or runUntilIdle")
     func selfRetriggeringThrottlerTerminates() {
         let manual = ManualTimerScheduler()
