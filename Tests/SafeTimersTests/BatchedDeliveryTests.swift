@@ -30,17 +30,6 @@ struct BatchedDeliveryTests {
         let value = Atomic<Bool>(false)
     }
 
-    /// Waits up to 60 s for `condition` (ThreadSanitizer and parallel suites on
-    /// 2 cores can starve the polling task for seconds).
-    private func eventually(_ condition: @Sendable () -> Bool) async -> Bool {
-        let end = Date().addingTimeInterval(60)
-        while !condition() {
-            if Date() > end { return false }
-            try? await Task.sleep(for: .milliseconds(5))
-        }
-        return true
-    }
-
     @Test("200 works due together on a serial queue: all run, in arming order, in at most 13 hops")
     func serialQueue() async {
         let scheduler = SystemTimerScheduler()
@@ -50,7 +39,8 @@ struct BatchedDeliveryTests {
         let works = (0..<200).map { index in
             DelayedWork.schedule(at: deadline, on: queue, scheduler: scheduler) { ran.record(index) }
         }
-        #expect(await eventually { ran.all.count == 200 })
+        let settled = await eventually(within: 60) { ran.all.count == 200 }
+        #expect(settled)
         #expect(ran.all == Array(0..<200))
         // 200 / 16 = 12.5: 13 hops when one round fires them all (a round split
         // by a wake-up in the middle of the arming could add one more).
@@ -78,7 +68,8 @@ struct BatchedDeliveryTests {
                 if index != 0 && ran.all.filter({ $0 != 0 }).count == count - 1 { othersDone.signal() }
             }
         }
-        #expect(await eventually { ran.all.count == count })
+        let settled = await eventually(within: 60) { ran.all.count == count }
+        #expect(settled)
         let wasReleased = released.value.load(ordering: .relaxed)
         #expect(wasReleased, "the blocked handler held up handlers of its hop until it returned")
         #expect(scheduler.engine.deliveryBatch.helperCount >= 1)
@@ -95,7 +86,8 @@ struct BatchedDeliveryTests {
             waited.value.store(signalled.wait(timeout: .now() + 60) == .success, ordering: .relaxed)
         }
         let second = DelayedWork.schedule(at: deadline, scheduler: scheduler) { signalled.signal() }
-        #expect(await eventually { first.state == .completed && second.state == .completed })
+        let settled = await eventually(within: 60) { first.state == .completed && second.state == .completed }
+        #expect(settled)
         let didWait = waited.value.load(ordering: .relaxed)
         #expect(didWait)
         #expect(scheduler.engine.deliveryBatch.carriedCount == 2)
@@ -119,12 +111,14 @@ struct BatchedDeliveryTests {
         let works = (0..<40).map { index in
             DelayedWork.schedule(at: deadline, on: queue, scheduler: scheduler) { ran.record(index) }
         }
-        #expect(await eventually { scheduler.engine.deliveryBatch.hopCount >= 3 })
+        let collected = await eventually(within: 60) { scheduler.engine.deliveryBatch.hopCount >= 3 }
+        #expect(collected)
         var prevented = 0
         for index in stride(from: 1, to: 40, by: 2) where works[index].cancel() { prevented += 1 }
         #expect(prevented == 20)
         gate.signal()
-        #expect(await eventually { ran.all.count == 20 })
+        let settled = await eventually(within: 60) { ran.all.count == 20 }
+        #expect(settled)
         try? await Task.sleep(for: .milliseconds(50))
         #expect(ran.all == Array(stride(from: 0, to: 40, by: 2)))
     }
@@ -141,7 +135,8 @@ struct BatchedDeliveryTests {
                 ran.record(index)
             }
         }
-        #expect(await eventually { ran.all.count == 30 })
+        let settled = await eventually(within: 60) { ran.all.count == 30 }
+        #expect(settled)
         #expect(ran.all == Array(0..<30))
         withExtendedLifetime(works) {}
     }
@@ -210,7 +205,8 @@ struct BatchedDeliveryTests {
                 }
             }
         }
-        #expect(await eventually { fired.all.count == 44 })
+        let settled = await eventually(within: 60) { fired.all.count == 44 }
+        #expect(settled)
         try? await Task.sleep(for: .milliseconds(50))
         let counts = fired.all
         #expect(counts.count == 44 && counts.values.allSatisfy { $0 == 1 }, "\(counts)")
@@ -232,7 +228,8 @@ struct BatchedDeliveryTests {
                     ran.record(attempt * 3 + index)
                 }
             }
-            #expect(await eventually { ran.all.count == attempt * 3 + 3 })
+            let settled = await eventually(within: 60) { ran.all.count == attempt * 3 + 3 }
+            #expect(settled)
             // Read at once and for the next 150 ms (the helper entry waits up to 128 ms).
             var seen: [Int] = []
             for _ in 0..<30 {

@@ -198,12 +198,6 @@ struct ConcurrencyTests {
     }
 }
 
-/// Polls `condition` until it holds or 20 s pass (a bound no healthy run reaches).
-func waitUntil(_ condition: () -> Bool) {
-    let deadline = Date().addingTimeInterval(20)
-    while !condition() && Date() < deadline { usleep(500) }
-}
-
 /// A one-way flag that closures of any isolation can share.
 final class Flag: Sendable {
     private let value = Atomic<Bool>(false)

@@ -22,16 +22,6 @@ struct EngineDeliveryAttackTests {
         }
     }
 
-    /// Polls `condition` for up to `seconds` (real time, async).
-    static func eventually(_ seconds: Double, _ condition: () -> Bool) async -> Bool {
-        let end = Date().addingTimeInterval(seconds)
-        while Date() < end {
-            if condition() { return true }
-            try? await Task.sleep(nanoseconds: 2_000_000)
-        }
-        return condition()
-    }
-
     /// Many private schedulers made and dropped on 4 threads, each with a few
     /// DelayedWorks (half cancelled, handles dropped): every uncancelled one
     /// runs exactly once, every cancel that returned true prevented its run,
@@ -75,20 +65,20 @@ struct EngineDeliveryAttackTests {
                 group.leave()
             }
         }
-        let done = await Self.eventually(30) { group.wait(timeout: .now()) == .success }
+        let done = await eventually(within: 30) { group.wait(timeout: .now()) == .success }
         #expect(done)
         let total = threads * perThread
-        let allRan = await Self.eventually(10) {
+        let allRan = await eventually(within: 10) {
             ran.with { $0.count } + prevented.with { $0.count } == total
         }
         #expect(allRan, "ran \(ran.with { $0.count }) prevented \(prevented.with { $0.count }) of \(total)")
         let overlap = prevented.with { p in ran.with { r in p.filter { r[$0] != nil } } }
         #expect(overlap.isEmpty, "prevented but ran: \(overlap)")
         #expect(ran.with { $0.values.allSatisfy { $0 == 1 } })
-        let capturesFreed = await Self.eventually(10) { captures.with { $0.allSatisfy { $0() } } }
+        let capturesFreed = await eventually(within: 10) { captures.with { $0.allSatisfy { $0() } } }
         #expect(capturesFreed)
         // Retired engines end their thread within about a second of emptying.
-        let enginesFreed = await Self.eventually(15) { engines.with { $0.allSatisfy { $0() } } }
+        let enginesFreed = await eventually(within: 15) { engines.with { $0.allSatisfy { $0() } } }
         let left = engines.with { $0.filter { !$0() }.count }
         #expect(enginesFreed, "\(left) private engines still alive")
     }
@@ -124,7 +114,7 @@ struct EngineDeliveryAttackTests {
             finished.add(1, ordering: .relaxed)
         }
         works.with { $0 = [a, b] }
-        let ok = await Self.eventually(15) { finished.load(ordering: .relaxed) == 2 }
+        let ok = await eventually(within: 15) { finished.load(ordering: .relaxed) == 2 }
         #expect(ok, "finished \(finished.load(ordering: .relaxed)) of 2 (deadlock?)")
         #expect(timedOut.load(ordering: .relaxed) == 0, "a handler waited 5 s for its hop-mate")
         _ = scheduler
@@ -152,7 +142,7 @@ struct EngineDeliveryAttackTests {
                     if i % 7 == 0 { usleep(2_000) }
                 })
         }
-        let ok = await Self.eventually(20) { log.with { $0.count } >= count }
+        let ok = await eventually(within: 20) { log.with { $0.count } >= count }
         #expect(ok)
         try? await Task.sleep(nanoseconds: 50_000_000)
         let order = log.with { $0 }
@@ -195,7 +185,7 @@ struct EngineDeliveryAttackTests {
                 })
         }
         works.with { $0 = made }
-        let ok = await Self.eventually(20) {
+        let ok = await eventually(within: 20) {
             let p = prevented.with { $0.reduce(0, +) }
             return finished.load(ordering: .relaxed) + p == count
         }
@@ -242,7 +232,7 @@ struct EngineDeliveryAttackTests {
             }
             done.signal()
         }
-        let ok = await Self.eventually(60) { done.wait(timeout: .now()) == .success }
+        let ok = await eventually(within: 60) { done.wait(timeout: .now()) == .success }
         #expect(ok)
         let found = problems.with { $0 }
         #expect(found.isEmpty, "\(found.count) problems, first: \(found.prefix(5))")
@@ -303,10 +293,10 @@ struct EngineDeliveryAttackTests {
             }
             scheduler = nil
         }
-        let ok = await Self.eventually(20) { ran.with { $0.allSatisfy { $0 >= 1 } } }
+        let ok = await eventually(within: 20) { ran.with { $0.allSatisfy { $0 >= 1 } } }
         #expect(ok, "ran \(ran.with { $0.filter { $0 > 0 }.count }) of 400")
         #expect(ran.with { $0.allSatisfy { $0 == 1 } })
-        let freed = await Self.eventually(15) { engines.allSatisfy { $0() } }
+        let freed = await eventually(within: 15) { engines.allSatisfy { $0() } }
         #expect(freed, "\(engines.filter { !$0() }.count) engines alive")
     }
 
@@ -350,7 +340,7 @@ struct EngineDeliveryAttackTests {
         }
         timers.with { $0 = made }
         for timer in made { timer.start() }
-        let ok = await Self.eventually(20) { made.allSatisfy { $0.state == .cancelled } }
+        let ok = await eventually(within: 20) { made.allSatisfy { $0.state == .cancelled } }
         #expect(ok, "states: \(made.map(\.state))")
         // cancel from outside now, then nothing may begin any more
         for (i, timer) in made.enumerated() {
@@ -382,7 +372,7 @@ struct EngineDeliveryAttackTests {
                 })
         }
         let start = DispatchTime.now().uptimeNanoseconds
-        let ok = await Self.eventually(10) { done.load(ordering: .relaxed) == 3 }
+        let ok = await eventually(within: 10) { done.load(ordering: .relaxed) == 3 }
         #expect(ok)
         let wakeUps = engine.wakeUpCount
         // Polling every millisecond woke it about once per ms (~295 in 300 ms).
@@ -412,7 +402,7 @@ struct EngineDeliveryAttackTests {
         let wakeUps = engine.wakeUpCount
         let elapsed = Int((DispatchTime.now().uptimeNanoseconds - start) / 1_000_000)
         queue.resume()
-        let ok = await Self.eventually(10) { done.load(ordering: .relaxed) == 3 }
+        let ok = await eventually(within: 10) { done.load(ordering: .relaxed) == 3 }
         #expect(ok)
         #expect(wakeUps < 15 + elapsed / 32, "scheduler thread woke \(wakeUps) times in \(elapsed) ms, nothing due")
         _ = works
@@ -437,7 +427,7 @@ struct EngineDeliveryAttackTests {
             calls.append((work.reschedule(after: .milliseconds(30)), before))
             works.append(work)
         }
-        let ok = await Self.eventually(10) { runs.with { $0.allSatisfy { $0 >= 1 } } }
+        let ok = await eventually(within: 10) { runs.with { $0.allSatisfy { $0 >= 1 } } }
         #expect(ok)
         try? await Task.sleep(nanoseconds: 50_000_000)
         var problems: [String] = []
@@ -474,7 +464,7 @@ struct EngineDeliveryAttackTests {
                     mainLog.with { $0.append(i) }
                 })
         }
-        let ok = await Self.eventually(10) { log.with { $0.count } == 40 && mainLog.with { $0.count } == 40 }
+        let ok = await eventually(within: 10) { log.with { $0.count } == 40 && mainLog.with { $0.count } == 40 }
         #expect(ok, "main actor \(log.with { $0.count }), main queue \(mainLog.with { $0.count })")
         #expect(log.with { $0 } == Array(0..<40))
         #expect(mainLog.with { $0 } == Array(0..<40))
@@ -531,7 +521,7 @@ struct EngineDeliveryAttackTests {
         // ([0, 3, 4]), as it should (a debouncer likewise, when its calls came
         // more than its delay apart).
         let burstFitsInterval = DispatchTime.now().uptimeNanoseconds - burstBegan < 4_000_000
-        let ok = await Self.eventually(10) {
+        let ok = await eventually(within: 10) {
             dogFired.with { $0.allSatisfy { $0 >= 1 } } && debounced.with { $0.allSatisfy { !$0.isEmpty } }
                 && throttled.with { $0.allSatisfy { $0.last == 4 } }
         }

@@ -83,7 +83,7 @@ struct EngineOrderTests {
             tag == 0 ? base + Int64(index) : base + 5_000 + Int64(index)
         }
         #expect(shards.count == 2, "the two threads did not get two shards")
-        await waitUntilSuspending { order.all.count == entries.joined().count }
+        await eventually { order.all.count == entries.joined().count }
         let fired = order.all
         #expect(fired.count == 610)
         let outOfOrder = zip(fired, fired.dropFirst()).filter { $0.deadline > $1.deadline }.count
@@ -102,7 +102,7 @@ struct EngineOrderTests {
         let order = Order()
         let (entries, shards) = await armOnTwoShards(engine, order: order, counts: [600, 300]) { _, _, base in base }
         #expect(shards.count == 2)
-        await waitUntilSuspending { order.all.count == entries.joined().count }
+        await eventually { order.all.count == entries.joined().count }
         let fired = order.all
         #expect(fired.count == 900)
         for tag in 0..<2 {

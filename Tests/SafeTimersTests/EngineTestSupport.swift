@@ -1,3 +1,4 @@
+import Foundation
 import Synchronization
 import Testing
 
@@ -59,4 +60,29 @@ final class Counter: Sendable {
     private let value = Atomic<Int>(0)
     func increment() { value.add(1, ordering: .relaxed) }
     var count: Int { value.load(ordering: .relaxed) }
+}
+
+// MARK: Polling real time
+
+/// Polls `condition` on this thread until it holds or 20 s pass (a bound no
+/// healthy run reaches).
+func waitUntil(_ condition: () -> Bool) {
+    let deadline = ContinuousClock.now + .seconds(20)
+    while !condition() && ContinuousClock.now < deadline { usleep(500) }
+}
+
+/// Polls `condition` until it holds or `seconds` pass, suspending between polls:
+/// it holds no Dispatch worker (on Linux the Swift concurrency pool *is*
+/// Dispatch's, two threads on two cores, and ThreadSanitizer or parallel suites can
+/// starve the polling task for seconds). Returns whether it held.
+@discardableResult
+func eventually(
+    within seconds: Double = 20, isolation: isolated (any Actor)? = #isolation, _ condition: () -> Bool
+) async -> Bool {
+    let deadline = ContinuousClock.now + .seconds(seconds)
+    while ContinuousClock.now < deadline {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(1))
+    }
+    return condition()
 }

@@ -9,14 +9,6 @@ import Testing
 /// One test per defect found by hostile use of the first version (each failed
 /// on that version). Real-time tests use generous bounds and assert outcomes,
 /// never speed.
-/// Polls `condition` without holding a Dispatch worker (on Linux the Swift
-/// concurrency pool *is* Dispatch's, two threads on two cores: a test that
-/// blocks one leaves a handler no second thread to overlap on).
-func waitUntilSuspending(_ condition: () -> Bool) async {
-    let deadline = ContinuousClock.now + .seconds(20)
-    while !condition() && ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(1)) }
-}
-
 @Suite("Regressions")
 struct RegressionTests {
     /// Counts handler invocations in flight and remembers the most at once.
@@ -51,12 +43,12 @@ struct RegressionTests {
             overlap.leave()
         }
         timer.start()
-        await waitUntilSuspending { began.count >= 1 }
+        await eventually { began.count >= 1 }
         timer.suspend()
         timer.resume()
         try? await Task.sleep(for: .milliseconds(50))  // the old design began a second invocation about 1 ms later
         #expect(overlap.most == 1, "two invocations ran at once")
-        await waitUntilSuspending { overlap.finished >= 1 }
+        await eventually { overlap.finished >= 1 }
         timer.cancel()
         #expect(overlap.current == 0, "cancel() returned while a handler still ran")
         let after = began.count
@@ -83,7 +75,7 @@ struct RegressionTests {
         }
         box.withLock { $0 = timer }
         timer.start()
-        await waitUntilSuspending { began.count >= 3 }
+        await eventually { began.count >= 3 }
         timer.cancel()
         box.withLock { $0 = nil }
         #expect(overlap.most == 1, "\(overlap.most) invocations ran at once")
@@ -125,7 +117,7 @@ struct RegressionTests {
             usleep(150_000)
             overlap.leave()
         }
-        await waitUntilSuspending { overlap.current == 1 }
+        await eventually { overlap.current == 1 }
         debouncer.call {}
         debouncer.cancel()
         #expect(overlap.current == 0, "cancel() returned while the action still ran")

@@ -92,9 +92,9 @@ struct WatchdogSlotLifecycleTests {
             }
             thread.start()
         }
-        await waitUntilSuspending { done.count == threads }
+        await eventually { done.count == threads }
         // The slot goes once its thread's key destructor has run.
-        await waitUntilSuspending { refs.allSatisfy { $0.slot == nil } }
+        await eventually { refs.allSatisfy { $0.slot == nil } }
         let kept = refs.filter { $0.slot != nil }.count
         #expect(kept == 0, "\(kept) of \(threads) ended threads left their slot armed in the engine")
     }
