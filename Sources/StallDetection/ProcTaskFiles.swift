@@ -50,6 +50,14 @@ final class ProcTaskFiles {
         descriptors.removeAll()
     }
 
+    /// Closes every thread's files but `kept`'s (after a search over many threads).
+    func closeAll(except kept: Int32?) {
+        for (tid, pair) in descriptors where tid != kept {
+            for descriptor in pair where descriptor >= 0 { close(descriptor) }
+        }
+        descriptors = descriptors.filter { $0.key == kept }
+    }
+
     /// The file's whole text (up to 4 KB, far more than either holds), or nil
     /// when the thread is gone.
     func read(_ kind: Kind, thread tid: Int32) -> String? {

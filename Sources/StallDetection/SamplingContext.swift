@@ -72,6 +72,12 @@ final class SamplingContext: @unchecked Sendable {
         sampler?.files.closeAll()
     }
 
+    /// Closes the files of every thread but `kept`: a search over every thread
+    /// opened them, and the profile follows one thread.
+    func releaseFiles(except kept: Int32?) {
+        sampler?.files.closeAll(except: kept)
+    }
+
     /// Installs the signal handler and loads symbols before the first stall
     /// (once per process).
     func warmUp() {

@@ -40,6 +40,8 @@ final class StallProfiler: Sendable {
         var stall: OpenStall?
         /// When the last sample joined the profile.
         var lastTaken: Int64?
+        /// Samples in a row that found no thread (none known yet).
+        var searchesWithoutThread = 0
     }
 
     /// What a session gathered, for its `.ended` event: its samples are named
@@ -298,15 +300,16 @@ final class StallProfiler: Sendable {
     }
 
     private func sample(generation: UInt64) {
-        let look = state.withLock { state -> (thread: Int32?, reported: Bool)? in
+        let look = state.withLock { state -> (thread: Int32?, reported: Bool, misses: Int)? in
             guard !state.stopped, let session = state.session, session.generation == generation else { return nil }
-            return (session.thread, session.stall != nil)
+            return (session.thread, session.stall != nil, session.searchesWithoutThread)
         }
-        guard let (known, reported) = look else { return }
+        guard let (known, reported, misses) = look else { return }
         let start = Monotonic.now()
         let cpuBefore = Self.threadCPU()
         let namingBefore = sampling.namingCost
-        let (frames, found) = take(known: known, reported: reported)
+        // Every other search after the likely threads missed tries every thread.
+        let (frames, found) = take(known: known, everyThread: reported || misses % 2 == 1)
         let cost = Self.threadCPU() - cpuBefore
         let naming = max(0, min(cost, sampling.namingCost - namingBefore))
         let taken = Monotonic.now()
@@ -314,6 +317,7 @@ final class StallProfiler: Sendable {
         let next = state.withLock { state -> (UInt64, Int64)? in
             guard !state.stopped, state.session?.generation == generation else { return nil }
             state.session?.thread = found
+            state.session?.searchesWithoutThread = found == nil ? misses + 1 : 0
             let stride = state.session?.recorder.stride ?? 1
             if let frames { Self.add(frames, at: taken, interval: state.pace.interval(stride: stride), to: &state) }
             // Naming functions never seen before by their symbols (tens of
@@ -353,14 +357,20 @@ final class StallProfiler: Sendable {
     /// One sample of the blocked thread (`known`, or found as `.started` finds
     /// it): its raw stack, and the thread to sample next time (nil: find it
     /// again, the job moved).
-    private func take(known: Int32?, reported: Bool) -> (frames: [RawFrame]?, thread: Int32?) {
+    ///
+    /// Without `everyThread`, a thread not known yet is looked for among the
+    /// likely threads only (the main thread, the one that answered last): trying
+    /// every thread holds up the detector's queue. With it (after `.started`, and
+    /// every other search after the likely threads ran nothing of the target) all
+    /// threads are tried: a `queue.sync` caller runs the queue's job on its own
+    /// thread, and a stall no look saw in time is reported only if a sample saw
+    /// its job.
+    private func take(known: Int32?, everyThread: Bool) -> (frames: [RawFrame]?, thread: Int32?) {
         let (answering, queue) = lastAnswering()
         guard let known else {
-            // Before `.started`, only the likely threads (the main thread, the
-            // one that answered last): trying every thread holds up the
-            // detector's queue, and `.started` finds the thread anyway.
             let search = sampling.find(
-                target: target, lastAnswering: answering, queue: queue, candidatesOnly: !reported)
+                target: target, lastAnswering: answering, queue: queue, candidatesOnly: !everyThread)
+            if everyThread { sampling.releaseFiles(except: search.found?.thread) }
             guard let raw = search.found, keeps(raw) else { return (nil, nil) }
             return (raw.frames, raw.thread)
         }
