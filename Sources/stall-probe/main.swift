@@ -220,6 +220,36 @@ case "idle", "overhead", "overhead-custom", "overhead-pool":
     emit("WAKEUPS \(switches) \(number)")
     exit(0)
 
+case "overhead-reference":
+    // What a heartbeat costs on this machine with none of a detector's work: a
+    // thread that wakes every 25 ms (absolute deadlines) and posts an empty block
+    // to a serial queue, the same two wake-ups per heartbeat. The idle cost test
+    // bounds the detector's cost by this one's, measured in the same run.
+    let queue = DispatchQueue(label: "probe.reference")
+    Thread {
+        var next = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &next)
+        while true {
+            next.tv_nsec += 25_000_000
+            if next.tv_nsec >= 1_000_000_000 {
+                next.tv_nsec -= 1_000_000_000
+                next.tv_sec += 1
+            }
+            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, nil)
+            queue.async { blackHole(0) }
+        }
+    }.start()
+    emit("HEARTBEAT 25.0")
+    usleep(1_000_000)
+    let before = cpuMilliseconds()
+    let switchesBefore = contextSwitches()
+    var request = timespec(tv_sec: number, tv_nsec: 0)
+    var remaining = timespec()
+    while nanosleep(&request, &remaining) != 0 { request = remaining }
+    emit("CPU \(cpuMilliseconds() - before)")
+    emit("WAKEUPS \(contextSwitches() - switchesBefore) \(number)")
+    exit(0)
+
 case "recall":
     // 20 stalls of random length between 300 ms and 1.5 s, one second apart.
     let queue = DispatchQueue(label: "probe.recall")

@@ -23,8 +23,8 @@ extension StallDetectorIntegrationTests {
         }
 
         /// Goal 0.1 % of a core; see "How stall reports are made" ("What it costs"). The bound
-        /// here catches regressions: at most 0.5 % of a core (on this shared 2-core VM,
-        /// 0.08 % quiet and up to 0.32 % while other builds run) and 4 wake-ups
+        /// here catches regressions: at most 1.6 times what two bare wake-ups per
+        /// heartbeat cost on the same machine in the same run, and 2.4 wake-ups
         /// (voluntary context switches of the whole process) per heartbeat.
         @Test(
             "idle cost over 20 s at the default heartbeat (release)",
@@ -33,31 +33,39 @@ extension StallDetectorIntegrationTests {
             // The best of several runs: the machine is shared, and other processes'
             // load makes each wake-up of ours cost more CPU (caches, the hypervisor).
             // Per heartbeat: one firing of the probe timer on the scheduler thread and
-            // one wake-up of the watched queue's worker, plus the overdue watchdog's
-            // lazy re-arm (one every threshold): 2.1 measured. 2.4 fails when the
-            // detector's early look, moved back at every answer, leaves a stale
+            // one wake-up of the watched queue's worker: 2.0 measured. 2.4 fails when
+            // the detector's early look, moved back at every answer, leaves a stale
             // shard target behind (2.6 before that was fixed).
-            // The other tests of this step run beside it (two of them keep both
-            // cores busy for half a minute): each run starts once the machine is
-            // quiet for a moment, and there are up to 5 (in one CI run, three runs
-            // under that load measured 0.52–0.55 % where quiet runs measure 0.2 %).
-            var bestPercent = Double.infinity
+            // The CPU is bounded by what the same two wake-ups per heartbeat cost on
+            // this machine in this run, with none of a detector's work (scenario
+            // `overhead-reference`: a thread sleeping to a 25 ms grid that posts an
+            // empty block): 1.3-1.45 times it measured, on machines where the
+            // reference itself cost 0.3-0.4 % of a core.
+            // The other tests of this step run beside it: each run starts once the
+            // machine is quiet for a moment, and there are up to 5.
+            var bestRatio = Double.infinity
             var bestPerHeartbeat = Double.infinity
             for _ in 0..<5 {
                 waitForQuietMachine()
+                let reference = try ProbeRun.run(["overhead-reference", "10"], timeLimit: 60)
+                let referenceCPU = try #require(reference.value("CPU").first, "\(reference.lines)")
                 let run = try ProbeRun.run(["overhead", "20"], timeLimit: 90)
                 #expect(run.exitStatus == 0)
                 let cpu = try #require(run.value("CPU").first, "\(run.lines)")
                 let wakeUps = try #require(run.value("WAKEUPS").first, "\(run.lines)")
                 let heartbeat = try #require(run.value("HEARTBEAT").first, "\(run.lines)")
                 let percent = cpu / 20_000 * 100
+                let referencePercent = referenceCPU / 10_000 * 100
+                let ratio = percent / max(0.01, referencePercent)
                 let perHeartbeat = wakeUps / (20_000 / heartbeat)
-                print("idle: \(percent) % of a core, \(wakeUps / 20) wake-ups/s, \(perHeartbeat) per heartbeat")
-                bestPercent = min(bestPercent, percent)
+                print(
+                    "idle: \(percent) % of a core (\(ratio) × the bare heartbeat's \(referencePercent) %), "
+                        + "\(wakeUps / 20) wake-ups/s, \(perHeartbeat) per heartbeat")
+                bestRatio = min(bestRatio, ratio)
                 bestPerHeartbeat = min(bestPerHeartbeat, perHeartbeat)
-                if bestPercent <= 0.5 && bestPerHeartbeat <= 2.4 { break }
+                if bestRatio <= 1.6 && bestPerHeartbeat <= 2.4 { break }
             }
-            #expect(bestPercent <= 0.5, "\(bestPercent) % of a core")
+            #expect(bestRatio <= 1.6, "\(bestRatio) × the bare heartbeat's cost")
             #expect(bestPerHeartbeat <= 2.4, "\(bestPerHeartbeat) wake-ups per heartbeat")
         }
 
