@@ -101,22 +101,25 @@ struct EngineDeliveryAttackTests {
         let deadline = engine.nowTicks + 5_000_000
         let a = DelayedWork.schedule(atTicks: { _ in deadline }, executor: .globalQueue, engine: engine) {
             aRunning.signal()
-            if bRunning.wait(timeout: .now() + 5) == .timedOut { timedOut.add(1, ordering: .relaxed) }
+            if bRunning.wait(timeout: .now() + 30) == .timedOut { timedOut.add(1, ordering: .relaxed) }
             bRunning.signal()
             _ = works.with { $0[1] }.cancel()
             finished.add(1, ordering: .relaxed)
         }
         let b = DelayedWork.schedule(atTicks: { _ in deadline + bDelay }, executor: .globalQueue, engine: engine) {
             bRunning.signal()
-            if aRunning.wait(timeout: .now() + 5) == .timedOut { timedOut.add(1, ordering: .relaxed) }
+            if aRunning.wait(timeout: .now() + 30) == .timedOut { timedOut.add(1, ordering: .relaxed) }
             aRunning.signal()
             _ = works.with { $0[0] }.cancel()
             finished.add(1, ordering: .relaxed)
         }
         works.with { $0 = [a, b] }
-        let ok = await eventually(within: 15) { finished.load(ordering: .relaxed) == 2 }
+        // A mate's helper block needs a worker of the global queue: other suites
+        // running beside this one can hold every worker for seconds (one CI run
+        // waited more than 5 s), so the waits are long; a deadlock waits forever.
+        let ok = await eventually(within: 60) { finished.load(ordering: .relaxed) == 2 }
         #expect(ok, "finished \(finished.load(ordering: .relaxed)) of 2 (deadlock?)")
-        #expect(timedOut.load(ordering: .relaxed) == 0, "a handler waited 5 s for its hop-mate")
+        #expect(timedOut.load(ordering: .relaxed) == 0, "a handler waited 30 s for its hop-mate")
         _ = scheduler
     }
 
