@@ -41,45 +41,71 @@ struct ProfilerSearchTests {
     }
 
     /// The functions a profile sampled while a `queue.sync` caller blocked the
-    /// queue and the thread of its last probe waited elsewhere.
+    /// queue and the thread of its last probe waited elsewhere. This thread's
+    /// stack holds no reference to the watched queue (a thread waiting in the
+    /// detector queue's `sync` with the queue's address among its words counts as
+    /// running it): the queue lives in ``Stage``.
     private static func sampledFunctions() -> [String] {
-        let queue = DispatchQueue(label: "profiler.search")
-        let stop = Locked(false)
-        defer { stop.withLock { $0 = true } }
-        // The last probe ran on a thread that waits outside the queue now.
-        let answered = Locked<ProbeAnswer?>(nil)
-        let probed = DispatchSemaphore(value: 0)
-        Thread {
-            queue.sync { answered.withLock { $0 = .here() } }
-            probed.signal()
-            while !stop.withLock({ $0 }) { usleep(5_000) }
-        }.start()
-        probed.wait()
-        guard let answer = answered.withLock({ $0 }), answer.queue != nil else { return ["no probe answer"] }
-        let blocked = DispatchSemaphore(value: 0)
-        Thread {
-            queue.sync {
-                blocked.signal()
-                profilerSearchSyncBlocker(stop)
-            }
-        }.start()
-        blocked.wait()
-        let detectorQueue = DispatchQueue(label: "profiler.search.detector")
-        let profiler = StallProfiler(
-            queue: detectorQueue, scheduler: SystemTimerScheduler.shared, sampling: SamplingContext(),
-            target: .queue(queue), fatalReportPath: nil, lateAfter: 50_000_000,
-            lastAnswering: { (answer.thread, answer.queue) }, owesAnswer: { true })
-        defer { profiler.stop() }
-        profiler.begin(now: Monotonic.now())
+        guard let stage = Stage() else { return ["no probe answer"] }
+        defer { stage.finish() }
         // Samples come every few milliseconds; a loaded machine may hold the
         // detector's queue back for seconds.
         let deadline = ContinuousClock.now + .seconds(20)
         var names: [String] = []
         while ContinuousClock.now < deadline {
-            names = detectorQueue.sync { profiler.snapshot().profile.functions.map(\.name) }
+            names = stage.functions()
             if names.contains(where: { $0.contains("profilerSearchSyncBlocker") }) { break }
             usleep(20_000)
         }
         return names
+    }
+
+    /// The watched queue blocked by a `queue.sync` caller, the thread of its last
+    /// probe waiting elsewhere, and a profile sampling from before `.started`.
+    private final class Stage {
+        private let stop = Locked(false)
+        private let detectorQueue = DispatchQueue(label: "profiler.search.detector")
+        private var profiler: StallProfiler?
+
+        init?() {
+            let queue = DispatchQueue(label: "profiler.search")
+            let stop = self.stop
+            let answered = Locked<ProbeAnswer?>(nil)
+            let probed = DispatchSemaphore(value: 0)
+            Thread {
+                queue.sync { answered.withLock { $0 = .here() } }
+                probed.signal()
+                while !stop.withLock({ $0 }) { usleep(5_000) }
+            }.start()
+            probed.wait()
+            guard let answer = answered.withLock({ $0 }), answer.queue != nil else {
+                stop.withLock { $0 = true }
+                return nil
+            }
+            let blocked = DispatchSemaphore(value: 0)
+            Thread {
+                queue.sync {
+                    blocked.signal()
+                    profilerSearchSyncBlocker(stop)
+                }
+            }.start()
+            blocked.wait()
+            let profiler = StallProfiler(
+                queue: detectorQueue, scheduler: SystemTimerScheduler.shared, sampling: SamplingContext(),
+                target: .queue(queue), fatalReportPath: nil, lateAfter: 50_000_000,
+                lastAnswering: { (answer.thread, answer.queue) }, owesAnswer: { true })
+            profiler.begin(now: Monotonic.now())
+            self.profiler = profiler
+        }
+
+        /// The functions of the profile so far.
+        func functions() -> [String] {
+            detectorQueue.sync { profiler?.snapshot().profile.functions.map(\.name) ?? [] }
+        }
+
+        func finish() {
+            profiler?.stop()
+            stop.withLock { $0 = true }
+        }
     }
 }
