@@ -124,3 +124,15 @@ func finishAndExit(_ detector: StallDetector) -> @Sendable () -> Void {
         exit(0)
     }
 }
+
+/// The process' CPU milliseconds and voluntary context switches over `seconds`
+/// of this thread asleep: one sleep for the whole measurement (a stop and
+/// continue restart it), so the main thread adds no wake-up of its own.
+func idleCost(seconds: Int) -> (cpu: Double, switches: Int) {
+    let before = cpuMilliseconds()
+    let switchesBefore = contextSwitches()
+    var request = timespec(tv_sec: seconds, tv_nsec: 0)
+    var remaining = timespec()
+    while nanosleep(&request, &remaining) != 0 { request = remaining }
+    return (cpuMilliseconds() - before, contextSwitches() - switchesBefore)
+}

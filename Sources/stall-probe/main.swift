@@ -206,15 +206,7 @@ case "idle", "overhead", "overhead-custom", "overhead-pool":
     // The detector's one-time warm-up (symbol tables loaded, and freed again when the
     // dispatch worker that loaded them retires, about 5 s later) is not overhead.
     if scenario.hasPrefix("overhead") { usleep(8_000_000) }
-    let before = cpuMilliseconds()
-    let switchesBefore = contextSwitches()
-    // One sleep for the whole measurement (a stop and continue restart it): the
-    // main thread adds no wake-up of its own.
-    var request = timespec(tv_sec: number, tv_nsec: 0)
-    var remaining = timespec()
-    while nanosleep(&request, &remaining) != 0 { request = remaining }
-    let switches = contextSwitches() - switchesBefore
-    let cpu = cpuMilliseconds() - before
+    let (cpu, switches) = idleCost(seconds: number)
     detector.stop()
     emit("CPU \(cpu)")
     emit("WAKEUPS \(switches) \(number)")
@@ -241,13 +233,9 @@ case "overhead-reference":
     }.start()
     emit("HEARTBEAT 25.0")
     usleep(1_000_000)
-    let before = cpuMilliseconds()
-    let switchesBefore = contextSwitches()
-    var request = timespec(tv_sec: number, tv_nsec: 0)
-    var remaining = timespec()
-    while nanosleep(&request, &remaining) != 0 { request = remaining }
-    emit("CPU \(cpuMilliseconds() - before)")
-    emit("WAKEUPS \(contextSwitches() - switchesBefore) \(number)")
+    let (cpu, switches) = idleCost(seconds: number)
+    emit("CPU \(cpu)")
+    emit("WAKEUPS \(switches) \(number)")
     exit(0)
 
 case "recall":
