@@ -4,6 +4,8 @@
 #if defined(__linux__)
 
 #include <errno.h>
+#include <limits.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -39,6 +41,87 @@ static struct sigaction previous_action;
 
 pid_t stallcapture_current_tid(void) { return (pid_t)syscall(SYS_gettid); }
 
+// Where libdispatch keeps the queue a thread drains, as an offset from the thread
+// pointer (valid for every thread: libdispatch's thread-local record is in the
+// static TLS block, at the same offset from each thread's pointer). Found once,
+// outside any handler, by `locate_queue_slot`; not found: samples say the queue is
+// unknown.
+static _Atomic intptr_t queue_slot_offset;
+static _Atomic int queue_slot_found;
+
+// The calling thread's pointer, read from its register (no call, no TLS lookup).
+static inline uintptr_t thread_pointer(void) {
+    uintptr_t pointer = 0;
+#if defined(__x86_64__)
+    __asm__ volatile("mov %%fs:0, %0" : "=r"(pointer));
+#elif defined(__aarch64__)
+    __asm__ volatile("mrs %0, tpidr_el0" : "=r"(pointer));
+#endif
+    return pointer;
+}
+
+// Declared by libdispatch; the Swift overlay does not import them.
+extern void *dispatch_get_current_queue(void);
+extern void *dispatch_queue_create(const char *label, void *attributes);
+extern void dispatch_sync_f(void *queue, void *context, void (*work)(void *));
+extern void dispatch_release(void *object);
+
+// Reads `size` bytes at `address` without faulting (0 on success).
+static int read_memory(uintptr_t address, void *into, size_t size) {
+    struct iovec local = {into, size};
+    struct iovec remote = {(void *)address, size};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)size ? 0 : -1;
+}
+
+// Run on a queue: finds libdispatch's thread-local record through the pthread key
+// libdispatch registers it under (its value is the record's address; the record
+// starts with the thread id and then holds the current queue), and stores the
+// queue field's offset from the thread pointer in `*(intptr_t *)context`, or
+// leaves it at INTPTR_MIN.
+static void find_queue_slot(void *context) {
+    uintptr_t queue = (uintptr_t)dispatch_get_current_queue();
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    uintptr_t pointer = thread_pointer();
+    for (pthread_key_t key = 0; key < PTHREAD_KEYS_MAX && pointer != 0; key++) {
+        uintptr_t record = (uintptr_t)pthread_getspecific(key);
+        // A thread's static TLS lies next to its thread pointer.
+        if (record == 0 || record - pointer + (1u << 24) > (1u << 25)) continue;
+        struct { pid_t tid; uintptr_t queue; } head;
+        if (read_memory(record, &head, sizeof head) != 0 || head.tid != tid || head.queue != queue) continue;
+        *(intptr_t *)context = (intptr_t)(record + offsetof(__typeof__(head), queue) - pointer);
+        return;
+    }
+}
+
+static intptr_t queue_slot_on(const char *label) {
+    intptr_t offset = INTPTR_MIN;
+    void *queue = dispatch_queue_create(label, NULL);
+    if (queue == NULL) return offset;
+    dispatch_sync_f(queue, &offset, find_queue_slot);
+    dispatch_release(queue);
+    return offset;
+}
+
+static void *queue_slot_on_other_thread(void *result) {
+    *(intptr_t *)result = queue_slot_on("SafeTimers.StallDetection.locate-queue-2");
+    return NULL;
+}
+
+// Finds the queue field's offset on two threads and two queues; keeps it only
+// when both agree (a libdispatch whose record is in dynamic TLS, loaded by
+// dlopen, has no common offset).
+static void locate_queue_slot(void) {
+    intptr_t here = queue_slot_on("SafeTimers.StallDetection.locate-queue-1");
+    if (here == INTPTR_MIN) return;
+    intptr_t there = INTPTR_MIN;
+    pthread_t other;
+    if (pthread_create(&other, NULL, queue_slot_on_other_thread, &there) != 0) return;
+    pthread_join(other, NULL);
+    if (there != here) return;
+    atomic_store_explicit(&queue_slot_offset, here, memory_order_relaxed);
+    atomic_store_explicit(&queue_slot_found, 1, memory_order_release);
+}
+
 int stallcapture_is_answering(pid_t tid) {
     for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
         if (atomic_load(&slots[index].answering) == tid) return 1;
@@ -59,7 +142,19 @@ static void fill_sample(stallcapture_sample *out, void *context) {
 #else
     out->pc = out->sp = out->fp = 0;
 #endif
-    out->queue = stallcapture_current_queue();
+    // The queue is read from libdispatch's thread-local record at the offset
+    // found at install: calling into libdispatch here reached its thread-local
+    // variable through __tls_get_addr, which after a dlopen or dlclose of a
+    // library with thread-local storage updates the thread's TLS vector and
+    // frees memory inside the handler (heap corruption when the signal came
+    // during malloc or free).
+    if (atomic_load_explicit(&queue_slot_found, memory_order_acquire)) {
+        out->queue = *(const uintptr_t *)(thread_pointer() + atomic_load_explicit(&queue_slot_offset, memory_order_relaxed));
+        out->queue_known = 1;
+    } else {
+        out->queue = 0;
+        out->queue_known = 0;
+    }
     // No unwinding here: glibc's backtrace() (libgcc) reads the code at each
     // return address to recognize signal frames, and faulted on a JIT's
     // execute-only or just-unmapped page. The sampler thread unwinds the copy.
@@ -141,7 +236,6 @@ static void bind_handler_functions(void) {
     (void)process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
     (void)syscall(SYS_gettid);
     (void)sysconf(_SC_PAGESIZE);
-    (void)stallcapture_current_queue();
     stack_t alternate;
     (void)sigaltstack(NULL, &alternate);
     int saved_errno = errno;  // __errno_location
@@ -155,6 +249,7 @@ static void bind_handler_functions(void) {
 
 static void install(void) {
     bind_handler_functions();
+    locate_queue_slot();
     for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
         if (sem_init(&slots[index].done, 0, 0) != 0) {
             install_result = errno;

@@ -327,7 +327,7 @@ final class StackSampler {
                 // follows the signal frame there).
                 truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES)
                     || sample.pointee.on_alternate_stack != 0,
-                queue: UInt(sample.pointee.queue))
+                queue: sample.pointee.queue_known != 0 ? UInt(sample.pointee.queue) : nil)
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
             return .runningUnsampled("thread \(tid) did not answer within \(timeoutMilliseconds) ms")

@@ -35,10 +35,13 @@ typedef struct stallcapture_sample {
     uintptr_t pc;
     uintptr_t sp;
     uintptr_t fp;
-    /// The dispatch queue whose job the thread was running when interrupted
-    /// (`stallcapture_current_queue`), so that a worker that moved on to another
-    /// queue's job is not taken for this queue's.
+    /// The dispatch queue whose job the thread was running when interrupted (0
+    /// outside any job), so that a worker that moved on to another queue's job
+    /// is not taken for this queue's; meaningful only when `queue_known` is 1.
     uintptr_t queue;
+    /// 1 when `queue` was read; 0 when libdispatch's record of it could not be
+    /// located at install (the queue is then unknown).
+    int queue_known;
     /// A copy of the stack from `sp` upward, as far as it is mapped (at most
     /// STALLCAPTURE_STACK_BYTES); the frame-pointer walk and the return-address
     /// scan read this copy, never the live stack.
