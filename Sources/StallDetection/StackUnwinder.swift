@@ -292,18 +292,43 @@ struct StackUnwinder {
         return true
     }
 
-    func unwind() -> [RawFrame] {
+    /// What an unwind has found so far: the frames by the copy's word index they
+    /// were found at, the innermost frame found, and how many more frame
+    /// records beyond the copy may still be read.
+    private struct Walk {
         var bySlot: [Int: RawFrame] = [:]
-        let words = copy.words
-        scratch.signalFrame = nil
+        var inner: UInt
+        var readsBeyond = StackUnwinder.readsBeyondCopy
+    }
 
+    func unwind() -> [RawFrame] {
+        scratch.signalFrame = nil
+        var walk = Walk(inner: copy.pc)
         // 1 and 2, segment by segment: a frame-pointer chain, and above its
-        // records the validated return addresses; where a chain
-        // breaks off (a function without frame pointer, such as libc's qsort
-        // calling back into Swift), the next segment starts at the next record
-        // that validates.
-        var inner = copy.pc
+        // records the validated return addresses; where a chain breaks off (a
+        // function without frame pointer, such as libc's qsort calling back into
+        // Swift), the next segment starts at the next record that validates.
+        var (anchor, gapAboveFirstRecord) = firstAnchor(&walk)
         var scanFrom = 0
+        while let framePointer = anchor {
+            let (lastSlot, complete) = followChain(
+                from: framePointer, scanFrom: scanFrom, gapAboveFirstRecord: &gapAboveFirstRecord, &walk)
+            if complete || scratch.signalFrame != nil || lastSlot + 1 >= copy.words.count { break }
+            scanFrom = lastSlot + 1
+            anchor = scanToAnchor(from: scanFrom, inner: &walk.inner, into: &walk.bySlot)
+        }
+        if let (signalSlot, context) = scratch.signalFrame {
+            return framesThroughSignalFrame(at: signalSlot, context: context, handlerFrames: walk.bySlot)
+        }
+        addUncertainFrames(beyondChainIn: &walk.bySlot)
+        var frames = [RawFrame(address: copy.pc, isUncertain: false)]
+        for slot in walk.bySlot.keys.sorted() { frames.append(walk.bySlot[slot]!) }
+        return frames
+    }
+
+    /// The frame record the first chain starts from, and whether frames may lie
+    /// between the stack pointer and it.
+    private func firstAnchor(_ walk: inout Walk) -> (anchor: UInt?, gapAboveFirstRecord: Bool) {
         // The register is only a frame pointer in code built with one: libc may use
         // it for data (even a pointer into the stack).
         var anchor: UInt? = copy.fp.flatMap { validates($0, links: 3) ? $0 : nil }
@@ -315,71 +340,70 @@ struct StackUnwinder {
         // A frameless handler leaves the interrupted code's frame pointer in the
         // register: its record lies above the signal frame, which the scan finds.
         if let record = anchor, signalFrameBelow(record) { anchor = nil }
-        var gapAboveFirstRecord = anchor != nil
-        if anchor == nil { anchor = scanToAnchor(from: 0, inner: &inner, into: &bySlot) }
-        // Beyond the copy (a stack deeper than it), the chain is followed by
-        // reading its records from memory, two words each, up to a budget: the
-        // outer frames and the thread's root stay in the report.
-        var readsBeyond = Self.readsBeyondCopy
-        func chainWord(at address: UInt) -> UInt? {
-            if let value = word(at: address) { return value }
-            guard address >= copy.sp + UInt(words.count) * Self.wordSize, readsBeyond > 0 else { return nil }
-            readsBeyond -= 1
-            scratch.wentBeyondCopy = true
-            return readWord(address)
-        }
-        while var framePointer = anchor {
-            var lastSlot = scanFrom
-            var complete = false
-            var firstRecord = true
-            while let saved = chainWord(at: framePointer),
-                let returnAddress = chainWord(at: framePointer + Self.wordSize),
-                returnAddress != 0, isText(returnAddress)
-            {
-                let returnSlot = slot(of: framePointer) + 1
-                if returnSlot < words.count, let context = signalContext(atSlot: returnSlot) {
-                    // A signal handler's record: the frames between end here.
-                    fillFramelessGap(
-                        from: firstRecord ? 0 : lastSlot + 1, to: returnSlot - 1, before: returnAddress,
-                        inner: &inner, into: &bySlot)
-                    scratch.signalFrame = (returnSlot, context)
-                    break
-                }
-                if (!firstRecord || gapAboveFirstRecord) && returnSlot - 1 <= words.count {
-                    fillFramelessGap(
-                        from: firstRecord ? 0 : lastSlot + 1, to: returnSlot - 1, before: returnAddress,
-                        inner: &inner, into: &bySlot)
-                }
-                gapAboveFirstRecord = false
-                firstRecord = false
-                if bySlot[returnSlot] == nil {
-                    bySlot[returnSlot] = RawFrame(address: returnAddress, isUncertain: false)
-                }
-                inner = returnAddress
-                lastSlot = returnSlot
-                if saved == 0 {
-                    complete = true
-                    break
-                }
-                guard saved > framePointer, saved - framePointer < Self.recordLinkLimit, chainWord(at: saved) != nil
-                else {
-                    break
-                }
-                framePointer = saved
+        guard anchor == nil else { return (anchor, true) }
+        return (scanToAnchor(from: 0, inner: &walk.inner, into: &walk.bySlot), false)
+    }
+
+    /// A word of a frame record: from the copy, or beyond it (a stack deeper
+    /// than the copy) read from memory while the walk's budget lasts, so that
+    /// the outer frames and the thread's root stay in the report.
+    private func chainWord(at address: UInt, _ walk: inout Walk) -> UInt? {
+        if let value = word(at: address) { return value }
+        guard address >= copy.sp + UInt(copy.words.count) * Self.wordSize, walk.readsBeyond > 0 else { return nil }
+        walk.readsBeyond -= 1
+        scratch.wentBeyondCopy = true
+        return readWord(address)
+    }
+
+    /// Follows one frame-pointer chain from `framePointer`, filling the frameless
+    /// gaps between its records; returns the slot of the last return address it
+    /// took and whether the chain reached its root. Stops at a signal handler's
+    /// record (``Scratch/signalFrame``) and where a link does not hold. Frames
+    /// may lie below the chain's first record only when `gapAboveFirstRecord`
+    /// (cleared once a record is taken).
+    private func followChain(
+        from framePointer: UInt, scanFrom: Int, gapAboveFirstRecord: inout Bool, _ walk: inout Walk
+    ) -> (lastSlot: Int, complete: Bool) {
+        var framePointer = framePointer
+        var lastSlot = scanFrom
+        var firstRecord = true
+        while let saved = chainWord(at: framePointer, &walk),
+            let returnAddress = chainWord(at: framePointer + Self.wordSize, &walk),
+            returnAddress != 0, isText(returnAddress)
+        {
+            let returnSlot = slot(of: framePointer) + 1
+            let gapStart = firstRecord ? 0 : lastSlot + 1
+            if returnSlot < copy.words.count, let context = signalContext(atSlot: returnSlot) {
+                // A signal handler's record: the frames between end here.
+                fillFramelessGap(
+                    from: gapStart, to: returnSlot - 1, before: returnAddress, inner: &walk.inner, into: &walk.bySlot)
+                scratch.signalFrame = (returnSlot, context)
+                return (lastSlot, false)
             }
-            if complete || scratch.signalFrame != nil || lastSlot + 1 >= words.count { break }
-            scanFrom = lastSlot + 1
-            anchor = scanToAnchor(from: scanFrom, inner: &inner, into: &bySlot)
+            if (!firstRecord || gapAboveFirstRecord) && returnSlot - 1 <= copy.words.count {
+                fillFramelessGap(
+                    from: gapStart, to: returnSlot - 1, before: returnAddress, inner: &walk.inner, into: &walk.bySlot)
+            }
+            gapAboveFirstRecord = false
+            firstRecord = false
+            if walk.bySlot[returnSlot] == nil {
+                walk.bySlot[returnSlot] = RawFrame(address: returnAddress, isUncertain: false)
+            }
+            walk.inner = returnAddress
+            lastSlot = returnSlot
+            if saved == 0 { return (lastSlot, true) }
+            guard saved > framePointer, saved - framePointer < Self.recordLinkLimit, chainWord(at: saved, &walk) != nil
+            else { break }
+            framePointer = saved
         }
+        return (lastSlot, false)
+    }
 
-        if let (signalSlot, context) = scratch.signalFrame {
-            return framesThroughSignalFrame(at: signalSlot, context: context, handlerFrames: bySlot)
-        }
-
-        // 3. Beyond the certain chain: uncertain candidates, where it broke off.
-        let lastCertain = bySlot.keys.max() ?? -1
+    /// 3. Beyond the certain chain: uncertain candidates, where it broke off.
+    private func addUncertainFrames(beyondChainIn bySlot: inout [Int: RawFrame]) {
+        let words = copy.words
         var added = 0
-        var index = lastCertain + 1
+        var index = (bySlot.keys.max() ?? -1) + 1
         let scanEnd = min(words.count, index + Self.uncertainScanWords)
         while index < scanEnd && added < Self.uncertainLimit {
             if isReturnAddress(words[index]) {
@@ -388,10 +412,6 @@ struct StackUnwinder {
             }
             index += 1
         }
-
-        var frames = [RawFrame(address: copy.pc, isUncertain: false)]
-        for slot in bySlot.keys.sorted() { frames.append(bySlot[slot]!) }
-        return frames
     }
 
     /// Walks up from slot `first` to the next frame record the chain can continue
