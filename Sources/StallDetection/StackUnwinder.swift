@@ -414,6 +414,17 @@ struct StackUnwinder {
         }
     }
 
+    /// What a scan for the next frame record has found: the slots it added
+    /// frames at (innermost first), the innermost frame proven by its call, and
+    /// how many frames had been added then. Uncertain words found after it (an
+    /// indirect call's return address, a tail call's) may be real (a C library
+    /// calling back) or stale leftovers in a frame's locals.
+    private struct AnchorScan {
+        var added: [Int] = []
+        var certainInner: UInt
+        var certainCount = 0
+    }
+
     /// Walks up from slot `first` to the next frame record the chain can continue
     /// from, and returns it. A record qualifies when its chain holds for three
     /// links (or runs to its end, or out of the copy, after two) and it belongs to
@@ -432,13 +443,7 @@ struct StackUnwinder {
         guard first < words.count else { return nil }
         let limit = min(words.count, first + Self.anchorScanWords)
         let entryInner = inner
-        var added: [Int] = []
-        // The innermost frame proven by its call, and how many frames the scan had
-        // added then: uncertain words found after it (an indirect call's return
-        // address, a tail call's) may be real (a C library calling back) or stale
-        // leftovers in a frame's locals.
-        var certainInner = inner
-        var certainCount = 0
+        var scan = AnchorScan(certainInner: inner)
         var firstValid: Int?
         for index in first..<limit {
             let record = copy.sp + UInt(index) * Self.wordSize
@@ -451,77 +456,93 @@ struct StackUnwinder {
             }
             if index + 1 < words.count, isReturnAddress(words[index + 1]), validates(record, links: 3) {
                 if firstValid == nil { firstValid = index }
-                if case .known(let target) = target(ofCallBefore: words[index + 1]) {
-                    // The record's call reaches the function of one of the frames
-                    // found since the last proven one (innermost last), or that
-                    // one: the frame it reaches is proven too (it followed an
-                    // indirect call, as a class method's `call *0x108(%rax)`, or a
-                    // wrapper's tail call), and the uncertain words after it were
-                    // stale leftovers in a frame's locals.
-                    for position in stride(from: added.count - 1, through: certainCount, by: -1) {
-                        guard let frame = bySlot[added[position]] else { continue }
-                        if call(from: words[index + 1], to: target, reaches: frame.address) {
-                            for slot in added[(position + 1)...] { bySlot[slot] = nil }
-                            bySlot[added[position]] = RawFrame(address: frame.address, isUncertain: false)
-                            inner = frame.address
-                            return record
-                        }
-                    }
-                    if call(from: words[index + 1], to: target, reaches: certainInner) {
-                        for slot in added[certainCount...] { bySlot[slot] = nil }
-                        inner = certainInner
-                        return record
-                    }
-                } else if !provableRecordAhead(of: index, inner: inner, certainInner: certainInner) {
-                    // A call through a register (a C library calling back):
-                    // accepted, unless a record whose call provably reaches
-                    // `inner` lies between it and the record it links to — then it
-                    // is a stale record left below a live frame, and the scan goes
-                    // on to that one.
-                    return record
-                }
+                if continuesFrames(atRecord: index, scan, inner: &inner, into: &bySlot) { return record }
             }
             guard bySlot[index] == nil else { continue }
-            let candidate = words[index]
-            guard isReturnAddress(candidate) else { continue }
-            switch target(ofCallBefore: candidate) {
-            case .known(let target):
-                if call(from: candidate, to: target, reaches: inner) {
-                    bySlot[index] = RawFrame(address: candidate, isUncertain: false)
-                    inner = candidate
-                    added.append(index)
-                    certainInner = candidate
-                    certainCount = added.count
-                } else if call(from: candidate, to: target, mayReach: inner) {
-                    // A wrapper that jumps on through a register (a method dispatch
-                    // thunk): kept, uncertain.
-                    bySlot[index] = RawFrame(address: candidate, isUncertain: true)
-                    inner = candidate
-                    added.append(index)
-                } else if exactStart?(candidate, inner, inner != copy.pc) == nil,
-                    (target > inner ? target - inner : inner - target) < Self.sameLibraryDistance
-                {
-                    // A call within the same library that does not reach `inner`'s
-                    // function directly: a tail call may lie between (glibc's futex
-                    // waits). Kept, uncertain.
-                    bySlot[index] = RawFrame(address: candidate, isUncertain: true)
-                    inner = candidate
-                    added.append(index)
-                }
-            case .unknown:
-                bySlot[index] = RawFrame(address: candidate, isUncertain: true)
-                inner = candidate
-                added.append(index)
-            case .none:
-                break
-            }
+            addCandidate(at: index, &scan, inner: &inner, into: &bySlot)
         }
         // No record continues from the frames found: take the first record whose
         // chain holds, and drop what the scan found above it.
         guard let firstValid else { return nil }
-        for index in added where index > firstValid { bySlot[index] = nil }
-        inner = added.last(where: { $0 <= firstValid }).flatMap { bySlot[$0]?.address } ?? entryInner
+        for index in scan.added where index > firstValid { bySlot[index] = nil }
+        inner = scan.added.last(where: { $0 <= firstValid }).flatMap { bySlot[$0]?.address } ?? entryInner
         return copy.sp + UInt(firstValid) * Self.wordSize
+    }
+
+    /// Whether the validated record at slot `index` continues the frames the scan
+    /// found (the chain then goes on from it). When its call proves a frame the
+    /// scan kept uncertain, that frame becomes certain and the frames after it
+    /// are dropped.
+    private func continuesFrames(
+        atRecord index: Int, _ scan: AnchorScan, inner: inout UInt, into bySlot: inout [Int: RawFrame]
+    ) -> Bool {
+        let returnAddress = copy.words[index + 1]
+        guard case .known(let target) = target(ofCallBefore: returnAddress) else {
+            // A call through a register (a C library calling back): accepted,
+            // unless a record whose call provably reaches `inner` lies between it
+            // and the record it links to — then it is a stale record left below a
+            // live frame, and the scan goes on to that one.
+            return !provableRecordAhead(of: index, inner: inner, certainInner: scan.certainInner)
+        }
+        // The record's call reaches the function of one of the frames found since
+        // the last proven one (innermost last), or that one: the frame it reaches
+        // is proven too (it followed an indirect call, as a class method's
+        // `call *0x108(%rax)`, or a wrapper's tail call), and the uncertain words
+        // after it were stale leftovers in a frame's locals.
+        for position in stride(from: scan.added.count - 1, through: scan.certainCount, by: -1) {
+            guard let frame = bySlot[scan.added[position]] else { continue }
+            if call(from: returnAddress, to: target, reaches: frame.address) {
+                for slot in scan.added[(position + 1)...] { bySlot[slot] = nil }
+                bySlot[scan.added[position]] = RawFrame(address: frame.address, isUncertain: false)
+                inner = frame.address
+                return true
+            }
+        }
+        if call(from: returnAddress, to: target, reaches: scan.certainInner) {
+            for slot in scan.added[scan.certainCount...] { bySlot[slot] = nil }
+            inner = scan.certainInner
+            return true
+        }
+        return false
+    }
+
+    /// Keeps the word at slot `index` as a frame when it is a return address
+    /// whose call may lead to `inner`: certain when the call provably reaches
+    /// it, uncertain otherwise.
+    private func addCandidate(
+        at index: Int, _ scan: inout AnchorScan, inner: inout UInt, into bySlot: inout [Int: RawFrame]
+    ) {
+        let candidate = copy.words[index]
+        guard isReturnAddress(candidate) else { return }
+        var isUncertain = true
+        switch target(ofCallBefore: candidate) {
+        case .known(let target):
+            if call(from: candidate, to: target, reaches: inner) {
+                isUncertain = false
+            } else if call(from: candidate, to: target, mayReach: inner) {
+                // A wrapper that jumps on through a register (a method dispatch
+                // thunk): kept, uncertain.
+            } else if exactStart?(candidate, inner, inner != copy.pc) == nil,
+                (target > inner ? target - inner : inner - target) < Self.sameLibraryDistance
+            {
+                // A call within the same library that does not reach `inner`'s
+                // function directly: a tail call may lie between (glibc's futex
+                // waits). Kept, uncertain.
+            } else {
+                return
+            }
+        case .unknown:
+            break
+        case .none:
+            return
+        }
+        bySlot[index] = RawFrame(address: candidate, isUncertain: isUncertain)
+        inner = candidate
+        scan.added.append(index)
+        if !isUncertain {
+            scan.certainInner = candidate
+            scan.certainCount = scan.added.count
+        }
     }
 
     /// Whether a validated record whose call provably reaches `inner` (or
