@@ -28,28 +28,7 @@ func reportProfile(_ event: StallEvent) {
 func runProfileScenario(_ scenario: String, _ number: Int) {
     switch scenario {
     case "profile-ab", "profile-ab-main":
-        // 600 ms busy in profileStepA, then 300 ms asleep in profileStepB: the
-        // profile must show both, about 2:1.
-        // A first stall of 400 ms (a detector profiles its first stall from
-        // `.started` on, while it names that code for the first time), then the
-        // A-then-B stall, whose profile covers it from its start.
-        let onMain = scenario == "profile-ab-main"
-        let queue = DispatchQueue(label: "probe.profile")
-        let detector = StallDetector(target: onMain ? .mainRunLoop : .queue(queue), threshold: .milliseconds(250))
-        watch(detector, endedCount: 2, then: finishAndExit(detector))
-        let warmUp: @Sendable () -> Void = { profileStepB(400) }
-        let work: @Sendable () -> Void = {
-            StallDetector.withActivity("screen: Profile") {
-                measuredStall {
-                    profileStepA(600)
-                    profileStepB(300)
-                }
-            }
-        }
-        let target = onMain ? DispatchQueue.main : queue
-        target.asyncAfter(deadline: .now() + 0.3, execute: warmUp)
-        target.asyncAfter(deadline: .now() + 1.2, execute: work)
-        if onMain { RunLoop.main.run() } else { dispatchMain() }
+        runABScenario(onMain: scenario == "profile-ab-main")
 
     case "backlog":
         // 300 items of 5 ms queued at once on a serial queue: one 1.5 s stall for
@@ -75,48 +54,83 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
         dispatchMain()
 
     case "activities":
-        // Nested activities around a stall made by queue.sync from a thread; a
-        // label that came and went before, and another thread asleep inside its
-        // own activity, must not show.
-        let queue = DispatchQueue(label: "probe.activities")
-        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
-        watch(detector, endedCount: 1, then: finishAndExit(detector))
-        Thread { StallDetector.withActivity("background sync") { _ = usleep(5_000_000) } }.start()
-        Thread {
-            usleep(300_000)
-            _ = try? StallDetector.withActivity("gone") { throw ProbeFailure() }
-            StallDetector.withActivity("screen: Settings") {
-                StallDetector.withActivity("load preferences") {
-                    queue.sync { profileStepB(600) }
-                }
-            }
-        }.start()
-        dispatchMain()
+        runActivitiesScenario()
 
     case "fatal":
-        // A stall that never ends on its own, with a fatal report: the test kills
-        // this process mid-stall. Argument: the report's path.
-        guard let path = CommandLine.arguments.dropFirst(2).first else {
-            print("usage: stall-probe fatal <path>")
-            exit(2)
-        }
-        let queue = DispatchQueue(label: "probe.fatal")
-        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), fatalReportPath: path)
-        watch(detector, endedCount: 1, then: finishAndExit(detector))
-        queue.asyncAfter(deadline: .now() + 0.3) {
-            StallDetector.withActivity("screen: Checkout") {
-                StallDetector.withActivity("apply coupon") {
-                    emit("BLOCKING")
-                    uniquelyNamedFatalBlocker(60_000)
-                }
-            }
-        }
-        dispatchMain()
+        runFatalScenario()
 
     default:
         print("unknown scenario \(scenario)")
         exit(2)
     }
+}
+
+/// `profile-ab` and `profile-ab-main`.
+private func runABScenario(onMain: Bool) {
+    // 600 ms busy in profileStepA, then 300 ms asleep in profileStepB: the
+    // profile must show both, about 2:1.
+    // A first stall of 400 ms (a detector profiles its first stall from
+    // `.started` on, while it names that code for the first time), then the
+    // A-then-B stall, whose profile covers it from its start.
+    let queue = DispatchQueue(label: "probe.profile")
+    let detector = StallDetector(target: onMain ? .mainRunLoop : .queue(queue), threshold: .milliseconds(250))
+    watch(detector, endedCount: 2, then: finishAndExit(detector))
+    let warmUp: @Sendable () -> Void = { profileStepB(400) }
+    let work: @Sendable () -> Void = {
+        StallDetector.withActivity("screen: Profile") {
+            measuredStall {
+                profileStepA(600)
+                profileStepB(300)
+            }
+        }
+    }
+    let target = onMain ? DispatchQueue.main : queue
+    target.asyncAfter(deadline: .now() + 0.3, execute: warmUp)
+    target.asyncAfter(deadline: .now() + 1.2, execute: work)
+    if onMain { RunLoop.main.run() } else { dispatchMain() }
+}
+
+/// `activities`.
+private func runActivitiesScenario() -> Never {
+    // Nested activities around a stall made by queue.sync from a thread; a
+    // label that came and went before, and another thread asleep inside its
+    // own activity, must not show.
+    let queue = DispatchQueue(label: "probe.activities")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    Thread { StallDetector.withActivity("background sync") { _ = usleep(5_000_000) } }.start()
+    Thread {
+        usleep(300_000)
+        _ = try? StallDetector.withActivity("gone") { throw ProbeFailure() }
+        StallDetector.withActivity("screen: Settings") {
+            StallDetector.withActivity("load preferences") {
+                queue.sync { profileStepB(600) }
+            }
+        }
+    }.start()
+    dispatchMain()
+}
+
+/// `fatal`.
+private func runFatalScenario() -> Never {
+    // A stall that never ends on its own, with a fatal report: the test kills
+    // this process mid-stall. Argument: the report's path.
+    guard let path = CommandLine.arguments.dropFirst(2).first else {
+        print("usage: stall-probe fatal <path>")
+        exit(2)
+    }
+    let queue = DispatchQueue(label: "probe.fatal")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250), fatalReportPath: path)
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    queue.asyncAfter(deadline: .now() + 0.3) {
+        StallDetector.withActivity("screen: Checkout") {
+            StallDetector.withActivity("apply coupon") {
+                emit("BLOCKING")
+                uniquelyNamedFatalBlocker(60_000)
+            }
+        }
+    }
+    dispatchMain()
 }
 
 /// Runs `body`, then reports the CPU the rest of the process used meanwhile.

@@ -23,24 +23,7 @@ func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
     defer { withExtendedLifetime(detector) {} }
     switch scenario {
     case "sampler-phases":
-        // A warm-up stall, then stalls of four phases of `number` ms each: asleep
-        // in usleep, spinning, blocked in read(2) on a pipe, asleep in a futex. Each
-        // must get about a quarter of the samples.
-        // The same stall twice: the second names nothing new, so its STALLCPU is
-        // sampling alone (the naming allowance is spent by then).
-        watchWithProfile(detector, endedCount: 3)
-        queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackWarmUp(400) }
-        let phases: @Sendable () -> Void = {
-            measuredStall {
-                samplerAttackSleepPhase(number)
-                samplerAttackSpinPhase(number)
-                samplerAttackReadPhase(number)
-                samplerAttackFutexPhase(number)
-            }
-        }
-        queue.asyncAfter(deadline: .now() + 1.2, execute: phases)
-        queue.asyncAfter(deadline: .now() + 1.6 + 4 * Double(number) / 1000, execute: phases)
-        dispatchMain()
+        runPhasesScenario(number, queue: queue, detector: detector)
 
     case "sampler-masked":
         // A warm-up stall, then a stall asleep for `number` ms, then spinning for
@@ -65,27 +48,7 @@ func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
         dispatchMain()
 
     case "sampler-pool-crowd", "sampler-custom-crowd":
-        // `number` idle threads made first (the lowest thread ids, so listed first
-        // in /proc/self/task), then the whole cooperative pool blocked for 800 ms,
-        // or a custom executor's queue: the blocker must still be found.
-        let crowd = DispatchSemaphore(value: 0)
-        for _ in 0..<number { Thread { crowd.wait() }.start() }
-        usleep(100_000)
-        if scenario == "sampler-pool-crowd" {
-            let pool = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
-            watch(pool, endedCount: 1, priority: .high, then: finishAndExit(pool))
-            let width = ProcessInfo.processInfo.activeProcessorCount
-            DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
-                for _ in 0..<width { Task.detached(priority: .medium) { uniquelyNamedPoolBlocker(800) } }
-            }
-        } else {
-            let custom = StallDetector(
-                target: .custom(name: "custom executor") { probe in queue.async(execute: probe) },
-                threshold: .milliseconds(250))
-            watch(custom, endedCount: 1, then: finishAndExit(custom))
-            queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(800) }
-        }
-        dispatchMain()
+        runCrowdScenario(scenario, number, queue: queue)
 
     case "sampler-tailcall":
         // Two stalls in a function the job's closure reaches by a tail call (a
@@ -96,55 +59,111 @@ func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
         dispatchMain()
 
     case "sampler-nofile":
-        // The process uses every descriptor its limit allows but `number`; then
-        // two stalls. Reports must say why a stack is missing, and the program
-        // must still have its `number` descriptors afterwards.
-        emit("FDS start \(samplerAttackOpenDescriptors())")
-        var limit = rlimit()
-        getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
-        let open = samplerAttackOpenDescriptors()
-        limit.rlim_cur = rlim_t(open + 40)
-        setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
-        watchWithProfile(detector, endedCount: 2)
-        // The detector's own descriptors (its thread, timers) are open by now.
-        usleep(200_000)
-        var filler: [Int32] = []
-        while true {
-            let descriptor = Glibc.open("/dev/null", O_RDONLY)
-            if descriptor < 0 { break }
-            filler.append(descriptor)
-        }
-        for _ in 0..<max(0, number) { if let last = filler.popLast() { close(last) } }
-        emit("FDS filled \(samplerAttackOpenDescriptors()) free \(number)")
-        queue.asyncAfter(deadline: .now() + 0.2) { samplerAttackSleepPhase(500) }
-        queue.asyncAfter(deadline: .now() + 1.2) { samplerAttackSleepPhase(500) }
-        queue.asyncAfter(deadline: .now() + 1.8) {
-            var opened: [Int32] = []
-            var failure: Int32 = 0
-            for _ in 0..<max(0, number) {
-                let descriptor = Glibc.open("/dev/null", O_RDONLY)
-                if descriptor < 0 {
-                    failure = errno
-                    break
-                }
-                opened.append(descriptor)
-            }
-            emit("OPENED \(opened.count) \(failure)")
-            for descriptor in opened { close(descriptor) }
-            emit("FDS end \(samplerAttackOpenDescriptors())")
-            for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [] {
-                if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)"),
-                    target != "/dev/null"
-                {
-                    emit("FD \(entry) \(target)")
-                }
-            }
-        }
-        dispatchMain()
+        runNoFileScenario(number, queue: queue, detector: detector)
 
     default:
         emit("unknown scenario \(scenario)")
         exit(2)
+    }
+}
+
+/// `sampler-phases`.
+private func runPhasesScenario(_ number: Int, queue: DispatchQueue, detector: StallDetector) -> Never {
+    // A warm-up stall, then stalls of four phases of `number` ms each: asleep
+    // in usleep, spinning, blocked in read(2) on a pipe, asleep in a futex. Each
+    // must get about a quarter of the samples.
+    // The same stall twice: the second names nothing new, so its STALLCPU is
+    // sampling alone (the naming allowance is spent by then).
+    watchWithProfile(detector, endedCount: 3)
+    queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackWarmUp(400) }
+    let phases: @Sendable () -> Void = {
+        measuredStall {
+            samplerAttackSleepPhase(number)
+            samplerAttackSpinPhase(number)
+            samplerAttackReadPhase(number)
+            samplerAttackFutexPhase(number)
+        }
+    }
+    queue.asyncAfter(deadline: .now() + 1.2, execute: phases)
+    queue.asyncAfter(deadline: .now() + 1.6 + 4 * Double(number) / 1000, execute: phases)
+    dispatchMain()
+}
+
+/// `sampler-pool-crowd` and `sampler-custom-crowd`.
+private func runCrowdScenario(_ scenario: String, _ number: Int, queue: DispatchQueue) -> Never {
+    // `number` idle threads made first (the lowest thread ids, so listed first
+    // in /proc/self/task), then the whole cooperative pool blocked for 800 ms,
+    // or a custom executor's queue: the blocker must still be found.
+    let crowd = DispatchSemaphore(value: 0)
+    for _ in 0..<number { Thread { crowd.wait() }.start() }
+    usleep(100_000)
+    if scenario == "sampler-pool-crowd" {
+        let pool = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+        watch(pool, endedCount: 1, priority: .high, then: finishAndExit(pool))
+        let width = ProcessInfo.processInfo.activeProcessorCount
+        DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+            for _ in 0..<width { Task.detached(priority: .medium) { uniquelyNamedPoolBlocker(800) } }
+        }
+    } else {
+        let custom = StallDetector(
+            target: .custom(name: "custom executor") { probe in queue.async(execute: probe) },
+            threshold: .milliseconds(250))
+        watch(custom, endedCount: 1, then: finishAndExit(custom))
+        queue.asyncAfter(deadline: .now() + 0.3) { uniquelyNamedQueueBlocker(800) }
+    }
+    dispatchMain()
+}
+
+/// `sampler-nofile`.
+private func runNoFileScenario(_ number: Int, queue: DispatchQueue, detector: StallDetector) -> Never {
+    // The process uses every descriptor its limit allows but `number`; then
+    // two stalls. Reports must say why a stack is missing, and the program
+    // must still have its `number` descriptors afterwards.
+    emit("FDS start \(samplerAttackOpenDescriptors())")
+    var limit = rlimit()
+    getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+    let open = samplerAttackOpenDescriptors()
+    limit.rlim_cur = rlim_t(open + 40)
+    setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+    watchWithProfile(detector, endedCount: 2)
+    // The detector's own descriptors (its thread, timers) are open by now.
+    usleep(200_000)
+    var filler: [Int32] = []
+    while true {
+        let descriptor = Glibc.open("/dev/null", O_RDONLY)
+        if descriptor < 0 { break }
+        filler.append(descriptor)
+    }
+    for _ in 0..<max(0, number) { if let last = filler.popLast() { close(last) } }
+    emit("FDS filled \(samplerAttackOpenDescriptors()) free \(number)")
+    queue.asyncAfter(deadline: .now() + 0.2) { samplerAttackSleepPhase(500) }
+    queue.asyncAfter(deadline: .now() + 1.2) { samplerAttackSleepPhase(500) }
+    queue.asyncAfter(deadline: .now() + 1.8) { samplerAttackReportDescriptors(number) }
+    dispatchMain()
+}
+
+/// After the `sampler-nofile` stalls: whether the program can still open its
+/// `number` descriptors, and which descriptors other than `/dev/null` are open.
+private func samplerAttackReportDescriptors(_ number: Int) {
+    var opened: [Int32] = []
+    var failure: Int32 = 0
+    for _ in 0..<max(0, number) {
+        let descriptor = Glibc.open("/dev/null", O_RDONLY)
+        if descriptor < 0 {
+            failure = errno
+            break
+        }
+        opened.append(descriptor)
+    }
+    emit("OPENED \(opened.count) \(failure)")
+    for descriptor in opened { close(descriptor) }
+    emit("FDS end \(samplerAttackOpenDescriptors())")
+    for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [] {
+        if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)"),
+            target != "/dev/null"
+        {
+            emit("FD \(entry) \(target)")
+        }
     }
 }
 
