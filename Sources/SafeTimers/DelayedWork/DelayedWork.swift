@@ -299,7 +299,7 @@ public final class DelayedWork: Sendable {
     }
 }
 
-extension DelayedWork: GatedPrimitive {
+extension DelayedWork: ClosureInvoking {
     /// The engine, borrowed: reading an unowned reference hands out a counted one,
     /// and counting references to the shared engine wrote one cache line, shared
     /// by every thread, at each schedule and cancel (2 threads did less work than
@@ -316,12 +316,5 @@ extension DelayedWork: GatedPrimitive {
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         fired(sequence: sequence) { $0.deadlinePassed() }
-    }
-
-    func invoke(tag: UInt64) {
-        guard var work = begin(tag: tag, thread: ThreadIdentity.current()) else { return }
-        work()
-        work = {}  // release the captures before the run counts as ended
-        end()
     }
 }

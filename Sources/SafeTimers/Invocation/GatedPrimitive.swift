@@ -159,3 +159,27 @@ extension GatedPrimitive {
         if let effects { complete(effects) }
     }
 }
+
+/// A primitive whose invocation runs one closure: `DelayedWork`, `Watchdog`,
+/// `Debouncer` and `Throttler` (a repeating timer's handler may need its owner
+/// loaded first; `RepeatingTimerCore` keeps its own `invoke(tag:)`).
+protocol ClosureInvoking: GatedPrimitive {
+    /// The first half of an invocation: what to run, if the gate admits `tag`
+    /// on `thread` (the machine is then running it).
+    func begin(tag: UInt64, thread: UInt) -> (@Sendable () -> Void)?
+    /// The second half: the machine settles (waiters wake, owed runs are
+    /// delivered).
+    func end()
+}
+
+extension ClosureInvoking {
+    /// The invocation path: begin, run with no lock held, drop the closure (its
+    /// captures are released before the run counts as ended, so a cancel that
+    /// waited for it finds them gone), end.
+    func invoke(tag: UInt64) {
+        guard var body = begin(tag: tag, thread: ThreadIdentity.current()) else { return }
+        body()
+        body = {}
+        end()
+    }
+}

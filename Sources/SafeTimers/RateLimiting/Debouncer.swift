@@ -95,7 +95,7 @@ public final class Debouncer: Sendable {
 }
 
 /// The storage of a ``Debouncer``: what the engine keeps while a call waits.
-final class DebouncerCore: GatedPrimitive {
+final class DebouncerCore: ClosureInvoking {
     let delay: Duration
     let storage: StateLock<LockedMachine<DebouncerStateMachine>>
     private let index = Atomic<Int>(-1)
@@ -134,11 +134,4 @@ final class DebouncerCore: GatedPrimitive {
     }
 
     func end() { complete(transition { $0.end() }) }
-
-    func invoke(tag: UInt64) {
-        guard var action = begin(tag: tag, thread: ThreadIdentity.current()) else { return }
-        action()
-        action = {}  // release the captures before the run counts as ended
-        end()
-    }
 }

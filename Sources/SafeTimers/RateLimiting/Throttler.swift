@@ -93,7 +93,7 @@ public final class Throttler: Sendable {
 }
 
 /// The storage of a ``Throttler``: what the engine keeps while a window is open.
-final class ThrottlerCore: GatedPrimitive {
+final class ThrottlerCore: ClosureInvoking {
     let storage: StateLock<LockedMachine<ThrottlerStateMachine>>
     private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
@@ -134,12 +134,5 @@ final class ThrottlerCore: GatedPrimitive {
     func end() {
         let now = engine.nowTicks
         complete(transition { $0.end(now: now) })
-    }
-
-    func invoke(tag: UInt64) {
-        guard var action = begin(tag: tag, thread: ThreadIdentity.current()) else { return }
-        action()
-        action = {}  // release the captures before the run counts as ended
-        end()
     }
 }

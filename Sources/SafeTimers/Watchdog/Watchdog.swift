@@ -112,7 +112,7 @@ public final class Watchdog: Sendable {
 
 /// The storage behind a ``Watchdog``: the public object can be released (which
 /// invalidates) while the engine still holds this.
-final class WatchdogCore: GatedPrimitive {
+final class WatchdogCore: ClosureInvoking {
     let storage: StateLock<LockedMachine<WatchdogStateMachine>>
     private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
@@ -168,12 +168,5 @@ final class WatchdogCore: GatedPrimitive {
     /// The second half of an invocation.
     func end() {
         complete(transition { $0.end() })
-    }
-
-    func invoke(tag: UInt64) {
-        guard var handler = begin(tag: tag, thread: ThreadIdentity.current()) else { return }
-        handler()
-        handler = {}  // release the captures before the run counts as ended
-        end()
     }
 }
