@@ -199,10 +199,10 @@ struct StackUnwinder {
     /// The call before `address` (text): injected, remembered, or decoded from
     /// its bytes read through `readWord`. `isText` alone does not make them
     /// readable: the image map is taken once per process, and a mapping that was
-    /// executable then may be gone now (a CI run crashed reading 0x7fe5fffffffb,
-    /// the bytes before a "return address" at the start of a page no longer
-    /// mapped, when they were read directly). Unreadable bytes are not
-    /// remembered: the page may be mapped by the next unwind.
+    /// executable then may be gone now (the bytes before a "return address" at
+    /// the start of a page no longer mapped would fault if read directly).
+    /// Unreadable bytes are not remembered: the page may be mapped by the next
+    /// unwind.
     private func target(ofCallBefore address: UInt) -> CallSite.Target {
         if let callTarget { return callTarget(address) }
         if let known = codeCache.call(before: address) { return known }

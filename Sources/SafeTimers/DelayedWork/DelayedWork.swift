@@ -301,9 +301,9 @@ public final class DelayedWork: Sendable {
 
 extension DelayedWork: ClosureInvoking {
     /// The engine, borrowed: reading an unowned reference hands out a counted one,
-    /// and counting references to the shared engine wrote one cache line, shared
-    /// by every thread, at each schedule and cancel (2 threads did less work than
-    /// one: 196 → 485 ns per schedule+cancel overall, 42 % of it in `swift_retain`).
+    /// and counting references to the shared engine would write one cache line,
+    /// shared by every thread, at each schedule and cancel (two threads would do
+    /// less work than one).
     @inline(__always)
     func withEngine<Result>(_ body: (TimerEngine) -> Result) -> Result {
         engineReference._withUnsafeGuaranteedRef(body)

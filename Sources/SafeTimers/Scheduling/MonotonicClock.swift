@@ -50,12 +50,10 @@ package enum MonotonicClock {
     /// ``coarseResolution``: by the time since that update, which is up to a
     /// whole tick when ticks come on time, plus however late the update itself
     /// came (a tick handled late, or skipped by a tickless idle CPU, on a busy or
-    /// virtual machine). On this VM (4 ms resolution) it lagged by 3.0–7.7 ms
-    /// over 200,000 samples (a reviewer measured up to 7.5 ms): nearly two
-    /// resolutions. Nothing in the kernel bounds the lag, so a caller adds a
-    /// margin: `WatchdogSlot` adds three resolutions (12 ms here), more than the
-    /// largest lag measured; a reading could be early only if the timekeeping
-    /// update came more than two whole ticks late.
+    /// virtual machine): nearly two resolutions on a busy virtual machine.
+    /// Nothing in the kernel bounds the lag, so a caller adds a margin:
+    /// `WatchdogSlot` adds three resolutions; a reading could be early only if
+    /// the timekeeping update came more than two whole ticks late.
     @inline(__always)
     package static func coarseNanoseconds() -> Int64 {
         #if os(Linux)
