@@ -262,8 +262,9 @@ final class Symbolicator: Sendable {
             // in one call: each call reads the images' tables again, so threads
             // naming at the same moment (a detector per queue) pay once.
             let (batch, images, encoded) = state.withLock { state in
-                defer { state.waiting.removeAll() }
-                return (state.waiting.filter { state.cache[$0] == nil }, state.images, state.encodedImages)
+                let waiting = state.waiting
+                state.waiting.removeAll()
+                return (waiting.filter { state.cache[$0] == nil }, state.images, state.encodedImages)
             }
             guard !batch.isEmpty else { return }
             let batchKeys = Array(batch)

@@ -119,8 +119,9 @@ final class DeliveryRecorder: Sendable {
     /// Takes every delivery recorded so far.
     func takeAll() -> [Delivery] {
         deliveries.withLock { deliveries in
-            defer { deliveries = [] }
-            return deliveries
+            let taken = deliveries
+            deliveries = []
+            return taken
         }
     }
 }

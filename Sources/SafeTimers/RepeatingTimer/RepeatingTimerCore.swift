@@ -166,8 +166,9 @@ final class RepeatingTimerCore: GatedPrimitive {
 
     private func endStreams() {
         let ended = streams.withLock { streams in
-            defer { streams.removeAll() }
-            return Array(streams.values)
+            let ended = Array(streams.values)
+            streams.removeAll()
+            return ended
         }
         for stream in ended { stream.finish() }
     }
