@@ -33,9 +33,12 @@ if CommandLine.arguments.contains("--activities") {
     exit(0)
 }
 
-if CommandLine.arguments.contains("--profile-arm-cancel") {
-    // A long loop of one operation, for `perf record`.
-    print(ArmCancel.delayedWork(pending: 0, iterations: 2_000_000), "ns/op")
+if let flag = CommandLine.arguments.firstIndex(of: "--profile-arm-cancel") {
+    // A long loop of one operation, for `perf record`; or `N` of them, for
+    // instruction counts (`valgrind --tool=callgrind`: the difference of two
+    // counts over the difference of their N is the cost of one operation).
+    let count = CommandLine.arguments.count > flag + 1 ? Int(CommandLine.arguments[flag + 1]) : nil
+    print(ArmCancel.delayedWork(pending: 0, iterations: count ?? 2_000_000), "ns/op")
     exit(0)
 }
 

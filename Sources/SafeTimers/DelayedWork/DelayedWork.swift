@@ -72,23 +72,12 @@ public final class DelayedWork: Sendable {
         if engineReference.toOpaque() != Self.sharedEngineReference.toOpaque() { engineReference.release() }
     }
 
-    /// Installs `work` and arms the new item at `deadline` (ticks).
-    ///
-    ///
-    /// The closure captures `self` and `engine` as `Unmanaged` values and borrows
-    /// them: both outlive the call, and captured references (strong or
-    /// `unowned(unsafe)`) were retained and released around the arming, the
-    /// shared engine's count being one cache line written by every thread.
+    /// Gives the new item `work`, due at `deadline` (ticks): an input like any
+    /// other, through ``GatedPrimitive/transition(_:)``, whose only effect (the
+    /// arming) is applied under the lock.
     @inline(__always)
-    private func arm(_ engine: TimerEngine, work: @escaping @Sendable () -> Void, at deadline: Int64) {
-        let item = Unmanaged.passUnretained(self)
-        let engine = Unmanaged.passUnretained(engine)
-        storage.withLock { locked in
-            locked.machine.install(work)
-            locked.armed = engine._withUnsafeGuaranteedRef { engine in
-                item._withUnsafeGuaranteedRef { engine.arm($0, at: deadline) }
-            }
-        }
+    private func arm(work: @escaping @Sendable () -> Void, at deadline: Int64) {
+        _ = transition { $0.schedule(work, at: deadline) }
     }
 
     /// The shared engine's address (0 until the first look). An `Atomic` global
@@ -208,7 +197,7 @@ public final class DelayedWork: Sendable {
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
         let item = DelayedWork(executor: executor, engine: Unmanaged.passUnretained(engine))
-        item.arm(engine, work: work, at: deadline(engine))
+        item.arm(work: work, at: deadline(engine))
         return item
     }
 
@@ -220,7 +209,7 @@ public final class DelayedWork: Sendable {
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
         let item = DelayedWork(executor: executor, engine: Unmanaged.passUnretained(engine))
-        item.arm(engine, work: work, at: DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay))
+        item.arm(work: work, at: DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay))
         return item
     }
 

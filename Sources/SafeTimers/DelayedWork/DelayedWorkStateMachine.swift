@@ -2,6 +2,7 @@
 ///
 /// | state | input | next state | effects |
 /// |---|---|---|---|
+/// | (made) | schedule | pending | arm the deadline |
 /// | pending | deadline passed | pending | deliver (the gate admits one invocation) |
 /// | pending | begin (the delivered tag) | running | the work is taken out to run |
 /// | running | end | completed | wake a waiting cancel |
@@ -21,13 +22,15 @@ struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
         self.work = work
     }
 
-    /// A pending machine whose work ``install(_:)`` gives it before anything else
-    /// reaches it (``DelayedWork`` does so under its lock, before arming).
+    /// A pending machine whose work ``schedule(_:at:)`` gives it before anything
+    /// else reaches it.
     init() {}
 
-    /// Gives a machine made with ``init()`` its work.
-    mutating func install(_ work: @escaping @Sendable () -> Void) {
+    /// Gives a machine made with ``init()`` its work, due at `deadline`.
+    @inline(__always)
+    mutating func schedule(_ work: @escaping @Sendable () -> Void, at deadline: Int64) -> MachineEffects {
         self.work = work
+        return MachineEffects(timer: .arm(deadline))
     }
 
     /// Whether the work is still held (for leak tests).
