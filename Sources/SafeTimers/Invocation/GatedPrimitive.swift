@@ -148,15 +148,21 @@ extension GatedPrimitive {
     /// `input` handles the deadline (lock held), and its effects are completed.
     @inline(__always)
     func fired(sequence: UInt64, _ input: (inout Machine) -> MachineEffects) {
+        if let effects = effectsOfFiring(sequence: sequence, input) { complete(effects) }
+    }
+
+    /// The lock-held half of ``fired(sequence:_:)``: nil when `sequence` is not
+    /// the current arming; otherwise `input`'s effects, its timer command applied.
+    @inline(__always)
+    func effectsOfFiring(sequence: UInt64, _ input: (inout Machine) -> MachineEffects) -> MachineEffects? {
         let primitive = Unmanaged.passUnretained(self)
-        let effects = storage.withLock { locked -> MachineEffects? in
+        return storage.withLock { locked -> MachineEffects? in
             guard locked.armed == sequence else { return nil }
             locked.armed = 0
             let effects = input(&locked.machine)
             primitive._withUnsafeGuaranteedRef { $0.apply(effects.timer, to: &locked) }
             return effects
         }
-        if let effects { complete(effects) }
     }
 }
 

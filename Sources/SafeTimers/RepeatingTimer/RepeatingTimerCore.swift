@@ -78,14 +78,9 @@ final class RepeatingTimerCore: GatedPrimitive {
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         let now = engine.nowTicks
-        let effects = storage.withLock { locked -> MachineEffects? in
-            guard locked.armed == sequence else { return nil }
-            locked.armed = 0
-            let effects = locked.machine.tick(deadline: deadline, now: now)
-            apply(effects.timer, to: &locked)
-            return effects
+        if let effects = effectsOfFiring(sequence: sequence, { $0.tick(deadline: deadline, now: now) }) {
+            perform(effects)
         }
-        if let effects { perform(effects) }
     }
 
     /// Completes `effects` and ends the tick streams when the timer stopped.
