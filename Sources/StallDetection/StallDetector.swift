@@ -37,12 +37,13 @@ import SafeTimers
 /// for a heartbeat its start is known within half a heartbeat (the default heartbeat
 /// is a tenth of the threshold, at most 50 ms).
 ///
-/// At `.started` the detector samples the blocked thread's stack without changing
-/// what it does (Linux): a thread asleep in the kernel is read from
-/// `/proc/self/task/TID/syscall` and `process_vm_readv`, with no signal, so its
-/// `sleep`, `read` or lock wait returns exactly as it would without the detector;
-/// only a thread running user code gets a `SIGPROF`, sent to it alone, whose C
-/// handler copies its registers and stack. The detector unwinds and symbolicates
+/// At `.started` the detector samples the blocked thread's stack (Linux): a
+/// thread asleep in the kernel is read from `/proc/self/task/TID/syscall` and
+/// `process_vm_readv`, with no signal, so its `sleep`, `read` or lock wait returns
+/// exactly as it would without the detector; only a thread seen running gets a
+/// `SIGPROF`, sent to it alone, whose C handler copies its registers and stack (a
+/// thread that fell asleep between that look and the signal has its sleep cut
+/// short with `EINTR`, as under any signal-based profiler). The detector unwinds and symbolicates
 /// afterwards, on its own queue, and remembers each symbolicated address. A thread
 /// that does not answer the signal within 500 ms yields "stack unavailable: …"
 /// instead of a hang. The handler stays installed for the life of the process, idle

@@ -10,10 +10,9 @@
 /// ```
 ///
 /// On `.ended` the profile covers the whole stall, from the first sample after it
-/// began (once a detector has reported a stall, it starts sampling as soon as an
-/// answer is a little late, before the threshold is crossed; its first stall is
-/// sampled from `.started` on) to its end; on `.started` it holds what was sampled
-/// so far.
+/// began (a detector starts sampling as soon as an answer is a little late, before
+/// the threshold is crossed, its first stall too) to its end; on `.started` it
+/// holds what was sampled so far.
 /// Each function counts the samples whose stack contains it (a recursion counts
 /// once per sample), so a function and its callers can all have most samples.
 ///
@@ -32,8 +31,9 @@
 ///
 /// Sampling is bounded: at most ``maximumSampleCount`` samples (a long stall keeps
 /// every second sample and halves the rate, so the samples stay spread over the
-/// whole stall), and at most about 1 % of one core: the pause after each sample is
-/// at least 100 times what the sample cost, and at least ``minimumInterval``.
+/// whole stall), and at most 2 % of one core (4 % in a debug build): a token
+/// bucket of CPU time refills at that rate and each sample spends what it cost;
+/// samples are at least ``minimumInterval`` apart.
 public struct StallProfile: Sendable, Hashable, CustomStringConvertible {
     /// One function of the profile.
     public struct Function: Sendable, Hashable {
