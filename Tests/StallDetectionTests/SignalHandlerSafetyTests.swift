@@ -161,7 +161,8 @@ struct SignalHandlerSafetyTests {
         try process.run()
         let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
-        print("signal safety: \(text.trimmingCharacters(in: .whitespacesAndNewlines)) (status \(process.terminationStatus))")
+        let summary = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        print("signal safety: \(summary) (status \(process.terminationStatus))")
         #expect(process.terminationStatus == 0)
         let numbers = text.split(whereSeparator: { !$0.isNumber }).compactMap { Int($0) }
         try #require(numbers.count == 3, "\(text)")
