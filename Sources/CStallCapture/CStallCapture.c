@@ -148,12 +148,14 @@ static void fill_sample(stallcapture_sample *out, void *context) {
     // library with thread-local storage updates the thread's TLS vector and
     // frees memory inside the handler (heap corruption when the signal came
     // during malloc or free).
+    // Read through the kernel: a thread whose thread pointer is not glibc's (a
+    // runtime that makes its own threads) gets "unknown", not a fault.
+    out->queue = 0;
+    out->queue_known = 0;
     if (atomic_load_explicit(&queue_slot_found, memory_order_acquire)) {
-        out->queue = *(const uintptr_t *)(thread_pointer() + atomic_load_explicit(&queue_slot_offset, memory_order_relaxed));
-        out->queue_known = 1;
-    } else {
-        out->queue = 0;
-        out->queue_known = 0;
+        uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&queue_slot_offset, memory_order_relaxed);
+        out->queue_known = read_memory(slot, &out->queue, sizeof out->queue) == 0;
+        if (!out->queue_known) out->queue = 0;
     }
     // No unwinding here: glibc's backtrace() (libgcc) reads the code at each
     // return address to recognize signal frames, and faulted on a JIT's

@@ -357,10 +357,12 @@ struct SamplerAttackAttackTests {
         let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(100))
         detector.start()
         defer { detector.stop() }
-        // Events are counted aside, and a round blocks the queue again (when idle)
-        // every 3 s until a stall ended, for 30 s at most: with both cores busy the
-        // detector may miss a block, and waiting for the next event would then
-        // wait forever (one loaded run still waited after 10 minutes).
+        // Events are counted aside, and a round blocks the queue for 1.5 s again
+        // (when idle) every 4 s until a stall ended, for 30 s at most: with both
+        // cores busy and other suites beside, the detector may get no look in
+        // before a block ends (a stall it then drops: a CI run missed every
+        // 500 ms block for 30 s), and waiting for the next event would wait
+        // forever.
         let ended = Locked(0)
         let collector = Task {
             for await event in detector.events where event.phase == .ended { ended.withLock { $0 += 1 } }
@@ -377,10 +379,10 @@ struct SamplerAttackAttackTests {
                     blocking.withLock { $0 = true }
                     queue.async {
                         blockedTid.withLock { $0 = stallcapture_current_tid() }
-                        usleep(500_000)
+                        usleep(1_500_000)
                         blocking.withLock { $0 = false }
                     }
-                    nextBlock = ContinuousClock.now + .seconds(3)
+                    nextBlock = ContinuousClock.now + .seconds(4)
                 }
                 try await Task.sleep(for: .milliseconds(10))
             }
