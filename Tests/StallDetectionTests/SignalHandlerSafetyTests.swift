@@ -151,7 +151,8 @@ struct SignalHandlerSafetyTests {
             let sampler = StackSampler(timeout: .seconds(2))
             var said: [UInt?] = []
             for _ in 0..<5 {
-                if case .copied(let copy, signalled: true) = sampler.capture(thread: thread.load(ordering: .acquiring)) {
+                if case .copied(let copy, signalled: true) = sampler.capture(thread: thread.load(ordering: .acquiring))
+                {
                     said.append(copy.queue)
                 }
             }
