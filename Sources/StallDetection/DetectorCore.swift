@@ -254,8 +254,10 @@ final class DetectorCore: Sendable {
     // MARK: Facts from the target
 
     private func record(answerAt time: Int64, answer: ProbeAnswer) {
+        let cpu = ProcessFacts.cpuTime()
         let step = state.withLock { state -> (DetectorMachine.Step, DelayedWork?)? in
-            guard let step = state.machine.answered(at: time, thread: answer.thread, queue: answer.queue) else {
+            guard let step = state.machine.answered(at: time, thread: answer.thread, queue: answer.queue, cpu: cpu)
+            else {
                 return nil
             }
             return (step, apply(step.look, &state))
@@ -295,16 +297,17 @@ final class DetectorCore: Sendable {
                     id: id, phase: .ended, duration: duration, backtrace: backtrace, sampling: sampling,
                     profile: (profile, activities))
             ])
-        case .missed(let id, let duration, let since):
+        case .missed(let id, let duration, let since, let processRan):
             // Not a stall if the process was stopped meanwhile (the witness may
             // need a moment to record the continue), nor while debugged.
             let now = Monotonic.now()
             let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
             guard continued.map({ $0 < now - duration }) ?? true, reportsWhileDebugged || !isTraced() else { return }
             // Only with evidence that the target ran its own code meanwhile (a
-            // sample of the thread running its job): a process that did not get
-            // the CPU at all (stopped, or starved) answers late too.
-            guard let backtrace = lastSample(gathered) else { return }
+            // sample of the thread running its job, or the process's CPU time):
+            // a process that did not get the CPU at all (stopped, or starved)
+            // answers late too.
+            guard let backtrace = lastSample(gathered) ?? (processRan ? Self.unsampledMissedStall : nil) else { return }
             for phase in [StallEvent.Phase.started, .ended] {
                 continuation.yield(
                     makeEvent(
@@ -313,6 +316,11 @@ final class DetectorCore: Sendable {
             }
         }
     }
+
+    /// A missed stall's stack when no sample was taken while it lasted.
+    static let unsampledMissedStall = StallBacktrace.unavailable(
+        "not sampled: the detector got no CPU while the stall lasted (the process did: it used over a quarter of a core)"
+    )
 
     /// The last sample a session took, named: a missed stall's stack.
     private func lastSample(_ gathered: StallProfiler.Gathered?) -> StallBacktrace? {

@@ -52,7 +52,11 @@ struct DetectorMachine: Sendable {
     /// only with evidence that the target ran its own code meanwhile).
     enum Outcome: Sendable {
         case ended(id: UInt64, duration: Int64, backtrace: StallBacktrace, sampling: Int64)
-        case missed(id: UInt64, duration: Int64, since: Int64)
+        /// `processRan`: no look saw the stall, and the process used at least a
+        /// quarter of a core while it lasted (``processRan(cpu:over:)``), so the
+        /// detector's looks were late for the process's own work, not because the
+        /// process got no CPU (stopped, or starved by other processes).
+        case missed(id: UInt64, duration: Int64, since: Int64, processRan: Bool = false)
     }
 
     /// What the sample of a stall leads to.
@@ -111,6 +115,8 @@ struct DetectorMachine: Sendable {
     private var lastObservation: Int64
     /// The latest continue after a stop that a look has taken into account.
     private(set) var lastContinueSeen: Int64 = 0
+    /// The process's CPU time at the last answer that carried it, and when.
+    private var lastAnswerCPU: (time: Int64, cpu: Int64)?
     private var open: OpenStall?
 
     init(threshold: Int64, heartbeat: Int64, usesHeartbeat: Bool, now: Int64) {
@@ -178,13 +184,18 @@ struct DetectorMachine: Sendable {
 
     // MARK: Facts from the target
 
-    /// A probe answered at `time`, on `thread` (and serial `queue`, if known).
-    mutating func answered(at time: Int64, thread: Int32?, queue: UInt?) -> Step? {
+    /// A probe answered at `time`, on `thread` (and serial `queue`, if known);
+    /// `cpu` is the process's CPU time then, if read.
+    mutating func answered(at time: Int64, thread: Int32?, queue: UInt?, cpu: Int64? = nil) -> Step? {
         guard lifecycle == .running else { return nil }
         lastAnsweringThread = thread
         lastAnsweringQueue = queue
         lastObservation = max(lastObservation, time)
-        let outcome = finish(tracker.progress(at: time), thread: thread)
+        let ran = cpu.flatMap { cpu in
+            lastAnswerCPU.map { Self.processRan(cpu: cpu - $0.cpu, over: time - $0.time) }
+        }
+        lastAnswerCPU = cpu.map { (time, $0) }
+        let outcome = finish(tracker.progress(at: time), thread: thread, processRan: ran ?? false)
         tracker.probeSent(at: nextProbe(after: time))
         return Step(outcome: outcome, look: .move(timeout: healthyLookTimeout), settled: open == nil)
     }
@@ -198,6 +209,14 @@ struct DetectorMachine: Sendable {
         return Step(outcome: outcome, look: idle ? .keep : .move(timeout: healthyLookTimeout), settled: open == nil)
     }
 
+    /// Whether the process used at least a quarter of a core over `wall`
+    /// nanoseconds in which it used `cpu` nanoseconds of CPU. A process that was
+    /// stopped, or starved by other processes (nice 19 beside busy ones used
+    /// under 2 % of a core), answers late too without a stall of its own.
+    static func processRan(cpu: Int64, over wall: Int64) -> Bool {
+        wall > 0 && cpu >= wall / 4
+    }
+
     /// The next probe after an answer at `time`: the next point of the timer's grid.
     private func nextProbe(after time: Int64) -> Int64 {
         let elapsed = max(0, time - probeGridStart)
@@ -205,9 +224,9 @@ struct DetectorMachine: Sendable {
     }
 
     /// The outcome of a tracker event for the open stall, if any.
-    private mutating func finish(_ event: StallTracker.Event?, thread: Int32?) -> Outcome? {
+    private mutating func finish(_ event: StallTracker.Event?, thread: Int32?, processRan: Bool = false) -> Outcome? {
         if case .missed(let id, let duration) = event {
-            return .missed(id: id, duration: duration, since: lastContinueSeen)
+            return .missed(id: id, duration: duration, since: lastContinueSeen, processRan: processRan)
         }
         guard case .ended(let id, let duration) = event, var stall = open, stall.id == id else { return nil }
         switch stall.phase {

@@ -10,6 +10,14 @@ enum ProcessFacts {
     /// The kernel id of the main thread (the process id).
     static var mainThreadID: Int32 { Int32(getpid()) }
 
+    /// The CPU time all threads of this process have used, in nanoseconds
+    /// (`CLOCK_PROCESS_CPUTIME_ID`: one system call, under a microsecond).
+    static func cpuTime() -> Int64 {
+        var time = timespec()
+        guard clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &time) == 0 else { return 0 }
+        return Int64(time.tv_sec) * 1_000_000_000 + Int64(time.tv_nsec)
+    }
+
     /// Whether a debugger (or any tracer) is attached: on Linux `TracerPid` in
     /// `/proc/self/status` is not 0; on Darwin `sysctl` `KERN_PROC_PID` sets
     /// `P_TRACED` in the process flags (Apple's technical Q&A QA1361).

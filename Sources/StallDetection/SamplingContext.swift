@@ -1,4 +1,5 @@
 import CStallCapture
+import Dispatch
 
 /// A thread's stack as sampled and unwound, before any frame is named in full.
 struct RawStack: Sendable {
@@ -78,11 +79,14 @@ final class SamplingContext: @unchecked Sendable {
         sampler?.files.closeAll(except: kept)
     }
 
-    /// Installs the signal handler and loads symbols before the first stall
-    /// (once per process).
+    /// Installs the signal handler before the first stall, and starts loading
+    /// symbols (once per process) on a thread of its own: loading them takes
+    /// hundreds of milliseconds of CPU in a debug build, and the detector queue
+    /// that calls this must stay free for its looks.
     func warmUp() {
         _ = prepared()
-        symbolicator.warmUp()
+        let symbolicator = self.symbolicator
+        DispatchQueue.global(qos: .utility).async { symbolicator.warmUp() }
     }
 
     private func prepared() -> StackSampler {

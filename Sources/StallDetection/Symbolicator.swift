@@ -43,9 +43,9 @@ import Foundation
 /// that address and that frame's "uncertain" flag.
 ///
 /// Thread-safe: the caches and the image map are behind `state`'s lock, held for
-/// look-ups only; `Runtime` runs outside it, one call at a time in the process
-/// (`runtimeAccess`), so one thread naming new code never holds up another's
-/// cached look-ups.
+/// look-ups only; `Runtime` runs outside it, on the process's one
+/// ``SymbolicationThread`` (whose image cache persists), so one thread naming
+/// new code never holds up another's cached look-ups.
 #if os(Linux)
 final class Symbolicator: Sendable {
     struct Key: Hashable, Sendable {
@@ -82,22 +82,24 @@ final class Symbolicator: Sendable {
     /// The process's symbolicator.
     static let shared = Symbolicator()
 
-    /// One use of `Runtime` at a time in the process, and the process's image
-    /// map, shared by every symbolicator and taken before the first
-    /// symbolication. A map taken *after* one also lists the debug-information
-    /// files `Runtime` has mapped meanwhile (`/usr/lib/debug/.build-id/…`, with
-    /// the same build id as their library), and with it `Runtime` named nothing
-    /// at all: 0 of 6 libc frames (`ImageOffsetTests`). Replaced only when a
-    /// library is loaded later.
-    private static let runtimeAccess = Locked<ImageMap?>(nil)
+    /// The process's image map, shared by every symbolicator and taken (on the
+    /// ``SymbolicationThread``, between two calls that name code) before the
+    /// first symbolication. A map taken *after* one also lists the
+    /// debug-information files `Runtime` has mapped meanwhile
+    /// (`/usr/lib/debug/.build-id/…`, with the same build id as their library),
+    /// and with it `Runtime` named nothing at all: 0 of 6 libc frames
+    /// (`ImageOffsetTests`). Replaced only when a library is loaded later.
+    private static let sharedImages = Locked<ImageMap?>(nil)
 
     private static func processImages(refreshing: Bool) -> ImageMap {
-        runtimeAccess.withLock { shared in
-            if !refreshing, let shared { return shared }
-            let captured = ImageMap.capture()
-            shared = captured
-            return captured
-        }
+        SymbolicationThread.shared.run {
+            sharedImages.withLock { shared in
+                if !refreshing, let shared { return shared }
+                let captured = ImageMap.capture()
+                shared = captured
+                return captured
+            }
+        }.value
     }
 
     init() {
@@ -148,23 +150,32 @@ final class Symbolicator: Sendable {
         return state.withLock { $0.starts[key] }
     }
 
-    /// Symbolicates the current stack once, so that the first real stall does not
-    /// pay for loading symbol tables and debug information. Once per process.
+    /// Names the symbolication thread's own stack and a function of each library
+    /// a stalled thread's stack passes through (the C library, libdispatch, the
+    /// Swift runtime and its concurrency library), so that the first real stall
+    /// does not pay for loading their symbol tables and debug information.
+    /// Once per process.
     func warmUp() {
         guard
             !Self.warmedUp.withLock({ warmed in
                 defer { warmed = true }; return warmed
             })
         else { return }
-        let images = state.withLock { $0.images }
-        Self.runtimeAccess.withLock { _ in
+        let (images, encoded) = state.withLock { ($0.images, $0.encodedImages) }
+        let libraries = Self.warmUpFunctions.compactMap { dlsym(UnsafeMutableRawPointer(bitPattern: 0), $0) }
+        _ = SymbolicationThread.shared.run {
             if let here = try? Backtrace.capture(limit: 16) {
                 _ = here.symbolicated(with: images)
             }
+            let addresses = libraries.map { UInt(bitPattern: $0) &+ 1 }
+            _ = Self.decodeBacktrace(addresses, images: encoded)?.symbolicated(with: images)
         }
         _ = ElfSymbolTable.executable
         _ = ElfSymbolTable.vdso
     }
+
+    /// One exported function of each library the warm-up reads.
+    private static let warmUpFunctions = ["pthread_cond_wait", "dispatch_async", "swift_retain", "swift_task_create"]
 
     private static let warmedUp = Locked(false)
 
@@ -220,20 +231,22 @@ final class Symbolicator: Sendable {
             }.map(\.0)
         }
         var found: [UInt: String] = [:]
+        var runtimeCost: Int64 = 0
         if !unknown.isEmpty {
             let (images, encoded) = state.withLock { ($0.images, $0.encodedImages) }
-            let symbolicated = Self.runtimeAccess.withLock { _ in
+            let (symbolicated, cpu) = SymbolicationThread.shared.run {
                 Self.decodeBacktrace(unknown.map(\.lookupAddress), images: encoded).flatMap {
                     $0.symbolicated(with: images, options: [.useSymbolCache])
                 }
             }
+            runtimeCost = cpu
             for frame in symbolicated?.frames ?? [] where !frame.inlined {
                 if let original = UInt(frame.captured.originalProgramCounter), let symbol = frame.symbol {
                     found[original] = symbol.name
                 }
             }
         }
-        let cost = StallProfiler.threadCPU() - before
+        let cost = StallProfiler.threadCPU() - before + runtimeCost
         state.withLock { state in
             for (key, start) in zip(keys, starts) where state.shortNames[key] == nil {
                 let name =
@@ -257,10 +270,10 @@ final class Symbolicator: Sendable {
         let before = StallProfiler.threadCPU()
         refreshImagesIfNeeded(for: keys)
         state.withLock { $0.waiting.formUnion(keys) }
-        Self.runtimeAccess.withLock { _ in
+        let runtimeCost = SymbolicationThread.shared.run { [state] in
             // Every address waiting for a name, this thread's and any other's,
-            // in one call: each call reads the images' tables again, so threads
-            // naming at the same moment (a detector per queue) pay once.
+            // in one call: threads naming at the same moment (a detector per
+            // queue) pay once.
             let (batch, images, encoded) = state.withLock { state in
                 let waiting = state.waiting
                 state.waiting.removeAll()
@@ -271,9 +284,9 @@ final class Symbolicator: Sendable {
             let symbolicated = Self.decodeBacktrace(batchKeys.map(\.lookupAddress), images: encoded)?
                 .symbolicated(with: images)
             state.withLock { _ = Self.store(symbolicated, for: batchKeys, in: &$0) }
-        }
+        }.cpu
         let named = state.withLock { state in
-            state.namingCost += StallProfiler.threadCPU() - before
+            state.namingCost += StallProfiler.threadCPU() - before + runtimeCost
             return Set(keys.filter { state.cache[$0] != nil })
         }
         let unnamed = keys.filter { !named.contains($0) }

@@ -108,12 +108,47 @@ struct DetectorMachineTests {
             first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
         let answer = machine.answered(at: 310 * ms, thread: 7, queue: 1)
         let step = try #require(answer)
-        guard case .missed(let id, let duration, _)? = step.outcome else {
+        guard case .missed(let id, let duration, _, let processRan)? = step.outcome else {
             Issue.record("expected a missed stall, got \(String(describing: step.outcome))")
             return
         }
         #expect(id == first.id && duration == 310 * ms - 12_500_000)
+        #expect(!processRan, "a look sampled it: a sample is its evidence, not the process's CPU time")
         #expect(step.settled)
+    }
+
+    @Test(
+        "an answer past the threshold that no look saw carries whether the process ran meanwhile (a quarter of a core)",
+        arguments: [
+            (cpuMs: Int64(200), expected: true),  // the process spun on most of a core
+            (cpuMs: Int64(90), expected: true),  // a quarter of the 360 ms since the last answer
+            (cpuMs: Int64(80), expected: false),  // less: stopped, or starved by other processes
+            (cpuMs: Int64(0), expected: false),
+        ])
+    func missedStallCarriesProcessCPU(cpuMs: Int64, expected: Bool) throws {
+        var machine = running()
+        _ = machine.answered(at: 25 * ms, thread: 7, queue: 1, cpu: 1_000 * ms)
+        // No look ran (a starved detector): the next answer comes 360 ms later.
+        let answer = machine.answered(at: 385 * ms, thread: 7, queue: 1, cpu: (1_000 + cpuMs) * ms)
+        let step = try #require(answer)
+        guard case .missed(_, let duration, _, let processRan)? = step.outcome else {
+            Issue.record("expected a missed stall, got \(String(describing: step.outcome))")
+            return
+        }
+        #expect(duration == 385 * ms - 37_500_000, "from the midpoint of the answer and the next probe")
+        #expect(processRan == expected)
+    }
+
+    @Test("without the process's CPU time at both answers, a missed stall has no evidence from it")
+    func missedStallWithoutCPU() throws {
+        var machine = running()
+        _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
+        let answer = machine.answered(at: 385 * ms, thread: 7, queue: 1, cpu: 10_000 * ms)
+        guard case .missed(_, _, _, let processRan)? = try #require(answer).outcome else {
+            Issue.record("expected a missed stall")
+            return
+        }
+        #expect(!processRan)
     }
 
     @Test("an answer while `.started` is sampled: both events come from the sample, once")
@@ -371,7 +406,7 @@ private struct RandomRun {
         case .ended(let id, _, _, _):
             if !started.contains(id) { problems.append("stall \(id) ended before it started") }
             markEnded(id)
-        case .missed(let id, _, _):
+        case .missed(let id, _, _, _):
             if started.contains(id) || !missed.insert(id).inserted {
                 problems.append("stall \(id) missed twice or after .started")
             }
