@@ -122,6 +122,18 @@ static void locate_queue_slot(void) {
     atomic_store_explicit(&queue_slot_found, 1, memory_order_release);
 }
 
+uintptr_t stallcapture_thread_pointer(void) { return thread_pointer(); }
+
+int stallcapture_queue_of_thread(pid_t tid, uintptr_t pointer, uintptr_t *queue) {
+    if (pointer == 0 || !atomic_load_explicit(&queue_slot_found, memory_order_acquire)) return 0;
+    // The record starts with the thread id, then the queue (see find_queue_slot).
+    struct { pid_t tid; uintptr_t queue; } head;
+    uintptr_t slot = pointer + (uintptr_t)atomic_load_explicit(&queue_slot_offset, memory_order_relaxed);
+    if (read_memory(slot - offsetof(__typeof__(head), queue), &head, sizeof head) != 0 || head.tid != tid) return 0;
+    *queue = head.queue;
+    return 1;
+}
+
 int stallcapture_is_answering(pid_t tid) {
     for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
         if (atomic_load(&slots[index].answering) == tid) return 1;
@@ -355,6 +367,11 @@ int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, in
 }
 pid_t stallcapture_current_tid(void) { return 0; }
 int stallcapture_is_answering(pid_t tid) { (void)tid; return 0; }
+uintptr_t stallcapture_thread_pointer(void) { return 0; }
+int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t *queue) {
+    (void)tid; (void)thread_pointer; (void)queue;
+    return 0;
+}
 uintptr_t stallcapture_signal_handler(int signal_number) { (void)signal_number; return 0; }
 
 #endif

@@ -43,8 +43,10 @@ struct ProbeAnswer: Sendable {
     var thread: Int32
     var queue: UInt?
 
-    /// The calling thread and the serial queue it drains now.
+    /// The calling thread and the serial queue it drains now; the thread's
+    /// pointer is remembered (``ThreadPointers``).
     static func here() -> ProbeAnswer {
+        ThreadPointers.recordCurrent()
         let queue = stallcapture_current_serial_queue()
         return ProbeAnswer(thread: stallcapture_current_tid(), queue: queue == 0 ? nil : queue)
     }

@@ -11,8 +11,10 @@ struct RawStack: Sendable {
     var copyTruncated: Bool
     /// The watched queue's address, if one is watched.
     var queue: UInt?
-    /// The queue whose job the thread ran when signalled (exact); nil for a
-    /// thread read from `/proc`.
+    /// The queue whose job the thread ran (exact): when signalled, read by the
+    /// handler; for a thread read from `/proc` (asleep), read from libdispatch's
+    /// record after the copy when the thread once answered a probe
+    /// (``ThreadPointers``); nil when unknown.
     var currentQueue: UInt?
     /// Whether the watched queue's address is among the stack's words (the
     /// queue's drain keeps it while its job runs); nil when the unwind went
@@ -187,7 +189,7 @@ final class SamplingContext: @unchecked Sendable {
         let held = queue.map { copy.words.contains($0) } ?? false
         let raw = RawStack(
             thread: thread, frames: frames, copyTruncated: copy.truncated || unwinder.signalContextUnread, queue: queue,
-            currentQueue: copy.queue,
+            currentQueue: copy.queue ?? (queue == nil ? nil : ThreadPointers.currentQueue(of: thread)),
             wordsHoldQueue: held || !(unwinder.wentBeyondCopy || frames.contains { $0.isSignalReturn }) ? held : nil)
         return (raw, unwinder.wentBeyondCopy)
     }

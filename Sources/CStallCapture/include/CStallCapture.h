@@ -95,6 +95,18 @@ uintptr_t stallcapture_signal_handler(int signal_number);
 /// The kernel id of the calling thread.
 pid_t stallcapture_current_tid(void);
 
+/// The calling thread's thread pointer (its TLS base), for
+/// `stallcapture_queue_of_thread`.
+uintptr_t stallcapture_thread_pointer(void);
+
+/// The dispatch queue whose job thread `tid`, whose thread pointer is
+/// `thread_pointer`, runs now (0 outside any job), read from libdispatch's
+/// thread-local record through the kernel (never a fault), asleep or running.
+/// Returns 1 when read; 0 when the record's place is unknown (not located at
+/// install), unreadable, or holds another thread's id (the thread exited and its
+/// id or memory was reused).
+int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t *queue);
+
 /// Whether thread `tid` is inside the handler right now, filling another
 /// capture's sample: it was running (it took a signal), and its stack read
 /// from outside would show the handler, not the code it interrupted.
