@@ -1,5 +1,6 @@
 #if os(Linux)
 import Dispatch
+import Glibc
 import SafeTimers
 
 /// The one thread of the process that calls into the toolchain's `Runtime`
@@ -16,10 +17,22 @@ import SafeTimers
 /// files mapped named nothing).
 ///
 /// The thread starts with the first call and lives as long as the process; it
-/// sleeps on a semaphore between calls (no wake-ups).
+/// sleeps on a semaphore between calls (no wake-ups). A child made by `fork()`
+/// (which has no copy of it) gets a thread of its own at its first call. Where
+/// the system refuses a thread, calls run on the caller's thread, one at a time.
 final class SymbolicationThread: Sendable {
     /// The process's symbolication thread.
-    static let shared = SymbolicationThread()
+    static var shared: SymbolicationThread {
+        let process = getpid()
+        return instance.withLock { current in
+            if let current, current.process == process { return current }
+            let made = SymbolicationThread(process: process)
+            current = made
+            return made
+        }
+    }
+
+    private static let instance = Locked<SymbolicationThread?>(nil)
 
     /// A call waiting to run, and its result.
     ///
@@ -48,16 +61,32 @@ final class SymbolicationThread: Sendable {
         func finish() { done.signal() }
     }
 
+    /// The process this thread belongs to.
+    private let process: pid_t
     private let calls = Locked<[any Runnable]>([])
     private let pending = DispatchSemaphore(value: 0)
     /// The kernel id of the thread, once it runs.
     private let threadID = Locked<UInt64?>(nil)
+    /// No thread could be started: calls run on their callers' threads, one at
+    /// a time (under this lock).
+    private let inline: Locked<Void>?
 
-    private init() {
-        NamedThread.start(name: "StallSymbols") { [self] in
+    private init(process: pid_t) {
+        self.process = process
+        let threadID = self.threadID
+        let calls = self.calls
+        let pending = self.pending
+        let started = NamedThread.tryStart(name: "StallSymbols") {
             threadID.withLock { $0 = ThreadIDs.current() }
-            serve()
-        }.detach()
+            Self.serve(calls, pending)
+        }
+        switch started {
+        case .success(let thread):
+            thread.detach()
+            inline = nil
+        case .failure:
+            inline = Locked(())
+        }
     }
 
     /// Runs `body` on the symbolication thread and returns its result with the
@@ -65,7 +94,9 @@ final class SymbolicationThread: Sendable {
     /// runs `body` at once.
     func run<Result>(_ body: @escaping () -> Result) -> (value: Result, cpu: Int64) {
         let call = Call(body)
-        if threadID.withLock({ $0 }) == ThreadIDs.current() {
+        if let inline {
+            inline.withLock { _ in call.run() }
+        } else if threadID.withLock({ $0 }) == ThreadIDs.current() {
             call.run()
         } else {
             calls.withLock { $0.append(call) }
@@ -76,7 +107,7 @@ final class SymbolicationThread: Sendable {
         return (call.result!, call.cpu)
     }
 
-    private func serve() {
+    private static func serve(_ calls: Locked<[any Runnable]>, _ pending: DispatchSemaphore) {
         while true {
             pending.wait()
             guard let call = calls.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) else { continue }

@@ -19,8 +19,26 @@ package struct NamedThread: @unchecked Sendable {
     private let thread: pthread_t
     #endif
 
-    /// Starts a thread named `name` (up to 15 characters show on Linux) running `body`.
+    /// Starts a thread named `name` (up to 15 characters show on Linux) running
+    /// `body`; traps, naming the error, when the system refuses a thread.
     package static func start(name: String, _ body: @escaping @Sendable () -> Void) -> NamedThread {
+        switch tryStart(name: name, body) {
+        case .success(let thread): return thread
+        case .failure(let error):
+            preconditionFailure("SafeTimers could not start thread '\(name)': pthread_create returned \(error.code)")
+        }
+    }
+
+    /// `pthread_create`'s error number.
+    package struct StartError: Error {
+        package let code: Int32
+    }
+
+    /// Starts a thread named `name` running `body`, or says why the system
+    /// refused one (`EAGAIN`: a thread limit reached).
+    package static func tryStart(
+        name: String, _ body: @escaping @Sendable () -> Void
+    ) -> Result<NamedThread, StartError> {
         final class Start: Sendable {
             let name: String
             let body: @Sendable () -> Void
@@ -48,8 +66,12 @@ package struct NamedThread: @unchecked Sendable {
                 start.body()
                 return nil
             }, context)
-        precondition(result == 0, "SafeTimers could not start thread '\(name)': pthread_create returned \(result)")
-        return NamedThread(thread: thread)
+        guard result == 0 else {
+            // The thread never ran: its context is still retained.
+            Unmanaged<AnyObject>.fromOpaque(context).release()
+            return .failure(StartError(code: result))
+        }
+        return .success(NamedThread(thread: thread))
     }
 
     /// Waits until the thread has exited.
