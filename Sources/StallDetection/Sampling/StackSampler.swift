@@ -6,39 +6,6 @@ import Glibc
 import Darwin
 #endif
 
-/// A raw frame before symbolication.
-struct RawFrame: Hashable, Sendable {
-    var address: UInt
-    /// Found only by the return-address scan.
-    var isUncertain: Bool
-    /// The signal return trampoline (`__restore_rt`), where a debugger shows
-    /// `<signal handler called>`: the frame after it is the interrupted
-    /// instruction itself, not a return address.
-    var isSignalReturn = false
-
-    init(address: UInt, isUncertain: Bool, isSignalReturn: Bool = false) {
-        self.address = address
-        self.isUncertain = isUncertain
-        self.isSignalReturn = isSignalReturn
-    }
-}
-
-/// One thread's stack as the sampler saw it: registers and a copy of the stack.
-struct StackCopy {
-    var pc: UInt
-    var sp: UInt
-    /// The frame pointer, when known (a signal sample); nil for a thread read from
-    /// `/proc` while it sleeps in the kernel.
-    var fp: UInt?
-    /// The stack words from `sp` upward, as far as they were copied.
-    var words: [UInt]
-    /// Whether the copy ends before the stack does.
-    var truncated: Bool
-    /// The dispatch queue whose job the thread ran when it was signalled; nil for
-    /// a thread read from `/proc` (its stack words are searched instead).
-    var queue: UInt? = nil
-}
-
 /// Samples another thread's stack without changing what it does:
 ///
 /// - A thread that sleeps in the kernel (state S or D in `/proc/self/task/TID/stat`)

@@ -1,0 +1,24 @@
+import CStallCapture
+import Dispatch
+
+/// A thread's stack as sampled and unwound, before any frame is named in full.
+struct RawStack: Sendable {
+    var thread: Int32
+    /// Innermost first: the interrupted instruction, then return addresses.
+    var frames: [RawFrame]
+    /// The copy of the stack ended before the stack did, or the stack a signal
+    /// frame leads to could not be read.
+    var copyTruncated: Bool
+    /// The watched queue's address, if one is watched.
+    var queue: UInt?
+    /// The queue whose job the thread ran (exact): when signalled, read by the
+    /// handler; for a thread read from `/proc` (asleep), read from libdispatch's
+    /// record after the copy when the thread once answered a probe
+    /// (``ThreadPointers``); nil when unknown.
+    var currentQueue: UInt?
+    /// Whether the watched queue's address is among the stack's words (the
+    /// queue's drain keeps it while its job runs); nil when the unwind went
+    /// beyond the words copied (through a signal frame to the thread's own
+    /// stack, or past the copy's end), so the copy cannot tell.
+    var wordsHoldQueue: Bool?
+}

@@ -1,0 +1,23 @@
+import CStallCapture
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// One thread's stack as the sampler saw it: registers and a copy of the stack.
+struct StackCopy {
+    var pc: UInt
+    var sp: UInt
+    /// The frame pointer, when known (a signal sample); nil for a thread read from
+    /// `/proc` while it sleeps in the kernel.
+    var fp: UInt?
+    /// The stack words from `sp` upward, as far as they were copied.
+    var words: [UInt]
+    /// Whether the copy ends before the stack does.
+    var truncated: Bool
+    /// The dispatch queue whose job the thread ran when it was signalled; nil for
+    /// a thread read from `/proc` (its stack words are searched instead).
+    var queue: UInt? = nil
+}

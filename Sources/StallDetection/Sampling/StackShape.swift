@@ -1,0 +1,85 @@
+import CStallCapture
+import Dispatch
+
+/// Reading a sampled stack: is the thread running a job, or waiting for one?
+enum StackShape {
+    /// Frames that mean the thread runs somebody's code for a queue or run loop.
+    static let busyMarkers = [
+        "_dispatch_client_callout", "_dispatch_call_block_and_release", "_dispatch_continuation_pop",
+        "_dispatch_lane_serial_drain", "_dispatch_main_queue_callback_4CF", "__CFRUNLOOP_IS_", "swift_job_run",
+        "_dispatch_sync", "_dispatch_barrier_sync", "_dispatch_lane_barrier_sync", "DispatchQueue.sync",
+        "DispatchQueue._syncHelper", "DispatchQueue.asyncAndWait",
+    ]
+
+    /// True when the stack shows the thread running a Swift concurrency job.
+    static func runsSwiftJob(_ frames: [StackFrame]) -> Bool {
+        frames.contains { $0.function?.contains("swift_job_run") == true }
+    }
+
+    /// Frames of libdispatch's manager thread, which drains internal queues
+    /// (timers, event sources) with the same functions as a queue's worker but
+    /// never runs a job of the program.
+    static let managerMarkers = ["_dispatch_mgr_thread", "_dispatch_mgr_invoke"]
+
+    /// True when the stack shows the thread running a job for a queue or run loop.
+    static func runsJob(_ frames: [StackFrame]) -> Bool {
+        var job = false
+        for frame in frames {
+            guard let name = frame.function else { continue }
+            if managerMarkers.contains(where: { name.containsText($0) }) { return false }
+            if !job && busyMarkers.contains(where: { name.containsText($0) }) { job = true }
+        }
+        return job
+    }
+    /// Frames that mean the thread waits for work.
+    static let idleMarkers = [
+        "_dispatch_worker_thread", "_dispatch_sig_thread", "_dispatch_event_loop_drain", "_dispatch_mgr_thread",
+        "__CFRunLoopRun", "__CFRunLoopServiceFileDescriptors",
+    ]
+
+    /// Frames that end a complete call chain.
+    static let threadRoots = ["start_thread", "clone", "__libc_start", "_start"]
+
+    /// Whether the certain frames reach a thread's root.
+    static func reachesRoot(_ frames: [StackFrame]) -> Bool {
+        frames.contains { frame in
+            guard !frame.isUncertain, let name = frame.function else { return false }
+            return threadRoots.contains { name.hasPrefix($0) || name.containsText("_" + $0) }
+        }
+    }
+
+    /// Keeps the scan's frames only where they can help: when the certain chain
+    /// reaches a thread's root, every uncertain frame goes; otherwise only those
+    /// beyond the last certain frame stay (the unwinder adds at most
+    /// ``StackUnwinder/uncertainLimit``).
+    static func prune(_ frames: [StackFrame]) -> [StackFrame] {
+        if reachesRoot(frames) { return frames.filter { !$0.isUncertain } }
+        guard let lastCertain = frames.lastIndex(where: { !$0.isUncertain }) else {
+            return Array(frames.prefix(StackUnwinder.uncertainLimit))
+        }
+        return Array(
+            frames[...lastCertain].filter { !$0.isUncertain }
+                + frames[(lastCertain + 1)...].prefix(StackUnwinder.uncertainLimit))
+    }
+
+    /// True when the stack shows a thread waiting for work and running none: a
+    /// parked dispatch worker, a run loop asleep, or an event loop (SwiftNIO's,
+    /// say) parked in `epoll_wait` (`kevent` on Apple platforms).
+    static func looksIdle(_ frames: [StackFrame]) -> Bool {
+        let names = frames.compactMap(\.function)
+        if names.contains(where: { name in busyMarkers.contains { name.containsText($0) } }) { return false }
+        return names.contains(where: { name in idleMarkers.contains { name.containsText($0) } })
+            || waitsForEvents(frames)
+    }
+
+    /// The system calls an event loop parks in.
+    static let eventWaitCalls = ["epoll_wait", "epoll_pwait", "kevent"]
+
+    /// True when the innermost named frames (the C library's, up to 4) are an
+    /// event-wait system call: the thread sleeps until a descriptor is ready.
+    static func waitsForEvents(_ frames: [StackFrame]) -> Bool {
+        frames.lazy.compactMap(\.function).prefix(4).contains { name in
+            eventWaitCalls.contains { name.contains($0) }
+        }
+    }
+}
