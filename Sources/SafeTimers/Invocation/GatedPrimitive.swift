@@ -110,7 +110,7 @@ extension GatedPrimitive {
         if effects.wake { InvocationParking.wakeAll() }
         if let tag = effects.deliver {
             let executor = effects.deliverOnMainActor && !isRecording ? HandlerExecutor.mainActor : self.executor
-            withEngine { executor.deliver(self, tag: tag, engine: $0) }
+            withEngine { $0.deliver(self, tag: tag, to: executor) }
         }
         if let ticket = effects.waitFor { storage.wait(for: ticket) }
     }

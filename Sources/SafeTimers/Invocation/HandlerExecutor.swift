@@ -20,45 +20,12 @@ enum HandlerExecutor: Sendable {
     /// Tests only: deliveries are recorded, and the test runs them when it likes.
     case recorder(DeliveryRecorder)
 
-    /// Hands the invocation queued as `tag` to where the handler belongs.
-    ///
-    /// Under a manual scheduler (`engine.isVirtual`) the delivery is queued on the
-    /// engine and runs inside the next (or current) `advance`, on the advancing
-    /// thread, so tests need no waiting and no handler runs anywhere else; a
-    /// main-actor handler runs there only when that thread is the main thread, and
-    /// is otherwise enqueued on the main actor (it never traps). Otherwise the
-    /// invocation goes to the queue, or to the main actor through a task, which
-    /// works under a run loop, `dispatchMain()` and an async `main` alike.
-    ///
-    /// On the scheduler thread of a real-time engine, while it fires a round of
-    /// due entries, the invocation is collected instead, and goes out with the
-    /// others due together for the same destination (see ``DeliveryBatch``).
-    @inline(__always)
-    func deliver(_ target: some InvocationTarget, tag: UInt64, engine: TimerEngine) {
-        if case .recorder(let recorder) = self {
-            recorder.record(target, tag: tag)
-        } else if engine.isVirtual {
-            if case .mainActor = self {
-                engine.enqueueDelivery {
-                    if ThreadIdentity.isMainThread || MainQueueMarker.isCurrent {
-                        target.invoke(tag: tag)
-                    } else {
-                        Task { @MainActor in target.invoke(tag: tag) }
-                    }
-                }
-            } else {
-                engine.enqueueDelivery { target.invoke(tag: tag) }
-            }
-        } else if _slowPath(engine.deliveryBatch.isCollectingHere) {
-            engine.deliveryBatch.add(target, tag: tag, executor: self, engine: engine)
-        } else {
-            run { target.invoke(tag: tag) }
-        }
-    }
-
     /// Runs `body` where this executor's handlers run: on the queue, or on the
-    /// main actor through a task. (A recorder runs nothing: deliveries to it are
-    /// recorded by ``deliver(_:tag:engine:)`` before they get here.)
+    /// main actor through a task, which works under a run loop, `dispatchMain()`
+    /// and an async `main` alike. (A recorder runs nothing: deliveries to it are
+    /// recorded by ``TimerEngine/deliver(_:tag:to:)`` before they get here.)
+    /// Which thread hands it over, and when, is the engine's to decide
+    /// (``TimerEngine/deliver(_:tag:to:)``).
     @inline(__always)
     func run(_ body: @escaping @Sendable () -> Void) {
         switch self {
