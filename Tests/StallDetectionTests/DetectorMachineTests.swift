@@ -113,8 +113,47 @@ struct DetectorMachineTests {
             return
         }
         #expect(id == first.id && duration == 310 * ms - 12_500_000)
-        #expect(!processRan, "a look sampled it: a sample is its evidence, not the process's CPU time")
+        #expect(!processRan, "no CPU time was read")
         #expect(step.settled)
+    }
+
+    @Test("an unconfirmed stall that ends before the second look carries whether the process ran meanwhile")
+    func unconfirmedThenAnsweredWithCPU() throws {
+        var machine = running()
+        _ = machine.answered(at: 25 * ms, thread: 7, queue: 1, cpu: 1_000 * ms)
+        guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        _ = machine.sampled(
+            first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
+        // The spinning target answered 400 ms later, having used 300 ms of CPU.
+        let answer = machine.answered(at: 425 * ms, thread: 7, queue: 1, cpu: 1_300 * ms)
+        guard case .missed(let id, _, _, let processRan)? = try #require(answer).outcome else {
+            Issue.record("expected a missed stall")
+            return
+        }
+        #expect(id == first.id && processRan)
+    }
+
+    @Test("an unconfirmed stall that ends while its sample is taken carries whether the process ran meanwhile")
+    func unconfirmedEndedWhileSampling() throws {
+        var machine = running()
+        _ = machine.answered(at: 25 * ms, thread: 7, queue: 1, cpu: 1_000 * ms)
+        guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        let during = machine.answered(at: 310 * ms, thread: 7, queue: 1, cpu: 1_010 * ms)
+        #expect(try #require(during).outcome == nil, "the sample under way concludes it")
+        let (report, settled) = machine.sampled(
+            first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
+        guard case .missed(.missed(let id, _, _, let processRan)) = report else {
+            Issue.record("expected a missed stall, got \(report)")
+            return
+        }
+        #expect(id == first.id && !processRan, "10 ms of CPU over 285 ms: under a quarter of a core")
+        #expect(settled)
     }
 
     @Test(

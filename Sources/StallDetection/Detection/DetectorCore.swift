@@ -317,9 +317,10 @@ final class DetectorCore: Sendable {
         }
     }
 
-    /// A missed stall's stack when no sample was taken while it lasted.
+    /// A missed stall's stack when no sample showed the target's job while it
+    /// lasted.
     static let unsampledMissedStall = StallBacktrace.unavailable(
-        "not sampled: the detector got no CPU while the stall lasted (the process did: it used over a quarter of a core)"
+        "no sample showed the target's job while the stall lasted (the detector's threads waited for a core; the process used over a quarter of one)"
     )
 
     /// The last sample a session took, named: a missed stall's stack.

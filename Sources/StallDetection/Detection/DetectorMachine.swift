@@ -52,10 +52,12 @@ struct DetectorMachine: Sendable {
     /// only with evidence that the target ran its own code meanwhile).
     enum Outcome: Sendable {
         case ended(id: UInt64, duration: Int64, backtrace: StallBacktrace, sampling: Int64)
-        /// `processRan`: no look saw the stall, and the process used at least a
-        /// quarter of a core while it lasted (``processRan(cpu:over:)``), so the
-        /// detector's looks were late for the process's own work, not because the
-        /// process got no CPU (stopped, or starved by other processes).
+        /// `processRan`: no sample confirmed the stall (no look saw it in time,
+        /// or the one look's sample found no thread running the target's job),
+        /// and the process used at least a quarter of a core while it lasted
+        /// (``processRan(cpu:over:)``): the detector was late for the process's
+        /// own work, not because the process got no CPU (stopped, or starved by
+        /// other processes).
         case missed(id: UInt64, duration: Int64, since: Int64, processRan: Bool = false)
     }
 
@@ -94,7 +96,7 @@ struct DetectorMachine: Sendable {
         var suppressed = false
         var sampling: Int64 = 0
         /// `.ended` arrived while `.started` was still being sampled.
-        var endedWhileSampling: (duration: Int64, thread: Int32?)?
+        var endedWhileSampling: (duration: Int64, thread: Int32?, processRan: Bool)?
         var phase = Phase.sampling
     }
 
@@ -232,14 +234,17 @@ struct DetectorMachine: Sendable {
         switch stall.phase {
         case .sampling:
             // The sample under way emits both events.
-            stall.endedWhileSampling = (duration, thread)
+            stall.endedWhileSampling = (duration, thread, processRan)
             open = stall
             return nil
         case .awaitingConfirmation:
             // Answered before a second look: a missed stall, reported if the
-            // profile's samples saw the target's job running meanwhile.
+            // profile's samples saw the target's job running meanwhile, or the
+            // process ran (the sample found no job: a running thread that got no
+            // core to answer its signal on a loaded machine).
             open = nil
-            return stall.suppressed ? nil : .missed(id: id, duration: duration, since: lastContinueSeen)
+            return stall.suppressed
+                ? nil : .missed(id: id, duration: duration, since: lastContinueSeen, processRan: processRan)
         case .reported:
             open = nil
             if stall.suppressed { return nil }
@@ -317,7 +322,8 @@ struct DetectorMachine: Sendable {
             stall.phase = .awaitingConfirmation
             open = stall.endedWhileSampling == nil ? stall : nil
             guard let ended = stall.endedWhileSampling, !suppressed else { return .nothing }
-            return .missed(.missed(id: stall.id, duration: ended.duration, since: lastContinueSeen))
+            return .missed(
+                .missed(id: stall.id, duration: ended.duration, since: lastContinueSeen, processRan: ended.processRan))
         }
         stall.phase = .reported
         guard let ended = stall.endedWhileSampling else {
