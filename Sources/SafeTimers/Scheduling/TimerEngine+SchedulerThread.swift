@@ -47,8 +47,29 @@ extension TimerEngine {
             threadStarted.compareExchange(expected: false, desired: true, ordering: .sequentiallyConsistent).exchanged
         else { return }
         // The thread keeps the engine alive until it ends.
-        NamedThread.start(name: "SafeTimers") { [self] in self.runSchedulerThread() }.detach()
+        switch NamedThread.tryStart(name: "SafeTimers", { [self] in self.runSchedulerThread() }) {
+        case .success(let thread):
+            thread.detach()
+        case .failure(let error):
+            // The system refused a thread (a thread or process limit reached):
+            // never a trap. What is armed stays armed; the next arming tries
+            // again, and everything due fires once a thread runs.
+            threadStarted.store(false, ordering: .sequentiallyConsistent)
+            Self.reportThreadRefused(error.code)
+        }
     }
+
+    /// Says once per process, on standard error, that the scheduler thread could
+    /// not be started, naming `pthread_create`'s error.
+    private static func reportThreadRefused(_ code: Int32) {
+        guard !threadRefusalReported.exchange(true, ordering: .relaxed) else { return }
+        let message =
+            "SafeTimers: the system refused the scheduler thread (pthread_create returned \(code)); "
+            + "timers stay armed and fire once a later arming can start it\n"
+        _ = message.withCString { write(2, $0, strlen($0)) }
+    }
+
+    private static let threadRefusalReported = Atomic<Bool>(false)
 
     /// Whether every shard is empty (takes each shard's lock in turn).
     private var isEmpty: Bool {

@@ -31,6 +31,23 @@ enum StopWitness {
         var thread: pthread_t?
         var wakeDescriptor: Int32 = -1
         var threadID: Int32 = 0
+        /// The process whose thread `thread` is: a child made by `fork()`
+        /// inherits this state, but not the thread.
+        var owner: pid_t = 0
+        #endif
+
+        #if os(Linux)
+        /// In a child made by `fork()`: forgets the parent's witness without
+        /// touching it (a write to the inherited wake descriptor would end the
+        /// parent's thread), so that the child's first detector starts its own.
+        mutating func leaveParentsWitness() {
+            guard thread != nil, owner != getpid() else { return }
+            if wakeDescriptor >= 0 { close(wakeDescriptor) }
+            thread = nil
+            wakeDescriptor = -1
+            threadID = 0
+            users = 0
+        }
         #endif
     }
 
@@ -40,6 +57,7 @@ enum StopWitness {
     static func acquire() {
         #if os(Linux)
         state.withLock { state in
+            state.leaveParentsWitness()
             state.users += 1
             guard state.users == 1 else { return }
             let epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
@@ -76,6 +94,7 @@ enum StopWitness {
             pthread_sigmask(SIG_SETMASK, &previous, nil)
             if result == 0 {
                 state.thread = thread
+                state.owner = getpid()
             } else {
                 descriptors.deallocate()
                 close(epoll)
@@ -90,6 +109,8 @@ enum StopWitness {
     static func release() {
         #if os(Linux)
         let ending = state.withLock { state -> (pthread_t, Int32)? in
+            state.leaveParentsWitness()
+            guard state.users > 0 else { return nil }
             state.users -= 1
             guard state.users == 0, let thread = state.thread else { return nil }
             state.thread = nil
