@@ -118,13 +118,13 @@ struct CompactLayoutTests {
         #expect(all.allSatisfy { $0 != 0 && $0 <= UInt(UInt32.max) })
     }
 
-    @Test("an entry reference counts exactly one reference, for tagged and boxed entries")
+    @Test("an entry reference takes eight bytes and counts exactly one reference, for any entry class")
     func entryReferences() {
-        weak var boxedEntry: RecordingEntry?
-        weak var taggedEntry: DelayedWork?
+        weak var testEntry: RecordingEntry?
+        weak var workEntry: DelayedWork?
         do {
-            let entry = RecordingEntry("boxed")
-            boxedEntry = entry
+            let entry = RecordingEntry("test")
+            testEntry = entry
             var reference = TimerEntryReference(retaining: entry)
             #expect(reference.timerSlot == -1)
             reference.setTimerSlot(42)
@@ -133,21 +133,80 @@ struct CompactLayoutTests {
             #expect(reference.isNone)
             #expect(taken as AnyObject === entry)
         }
-        #expect(boxedEntry == nil)
+        #expect(testEntry == nil)
         do {
             let engine = TimerEngine(virtual: true)
             let work = DelayedWork.schedule(
                 atTicks: { _ in DeadlineArithmetic.never }, executor: .globalQueue, engine: engine
             ) {}
-            taggedEntry = work
+            workEntry = work
             var reference = TimerEntryReference(retaining: work)
-            #expect(reference.bits & 7 == 1)
+            #expect(MemoryLayout<TimerEntryReference>.size == 8)
             #expect(reference.leewayTicks == 0)
             reference.release()
             #expect(reference.isNone)
             work.cancel()
         }
-        #expect(taggedEntry == nil)
+        #expect(workEntry == nil)
+    }
+
+    /// An entry class per `Tag` (each specialization of a generic class is a
+    /// class of its own to the runtime).
+    protocol ArmableEntry: TimerEntry {
+        func arm(_ engine: TimerEngine, at deadline: Int64)
+        func disarm(_ engine: TimerEngine) -> Bool
+    }
+
+    final class TaggedEntry<Tag>: ArmableEntry {
+        private let index = Atomic<Int>(-1)
+        private let armed = StateLock<UInt64>(0)
+        let fired: Counter
+        init(counting fired: Counter) { self.fired = fired }
+        var timerSlot: Int {
+            get { index.load(ordering: .relaxed) }
+            set { index.store(newValue, ordering: .relaxed) }
+        }
+        func arm(_ engine: TimerEngine, at deadline: Int64) { armed.withLock { $0 = engine.arm(self, at: deadline) } }
+        func disarm(_ engine: TimerEngine) -> Bool {
+            armed.withLock {
+                $0 = 0
+                return engine.disarm(self)
+            }
+        }
+        func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+            if armed.withLock({ $0 }) == sequence { fired.increment() }
+        }
+    }
+    enum T1 {}
+    enum T2 {}
+    enum T3 {}
+    enum T4 {}
+    enum T5 {}
+    enum T6 {}
+    enum T7 {}
+    enum T8 {}
+    enum T9 {}
+
+    @Test("entries of more classes than a node can number are armed, fired, disarmed and released alike")
+    func manyEntryClasses() {
+        let engine = TimerEngine(virtual: true)
+        let fired = Counter()
+        var entries: [any ArmableEntry] = [
+            TaggedEntry<T1>(counting: fired), TaggedEntry<T2>(counting: fired), TaggedEntry<T3>(counting: fired),
+            TaggedEntry<T4>(counting: fired), TaggedEntry<T5>(counting: fired), TaggedEntry<T6>(counting: fired),
+            TaggedEntry<T7>(counting: fired), TaggedEntry<T8>(counting: fired), TaggedEntry<T9>(counting: fired),
+        ]
+        weak let last = entries.last
+        for (offset, entry) in entries.enumerated() { entry.arm(engine, at: Int64(offset + 1) * 1_000) }
+        #expect(entries.allSatisfy { $0.timerSlot >= 0 })
+        engine.advance(toTicks: 5_000)
+        #expect(fired.count == 5)
+        #expect(entries[8].disarm(engine))
+        engine.advance(toTicks: 20_000)
+        #expect(fired.count == 8)
+        #expect(entries.allSatisfy { $0.timerSlot == -1 })
+        entries.removeAll()
+        #expect(last == nil)
     }
 
     @Test("a deadline of Int64.min is armed one tick later, fires first, and keeps the wheel sound")

@@ -42,6 +42,14 @@ if let flag = CommandLine.arguments.firstIndex(of: "--profile-arm-cancel") {
     exit(0)
 }
 
+if let flag = CommandLine.arguments.firstIndex(of: "--profile-virtual-events") {
+    // N DelayedWorks armed on a manual scheduler and fired by one advance: the
+    // firing path, for instruction counts as `--profile-arm-cancel`.
+    let count = CommandLine.arguments.count > flag + 1 ? Int(CommandLine.arguments[flag + 1]) : nil
+    print(VirtualTime.manualEvents(count: count ?? 1_000_000).0, "ms")
+    exit(0)
+}
+
 if let flag = CommandLine.arguments.firstIndex(of: "--delayed-work-threads"),
     let threads = Int(CommandLine.arguments[flag + 1])
 {

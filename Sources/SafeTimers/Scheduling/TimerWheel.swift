@@ -164,8 +164,9 @@ struct TimerWheel: ~Copyable {
     mutating func remove(node index: Int32) -> (any TimerEntry)? {
         var reference = removeKeepingSlot(node: index)
         guard !reference.isNone else { return nil }
-        reference.setTimerSlot(-1)
-        return reference.take()
+        let entry = reference.take()
+        entry.timerSlot = -1
+        return entry
     }
 
     /// Disarms everything and hands the entries back (to be released outside the lock).
