@@ -137,7 +137,7 @@ struct CompactLayoutTests {
         do {
             let engine = TimerEngine(virtual: true)
             let work = DelayedWork.schedule(
-                atTicks: { _ in DeadlineArithmetic.never }, executor: .globalQueue, engine: engine
+                atTicks: DeadlineArithmetic.never, executor: .globalQueue, engine: engine
             ) {}
             workEntry = work
             var reference = TimerEntryReference(retaining: work)

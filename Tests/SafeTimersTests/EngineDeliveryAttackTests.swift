@@ -99,14 +99,14 @@ struct EngineDeliveryAttackTests {
         let timedOut = Atomic<Int>(0)
         let works = Box<[DelayedWork]>([])
         let deadline = engine.nowTicks + 5_000_000
-        let a = DelayedWork.schedule(atTicks: { _ in deadline }, executor: .globalQueue, engine: engine) {
+        let a = DelayedWork.schedule(atTicks: deadline, executor: .globalQueue, engine: engine) {
             aRunning.signal()
             if bRunning.wait(timeout: .now() + 30) == .timedOut { timedOut.add(1, ordering: .relaxed) }
             bRunning.signal()
             _ = works.with { $0[1] }.cancel()
             finished.add(1, ordering: .relaxed)
         }
-        let b = DelayedWork.schedule(atTicks: { _ in deadline + bDelay }, executor: .globalQueue, engine: engine) {
+        let b = DelayedWork.schedule(atTicks: deadline + bDelay, executor: .globalQueue, engine: engine) {
             bRunning.signal()
             if aRunning.wait(timeout: .now() + 30) == .timedOut { timedOut.add(1, ordering: .relaxed) }
             aRunning.signal()
@@ -164,7 +164,7 @@ struct EngineDeliveryAttackTests {
             let deadline = base + Int64.random(in: 0..<40, using: &generator) * 250_000
             deadlines.append(deadline)
             works.append(
-                DelayedWork.schedule(atTicks: { _ in deadline }, executor: .queue(queue), engine: engine) {
+                DelayedWork.schedule(atTicks: deadline, executor: .queue(queue), engine: engine) {
                     log.with { $0.append(i) }
                     if i % 7 == 0 { usleep(2_000) }
                 })
@@ -194,7 +194,7 @@ struct EngineDeliveryAttackTests {
         var made: [DelayedWork] = []
         for i in 0..<count {
             made.append(
-                DelayedWork.schedule(atTicks: { _ in deadline }, executor: .globalQueue, engine: engine) {
+                DelayedWork.schedule(atTicks: deadline, executor: .globalQueue, engine: engine) {
                     ran.with { $0[i] += 1 }
                     // Under ThreadSanitizer making the 200 works took longer than
                     // the 10 ms to their deadline: the array is not there yet.
@@ -307,7 +307,7 @@ struct EngineDeliveryAttackTests {
             let deadline = scheduler!.engine.nowTicks + 3_000_000
             for i in 0..<40 {
                 let id = s * 40 + i
-                _ = DelayedWork.schedule(atTicks: { _ in deadline }, executor: .globalQueue, engine: scheduler!.engine)
+                _ = DelayedWork.schedule(atTicks: deadline, executor: .globalQueue, engine: scheduler!.engine)
                 {
                     if i % 4 == 0 { usleep(3_000) }
                     ran.with { $0[id] += 1 }
@@ -388,7 +388,7 @@ struct EngineDeliveryAttackTests {
         var works: [DelayedWork] = []
         for i in 0..<3 {
             works.append(
-                DelayedWork.schedule(atTicks: { _ in deadline }, executor: .queue(queue), engine: engine) {
+                DelayedWork.schedule(atTicks: deadline, executor: .queue(queue), engine: engine) {
                     if i == 0 { usleep(300_000) }
                     done.add(1, ordering: .relaxed)
                 })
@@ -415,7 +415,7 @@ struct EngineDeliveryAttackTests {
         var works: [DelayedWork] = []
         for _ in 0..<3 {
             works.append(
-                DelayedWork.schedule(atTicks: { _ in deadline }, executor: .queue(queue), engine: engine) {
+                DelayedWork.schedule(atTicks: deadline, executor: .queue(queue), engine: engine) {
                     done.add(1, ordering: .relaxed)
                 })
         }

@@ -93,7 +93,8 @@ struct InvocationGateRegressionTests {
         let manual = ManualTimerScheduler()
         let fired = Counter()
         let recorder = DeliveryRecorder()
-        let dog = WatchdogCore(timeout: .milliseconds(100), executor: .recorder(recorder), scheduler: manual) {
+        let dog = WatchdogCore(
+            timeout: .milliseconds(100), executor: .recorder(recorder), engine: EngineReference(manual)) {
             fired.increment()
         }
         #expect(dog.kick() == true)

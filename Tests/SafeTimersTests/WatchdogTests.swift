@@ -92,7 +92,8 @@ struct WatchdogTests {
 
     @Test("the state machine refuses a kick at or after the deadline, whatever the engine has delivered")
     func machineRefusesLateKick() {
-        var machine = WatchdogStateMachine(timeout: .nanoseconds(100), now: 0) {}
+        var machine = WatchdogStateMachine(timeout: .nanoseconds(100))
+        #expect(machine.arm(now: 0) {}.timer == .arm(100))
         #expect(machine.kick(now: 99).movedDeadline)
         #expect(machine.deadline == 199)
         #expect(!machine.kick(now: 199).movedDeadline)

@@ -145,6 +145,38 @@ enum Parallel {
         }
     }
 
+    /// `withWatchdog` with a `queue:` argument (one serial queue all threads share).
+    static func watchdogOnQueueOverall(threads: Int, milliseconds: Int) -> Double {
+        let queue = DispatchQueue(label: "bench.parallel.watchdog.queue")
+        return nanosecondsPerOperationOverall(threads: threads, milliseconds: milliseconds) {
+            withWatchdog(timeout: .seconds(10), queue: queue, onTimeout: {}) { blackHole(0) }
+        }
+    }
+
+    /// `DelayedWork` with an `on:` queue (one serial queue all threads share).
+    static func delayedWorkOnQueueOverall(threads: Int, milliseconds: Int) -> Double {
+        let queue = DispatchQueue(label: "bench.parallel.delayed.queue")
+        return nanosecondsPerOperationOverall(threads: threads, milliseconds: milliseconds) {
+            DelayedWork.schedule(after: .seconds(10), on: queue) {}.cancel()
+        }
+    }
+
+    /// A `Watchdog` object created and invalidated around each section.
+    static func watchdogObject(threads: Int, iterations: Int) -> Double {
+        nanosecondsPerOperation(threads: threads, iterations: iterations) {
+            let watchdog = Watchdog(timeout: .seconds(10), onTimeout: {})
+            blackHole(0)
+            watchdog.invalidate()
+        }
+    }
+
+    /// A `DelayedWork` scheduled and cancelled, measured like ``watchdogObject(threads:iterations:)``.
+    static func delayedWork(threads: Int, iterations: Int) -> Double {
+        nanosecondsPerOperation(threads: threads, iterations: iterations) {
+            DelayedWork.schedule(after: .seconds(10)) {}.cancel()
+        }
+    }
+
     static func dispatchSourceIdiomOverall(threads: Int, milliseconds: Int) -> Double {
         nanosecondsPerOperationOverall(
             threads: threads, milliseconds: milliseconds,

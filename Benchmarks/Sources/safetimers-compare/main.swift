@@ -21,6 +21,44 @@ func add(_ work: String, _ peer: String, _ safe: Double, _ other: Double, _ unit
     print("  measured: \(work) vs \(peer)")
 }
 
+/// A `Watchdog` object per section, against the GCD idiom and against a
+/// `DelayedWork` schedule + cancel measured the same way.
+@MainActor
+func addWatchdogObjectRows() {
+    let object = Parallel.watchdogObject(threads: 1, iterations: iterations)
+    add(
+        "Watchdog object per section", "DispatchSourceTimer per section", object,
+        Parallel.dispatchSourceIdiom(threads: 1, iterations: iterations), "ns/op")
+    add(
+        "Watchdog object per section", "DelayedWork schedule+cancel (SafeTimers)", object,
+        Parallel.delayedWork(threads: 1, iterations: iterations), "ns/op")
+}
+
+/// Wall nanoseconds per operation over all threads, each thread running for the
+/// round's wall time (see `Parallel`), with the default queue and with an
+/// explicit `queue:` argument.
+@MainActor
+func addThroughputRows(threadCounts: [Int]) {
+    for threads in threadCounts {
+        add(
+            "withWatchdog, \(threads) threads, ns/op overall", "DispatchSourceTimer per section",
+            Parallel.watchdogOverall(threads: threads, milliseconds: parallelMilliseconds),
+            Parallel.dispatchSourceIdiomOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
+        add(
+            "withWatchdog(queue:), \(threads) threads, ns/op overall", "DispatchSourceTimer per section",
+            Parallel.watchdogOnQueueOverall(threads: threads, milliseconds: parallelMilliseconds),
+            Parallel.dispatchSourceIdiomOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
+        add(
+            "DelayedWork arm+cancel, \(threads) threads, ns/op overall", "asyncAfter+DispatchWorkItem",
+            Parallel.delayedWorkOverall(threads: threads, milliseconds: parallelMilliseconds),
+            Parallel.asyncAfterOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
+        add(
+            "DelayedWork(on: queue) arm+cancel, \(threads) threads, ns/op overall", "asyncAfter+DispatchWorkItem",
+            Parallel.delayedWorkOnQueueOverall(threads: threads, milliseconds: parallelMilliseconds),
+            Parallel.asyncAfterOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
+    }
+}
+
 if CommandLine.arguments.contains("--activities") {
     // Only the StallDetector.withActivity rows.
     let count = iterations * 10
@@ -47,6 +85,13 @@ if let flag = CommandLine.arguments.firstIndex(of: "--profile-virtual-events") {
     // firing path, for instruction counts as `--profile-arm-cancel`.
     let count = CommandLine.arguments.count > flag + 1 ? Int(CommandLine.arguments[flag + 1]) : nil
     print(VirtualTime.manualEvents(count: count ?? 1_000_000).0, "ms")
+    exit(0)
+}
+
+if let flag = CommandLine.arguments.firstIndex(of: "--profile-watchdog-object") {
+    // N `Watchdog` objects created and invalidated, as `--profile-arm-cancel`.
+    let count = CommandLine.arguments.count > flag + 1 ? Int(CommandLine.arguments[flag + 1]) : nil
+    print(Parallel.watchdogObject(threads: 1, iterations: count ?? 2_000_000), "ns/op")
     exit(0)
 }
 
@@ -108,17 +153,8 @@ if CommandLine.arguments.contains("--scaling") {
         "arm+cancel, 0k pending", "asyncAfter+DispatchWorkItem",
         ArmCancel.delayedWork(pending: 0, iterations: iterations),
         ArmCancel.asyncAfter(pending: 0, iterations: iterations), "ns/op")
-    for threads in [1, 2, 4, 8] {
-        // Every thread runs for the round's wall time (see Parallel).
-        add(
-            "withWatchdog, \(threads) threads, ns/op overall", "DispatchSourceTimer per section",
-            Parallel.watchdogOverall(threads: threads, milliseconds: parallelMilliseconds),
-            Parallel.dispatchSourceIdiomOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
-        add(
-            "DelayedWork arm+cancel, \(threads) threads, ns/op overall", "asyncAfter+DispatchWorkItem",
-            Parallel.delayedWorkOverall(threads: threads, milliseconds: parallelMilliseconds),
-            Parallel.asyncAfterOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
-    }
+    addWatchdogObjectRows()
+    addThroughputRows(threadCounts: [1, 2, 4, 8])
     print("")
     printTable(rows)
     exit(0)
@@ -179,20 +215,11 @@ for threads in [1, 2] {
         Parallel.watchdog(threads: threads, iterations: iterations),
         Parallel.dispatchSourceIdiom(threads: threads, iterations: iterations), "ns/op")
 }
+addWatchdogObjectRows()
 
 // Throughput as threads are added (issue: the engine scales with cores). Wall
 // nanoseconds per operation over all threads; 1000 / value = M ops/s.
-for threads in quick ? [1, 2] : [1, 2, 4, 8] {
-    // Every thread runs for the round's wall time (see Parallel).
-    add(
-        "withWatchdog, \(threads) threads, ns/op overall", "DispatchSourceTimer per section",
-        Parallel.watchdogOverall(threads: threads, milliseconds: parallelMilliseconds),
-        Parallel.dispatchSourceIdiomOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
-    add(
-        "DelayedWork arm+cancel, \(threads) threads, ns/op overall", "asyncAfter+DispatchWorkItem",
-        Parallel.delayedWorkOverall(threads: threads, milliseconds: parallelMilliseconds),
-        Parallel.asyncAfterOverall(threads: threads, milliseconds: parallelMilliseconds), "ns/op")
-}
+addThroughputRows(threadCounts: quick ? [1, 2] : [1, 2, 4, 8])
 
 // What the peers' throughput rows left pending in GCD (cancelled items, due 1 s
 // after they were armed) is worked off before anything is timed again.

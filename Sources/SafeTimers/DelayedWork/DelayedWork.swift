@@ -44,58 +44,24 @@ public final class DelayedWork: Sendable {
     let storage: StateLock<LockedMachine<DelayedWorkStateMachine>>
     private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
-    /// The scheduler's engine, counted by hand: retained in `init` and released
-    /// in `deinit` unless it is the shared scheduler's, which lives as long as
-    /// the process (so that releasing a private scheduler never drops this work,
-    /// and so that the shared engine's count, one cache line all threads would
-    /// write twice per item, is never touched). One field, not a reference and an
-    /// owner: every pending item carries it.
-    private let engineReference: Unmanaged<TimerEngine>
-    /// The engine (a strong reference for the caller; the hot paths use
+    private let engineReference: EngineReference
+    /// The engine (a counted reference for the caller; the hot paths use
     /// ``withEngine(_:)``, which counts none).
-    var engine: TimerEngine { engineReference.takeUnretainedValue() }
+    var engine: TimerEngine { engineReference.counted }
 
-    /// Made without its work: ``arm(_:work:at:)`` installs it under the lock it
-    /// takes anyway (building the machine with the closure in it copied the
-    /// machine into the lock and counted a reference to the closure twice).
-    ///
-    /// The engine comes as an `Unmanaged` value: an initializer takes its
-    /// arguments owned, so passing the engine itself retained and released it.
-    private init(executor: HandlerExecutor, engine reference: Unmanaged<TimerEngine>) {
+    /// Made pending without its work, then given the work due at `deadline`
+    /// (ticks) as an input like any other, through ``GatedPrimitive/transition(_:)``,
+    /// whose only effect (the arming) is applied under the lock. (Building the
+    /// machine with the closure in it copied the machine into the lock and
+    /// counted a reference to the closure twice.)
+    private init(
+        executor: HandlerExecutor, engine: consuming EngineReference, work: @escaping @Sendable () -> Void,
+        at deadline: Int64
+    ) {
         self.executor = executor
-        if reference.toOpaque() != Self.sharedEngineReference.toOpaque() { _ = reference.retain() }
-        self.engineReference = reference
+        self.engineReference = engine
         self.storage = StateLock(LockedMachine(machine: DelayedWorkStateMachine()))
-    }
-
-    deinit {
-        if engineReference.toOpaque() != Self.sharedEngineReference.toOpaque() { engineReference.release() }
-    }
-
-    /// Gives the new item `work`, due at `deadline` (ticks): an input like any
-    /// other, through ``GatedPrimitive/transition(_:)``, whose only effect (the
-    /// arming) is applied under the lock.
-    @inline(__always)
-    private func arm(work: @escaping @Sendable () -> Void, at deadline: Int64) {
         _ = transition { $0.schedule(work, at: deadline) }
-    }
-
-    /// The shared engine's address (0 until the first look). An `Atomic` global
-    /// is initialized statically, so the default path reads it with one load and
-    /// counts no reference; a lazy `static let` calls `swift_once` at every read
-    /// on Linux, and reading a class reference from it retains the engine (one
-    /// cache line written by every thread that schedules).
-    private static let sharedEngineAddress = Atomic<UInt>(0)
-
-    @inline(__always)
-    static var sharedEngineReference: Unmanaged<TimerEngine> {
-        let address = sharedEngineAddress.load(ordering: .acquiring)
-        if _fastPath(address != 0) {
-            return Unmanaged.fromOpaque(UnsafeRawPointer(bitPattern: address)!)
-        }
-        let engine = Unmanaged.passUnretained(SystemTimerScheduler.shared.engine)
-        sharedEngineAddress.store(UInt(bitPattern: engine.toOpaque()), ordering: .releasing)
-        return engine
     }
 
     /// Schedules `work` to run once on `queue` after `delay`.
@@ -105,7 +71,10 @@ public final class DelayedWork: Sendable {
     ///     Too long to represent: never (until cancelled).
     ///   - queue: Where the closure runs; `nil` (the default) is the default-QoS
     ///     global queue. Under a `ManualTimerScheduler` it runs inside
-    ///     `advance(by:)` instead.
+    ///     `advance(by:)` instead. The work keeps the queue alive; so does the
+    ///     calling thread, until it gives a SafeTimers primitive another queue or
+    ///     ends (threads sharing one queue then do not contend on its reference
+    ///     count).
     ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default)
     ///     is ``SystemTimerScheduler/shared``. (Optional so that the default writes
     ///     no reference count on the one object all threads share.)
@@ -118,12 +87,7 @@ public final class DelayedWork: Sendable {
         scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        guard let scheduler else {
-            return sharedEngineReference._withUnsafeGuaranteedRef {
-                schedule(after: delay, executor: .on(queue), sharedEngine: $0, work)
-            }
-        }
-        return schedule(after: delay, executor: .on(queue), scheduler: scheduler, work)
+        schedule(after: delay, executor: .on(queue), engine: EngineReference(scheduler), work)
     }
 
     /// Schedules `work` to run once on the main actor after `delay`.
@@ -143,7 +107,7 @@ public final class DelayedWork: Sendable {
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         _ work: @escaping @MainActor @Sendable () -> Void
     ) -> DelayedWork {
-        schedule(after: delay, executor: .mainActor, scheduler: scheduler, HandlerExecutor.adapt(work))
+        schedule(after: delay, executor: .mainActor, engine: EngineReference(scheduler), HandlerExecutor.adapt(work))
     }
 
     /// Schedules `work` to run once on `queue` at `deadline`, an instant of
@@ -164,7 +128,7 @@ public final class DelayedWork: Sendable {
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        schedule(atTicks: { _ in deadline.ticks }, executor: .on(queue), engine: scheduler.engine, work)
+        DelayedWork(executor: .on(queue), engine: EngineReference(scheduler.engine), work: work, at: deadline.ticks)
     }
 
     /// Schedules `work` to run once on the main actor at `deadline`; see
@@ -174,9 +138,9 @@ public final class DelayedWork: Sendable {
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         _ work: @escaping @MainActor @Sendable () -> Void
     ) -> DelayedWork {
-        schedule(
-            atTicks: { _ in deadline.ticks }, executor: .mainActor, engine: scheduler.engine,
-            HandlerExecutor.adapt(work))
+        DelayedWork(
+            executor: .mainActor, engine: EngineReference(scheduler.engine), work: HandlerExecutor.adapt(work),
+            at: deadline.ticks)
     }
 
     /// Moves a pending work's deadline to `deadline` (an instant of the scheduler's
@@ -189,39 +153,25 @@ public final class DelayedWork: Sendable {
         return rescheduled
     }
 
-    /// Schedules `work` for `executor` at `deadline` (engine ticks).
+    /// Schedules `work` to run once for `executor` after `delay` on `engine`'s clock.
+    @inline(__always)
+    private static func schedule(
+        after delay: Duration,
+        executor: HandlerExecutor,
+        engine: consuming EngineReference,
+        _ work: @escaping @Sendable () -> Void
+    ) -> DelayedWork {
+        let deadline = engine.with { DeadlineArithmetic.deadline(now: $0.nowTicks, after: delay) }
+        return DelayedWork(executor: executor, engine: engine, work: work, at: deadline)
+    }
+
+    /// Schedules `work` for `executor` at `deadline` (engine ticks): the
+    /// interleaving explorer's and the engine tests' way in.
     static func schedule(
-        atTicks deadline: (TimerEngine) -> Int64,
-        executor: HandlerExecutor,
-        engine: TimerEngine,
+        atTicks deadline: Int64, executor: HandlerExecutor, engine: TimerEngine,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        let item = DelayedWork(executor: executor, engine: Unmanaged.passUnretained(engine))
-        item.arm(work: work, at: deadline(engine))
-        return item
-    }
-
-    /// The default path: the shared engine, no reference counted.
-    private static func schedule(
-        after delay: Duration,
-        executor: HandlerExecutor,
-        sharedEngine engine: TimerEngine,
-        _ work: @escaping @Sendable () -> Void
-    ) -> DelayedWork {
-        let item = DelayedWork(executor: executor, engine: Unmanaged.passUnretained(engine))
-        item.arm(work: work, at: DeadlineArithmetic.deadline(now: engine.nowTicks, after: delay))
-        return item
-    }
-
-    private static func schedule(
-        after delay: Duration,
-        executor: HandlerExecutor,
-        scheduler: any TimerScheduler,
-        _ work: @escaping @Sendable () -> Void
-    ) -> DelayedWork {
-        schedule(
-            atTicks: { DeadlineArithmetic.deadline(now: $0.nowTicks, after: delay) }, executor: executor,
-            engine: scheduler.engine, work)
+        DelayedWork(executor: executor, engine: EngineReference(engine), work: work, at: deadline)
     }
 
     /// The current state.
@@ -249,8 +199,7 @@ public final class DelayedWork: Sendable {
     /// running on another thread when `waitingForRun` is false.
     @discardableResult
     func cancel(waitingForRun: Bool) -> Bool {
-        let thread = ThreadIdentity.current()
-        let effects = transition { $0.cancel(thread: thread, waiting: waitingForRun) }
+        let effects = transition { $0.cancel(thread: ThreadIdentity.current(), waiting: waitingForRun) }
         let prevented = effects.preventedRun
         complete(effects)
         return prevented
@@ -289,13 +238,10 @@ public final class DelayedWork: Sendable {
 }
 
 extension DelayedWork: ClosureInvoking {
-    /// The engine, borrowed: reading an unowned reference hands out a counted one,
-    /// and counting references to the shared engine would write one cache line,
-    /// shared by every thread, at each schedule and cancel (two threads would do
-    /// less work than one).
+    /// The engine, borrowed (see ``EngineReference``).
     @inline(__always)
     func withEngine<Result>(_ body: (TimerEngine) -> Result) -> Result {
-        engineReference._withUnsafeGuaranteedRef(body)
+        engineReference.with(body)
     }
 
     var timerSlot: Int {

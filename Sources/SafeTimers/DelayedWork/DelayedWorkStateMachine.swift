@@ -55,15 +55,16 @@ struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
         return MachineEffects(wake: gate.end())
     }
 
-    /// `cancel()` on `thread`.
-    mutating func cancel(thread: UInt, waiting: Bool = true) -> MachineEffects {
+    /// `cancel()` on `thread` (evaluated only when the work is running, which
+    /// spares the common cancel of a pending work a thread-local read).
+    mutating func cancel(thread: @autoclosure () -> UInt, waiting: Bool = true) -> MachineEffects {
         switch state {
         case .pending:
             state = .cancelled
             gate.revoke()
             return MachineEffects(timer: .disarm, released: work.take(), preventedRun: true)
         case .running:
-            return MachineEffects(waitFor: waiting ? gate.waitTicket(thread: thread) : nil)
+            return MachineEffects(waitFor: waiting ? gate.waitTicket(thread: thread()) : nil)
         case .completed, .cancelled:
             return MachineEffects()
         }

@@ -249,8 +249,8 @@ final class HopRescue: TimerEntry {
 extension HandlerExecutor {
     /// Whether deliveries to both go to the same place (one batch group).
     fileprivate func isSame(as other: HandlerExecutor) -> Bool {
+        if let mine = givenQueue { return mine === other.givenQueue }
         switch (self, other) {
-        case (.queue(let mine), .queue(let theirs)): return mine === theirs
         case (.globalQueue, .globalQueue), (.mainActor, .mainActor): return true
         default: return false
         }
@@ -261,7 +261,7 @@ extension HandlerExecutor {
     fileprivate var isSerial: Bool {
         switch self {
         case .mainActor: return true
-        case .queue(let queue): return queue === DispatchQueue.main
+        case .queue, .leasedQueue: return givenQueue === DispatchQueue.main
         case .globalQueue, .recorder: return false
         }
     }

@@ -12,6 +12,9 @@ protocol InvocationTarget: AnyObject, Sendable {
 /// (in tests) a recorder that lets the test decide when each delivery begins.
 enum HandlerExecutor: Sendable {
     case queue(DispatchQueue)
+    /// A queue, held through the lease of the thread that made the primitive
+    /// (see ``QueueLease``): what ``on(_:)`` gives for a queue.
+    case leasedQueue(QueueLease)
     /// The default-QoS global queue, looked up when a handler is delivered: on
     /// Linux each `DispatchQueue.global()` allocates a wrapper object, which a
     /// primitive would otherwise allocate when it is made and keep while it lives.
@@ -30,17 +33,27 @@ enum HandlerExecutor: Sendable {
     func run(_ body: @escaping @Sendable () -> Void) {
         switch self {
         case .queue(let queue): queue.async(execute: body)
+        case .leasedQueue(let lease): lease.queue.async(execute: body)
         case .globalQueue: DispatchQueue.global().async(execute: body)
         case .mainActor: Task { @MainActor in body() }
         case .recorder: preconditionFailure("a recorder's deliveries are recorded, not run")
         }
     }
 
-    /// `queue`, or the global queue when it is nil.
+    /// `queue` (leased), or the global queue when it is nil.
     @inline(__always)
     static func on(_ queue: DispatchQueue?) -> HandlerExecutor {
-        if let queue { return .queue(queue) }
+        if let queue { return .leasedQueue(QueueLease.current(for: queue)) }
         return .globalQueue
+    }
+
+    /// The dispatch queue handlers go to, when it is a given one.
+    var givenQueue: DispatchQueue? {
+        switch self {
+        case .queue(let queue): return queue
+        case .leasedQueue(let lease): return lease.queue
+        case .globalQueue, .mainActor, .recorder: return nil
+        }
     }
 
     /// Wraps a main-actor handler so that it can be stored as a plain one: the

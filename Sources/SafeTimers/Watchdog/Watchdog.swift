@@ -33,16 +33,18 @@ public final class Watchdog: Sendable {
     ///   - timeout: How long the guarded section may take.
     ///   - queue: Where `onTimeout` runs; `nil` (the default) is the default-QoS
     ///     global queue.
-    ///   - scheduler: The scheduler that keeps the deadline.
+    ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default) is
+    ///     ``SystemTimerScheduler/shared``.
     ///   - onTimeout: Called once if the deadline passes before ``invalidate()``;
     ///     released once the watchdog fired or was invalidated.
     public init(
         timeout: Duration,
         queue: DispatchQueue? = nil,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         onTimeout: @escaping @Sendable () -> Void
     ) {
-        core = WatchdogCore(timeout: timeout, executor: .on(queue), scheduler: scheduler, handler: onTimeout)
+        core = WatchdogCore(
+            timeout: timeout, executor: .on(queue), engine: EngineReference(scheduler), handler: onTimeout)
     }
 
     /// Creates and arms a watchdog whose handler runs on the main actor.
@@ -56,15 +58,16 @@ public final class Watchdog: Sendable {
     /// Everything else is as in ``init(timeout:queue:scheduler:onTimeout:)``.
     public init(
         timeout: Duration,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         onTimeout: @escaping @MainActor @Sendable () -> Void
     ) {
         core = WatchdogCore(
-            timeout: timeout, executor: .mainActor, scheduler: scheduler, handler: HandlerExecutor.adapt(onTimeout))
+            timeout: timeout, executor: .mainActor, engine: EngineReference(scheduler),
+            handler: HandlerExecutor.adapt(onTimeout))
     }
 
     deinit {
-        core.invalidate()
+        core.invalidateUnlessInvalidated()
     }
 
     /// Re-arms the watchdog: the deadline becomes now + timeout.
@@ -115,20 +118,29 @@ public final class Watchdog: Sendable {
 final class WatchdogCore: ClosureInvoking {
     let storage: StateLock<LockedMachine<WatchdogStateMachine>>
     private let index = Atomic<Int>(-1)
+    /// Whether an ``invalidate()`` has returned.
+    private let invalidated = Atomic<Bool>(false)
     let executor: HandlerExecutor
     /// The scheduler's engine: kept, so releasing the scheduler never drops the watchdog.
-    let engine: TimerEngine
+    private let engineReference: EngineReference
+
+    var engine: TimerEngine { engineReference.counted }
 
     init(
-        timeout: Duration, executor: HandlerExecutor, scheduler: any TimerScheduler,
+        timeout: Duration, executor: HandlerExecutor, engine: consuming EngineReference,
         handler: @escaping @Sendable () -> Void
     ) {
-        let engine = scheduler.engine
         self.executor = executor
-        self.engine = engine
-        self.storage = StateLock(
-            LockedMachine(machine: WatchdogStateMachine(timeout: timeout, now: engine.nowTicks, handler: handler)))
-        complete(transition { $0.arm() })
+        self.engineReference = engine
+        self.storage = StateLock(LockedMachine(machine: WatchdogStateMachine(timeout: timeout)))
+        let now = engineReference.with { $0.nowTicks }
+        complete(transition { $0.arm(now: now, handler: handler) })
+    }
+
+    /// The engine, borrowed (see ``EngineReference``).
+    @inline(__always)
+    func withEngine<Result>(_ body: (TimerEngine) -> Result) -> Result {
+        engineReference.with(body)
     }
 
     var timerSlot: Int {
@@ -144,7 +156,7 @@ final class WatchdogCore: ClosureInvoking {
     var holdsHandler: Bool { storage.withLock { $0.machine.holdsHandler } }
 
     func kick(timeout newTimeout: Duration? = nil) -> Bool {
-        let now = engine.nowTicks
+        let now = withEngine { $0.nowTicks }
         let effects = transition { $0.kick(now: now, timeout: newTimeout) }
         let kicked = effects.movedDeadline
         complete(effects)
@@ -152,8 +164,14 @@ final class WatchdogCore: ClosureInvoking {
     }
 
     func invalidate() {
-        let thread = ThreadIdentity.current()
-        complete(transition { $0.invalidate(thread: thread) })
+        complete(transition { $0.invalidate(thread: ThreadIdentity.current()) })
+        invalidated.store(true, ordering: .relaxed)
+    }
+
+    /// ``invalidate()``, skipped when an earlier call has returned: the handle's
+    /// `deinit`, which no other call through the handle can race with.
+    func invalidateUnlessInvalidated() {
+        if !invalidated.load(ordering: .relaxed) { invalidate() }
     }
 
     func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {

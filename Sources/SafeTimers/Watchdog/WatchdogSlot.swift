@@ -99,7 +99,12 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     /// The sequence of the current engine arming (0: none); serializes arming.
     private let arming = StateLock<UInt64>(0)
     nonisolated(unsafe) private var handler: (@Sendable () -> Void)?
-    nonisolated(unsafe) private var queue: DispatchQueue?
+    /// The section's queue, not counted: the caller of `withWatchdog` keeps it
+    /// alive until the section has left, and the scheduler takes a counted
+    /// reference while the section is claimed (the owner cannot leave then).
+    /// Counting it here wrote the queue's reference count, one cache line every
+    /// thread guarding sections with that queue shares, twice per section.
+    nonisolated(unsafe) private var queue: Unmanaged<DispatchQueue>?
     /// Owner only: the last timeout converted, so the common case of one timeout
     /// used again and again skips the `Duration` arithmetic.
     nonisolated(unsafe) private var lastTimeout = Duration.zero
@@ -143,7 +148,7 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
         guard current & Self.phaseMask == Phase.idle.rawValue else { return nil }
         let deadline = deadline(after: timeout)
         handler = onTimeout
-        self.queue = queue
+        self.queue = queue.map { Unmanaged.passUnretained($0) }
         self.deadline.store(deadline, ordering: .relaxed)
         let generation = current &>> Self.phaseBits
         word.store(generation &<< Self.phaseBits | Phase.active.rawValue, ordering: .sequentiallyConsistent)
@@ -260,7 +265,7 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
             let claimed = observed & ~Self.phaseMask | Phase.claimed.rawValue
             guard word.compareExchange(expected: observed, desired: claimed, ordering: .acquiringAndReleasing).exchanged
             else { continue }  // the section ended (or another began) meanwhile: look again
-            let target = queue ?? .global()
+            let target = queue?.takeUnretainedValue() ?? .global()
             let generation = observed &>> Self.phaseBits
             word.store(observed & ~Self.phaseMask | Phase.delivered.rawValue, ordering: .releasing)
             target.async { self.run(generation) }

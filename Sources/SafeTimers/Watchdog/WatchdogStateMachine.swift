@@ -32,16 +32,24 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
     private var handler: (@Sendable () -> Void)?
     var gate = InvocationGate()
 
-    init(timeout: Duration, now: Int64, handler: @escaping @Sendable () -> Void) {
+    /// A watchdog of `timeout` that ``arm(now:handler:)`` starts before anything
+    /// else reaches it.
+    init(timeout: Duration) {
         self.timeoutDuration = timeout
         self.timeout = DeadlineArithmetic.delayNanoseconds(timeout)
-        self.deadline = DeadlineArithmetic.adding(self.timeout, to: now)
-        self.armedAt = deadline
-        self.handler = handler
+        self.deadline = DeadlineArithmetic.never
+        self.armedAt = DeadlineArithmetic.never
     }
 
-    /// The first arming.
-    func arm() -> MachineEffects { MachineEffects(timer: .arm(armedAt)) }
+    /// The first arming: the deadline is `now` + the timeout, and `handler` runs
+    /// if it passes. (Given under the lock rather than to ``init(timeout:)``:
+    /// building the machine with the closure in it copied it into the lock.)
+    mutating func arm(now: Int64, handler: @escaping @Sendable () -> Void) -> MachineEffects {
+        deadline = DeadlineArithmetic.adding(timeout, to: now)
+        armedAt = deadline
+        self.handler = handler
+        return MachineEffects(timer: .arm(armedAt))
+    }
 
     /// Whether the handler is still held (for leak tests).
     var holdsHandler: Bool { handler != nil }
@@ -84,15 +92,15 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
         MachineEffects(wake: gate.end())
     }
 
-    /// `invalidate()` on `thread`.
-    mutating func invalidate(thread: UInt) -> MachineEffects {
+    /// `invalidate()` on `thread` (evaluated only when the handler has begun).
+    mutating func invalidate(thread: @autoclosure () -> UInt) -> MachineEffects {
         switch status {
         case .armed:
             status = .invalidated
             gate.revoke()
             return MachineEffects(timer: .disarm, released: handler.take(), preventedRun: true)
         case .fired:
-            return MachineEffects(waitFor: gate.waitTicket(thread: thread))
+            return MachineEffects(waitFor: gate.waitTicket(thread: thread()))
         case .invalidated:
             return MachineEffects()
         }

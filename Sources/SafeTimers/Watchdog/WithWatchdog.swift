@@ -63,7 +63,7 @@ public func withWatchdog<Result, Failure: Error>(
         return try body()
     }
     let watchdog = Watchdog(
-        timeout: timeout, queue: queue, scheduler: scheduler ?? SystemTimerScheduler.shared, onTimeout: onTimeout)
+        timeout: timeout, queue: queue, scheduler: scheduler, onTimeout: onTimeout)
     defer { watchdog.invalidate() }
     return try body()
 }
@@ -82,7 +82,7 @@ public func withWatchdog<Result, Failure: Error>(
 public func withWatchdog<Result, Failure: Error>(
     timeout: Duration,
     queue: DispatchQueue? = nil,
-    scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+    scheduler: (any TimerScheduler)? = nil,
     onTimeout: @escaping @Sendable () -> Void,
     isolation: isolated (any Actor)? = #isolation,
     _ body: () async throws(Failure) -> Result

@@ -13,7 +13,7 @@ struct DelayedWorkSystem: ExplorableSystem {
     init() {
         let runs = self.runs
         work = DelayedWork.schedule(
-            atTicks: { $0.nowTicks + 10_000_000 }, executor: world.executor, engine: world.engine
+            atTicks: world.engine.nowTicks + 10_000_000, executor: world.executor, engine: world.engine
         ) { runs.increment() }
     }
 
@@ -89,7 +89,7 @@ struct WatchdogSystem: ExplorableSystem {
     init() {
         let runs = self.runs
         core = WatchdogCore(
-            timeout: .milliseconds(10), executor: world.executor, scheduler: world.manual
+            timeout: .milliseconds(10), executor: world.executor, engine: EngineReference(world.manual)
         ) { runs.increment() }
     }
 
