@@ -307,8 +307,7 @@ struct EngineDeliveryAttackTests {
             let deadline = scheduler!.engine.nowTicks + 3_000_000
             for i in 0..<40 {
                 let id = s * 40 + i
-                _ = DelayedWork.schedule(atTicks: deadline, executor: .globalQueue, engine: scheduler!.engine)
-                {
+                _ = DelayedWork.schedule(atTicks: deadline, executor: .globalQueue, engine: scheduler!.engine) {
                     if i % 4 == 0 { usleep(3_000) }
                     ran.with { $0[id] += 1 }
                 }

@@ -94,7 +94,8 @@ struct InvocationGateRegressionTests {
         let fired = Counter()
         let recorder = DeliveryRecorder()
         let dog = WatchdogCore(
-            timeout: .milliseconds(100), executor: .recorder(recorder), engine: EngineReference(manual)) {
+            timeout: .milliseconds(100), executor: .recorder(recorder), engine: EngineReference(manual)
+        ) {
             fired.increment()
         }
         #expect(dog.kick() == true)
