@@ -24,8 +24,9 @@ final class CustomProbe: Sendable {
 
     private func run() {
         let first = hasRun.withLock { hasRun in
-            defer { hasRun = true }
-            return !hasRun
+            let first = !hasRun
+            hasRun = true
+            return first
         }
         if first { outcome(.here()) }
     }

@@ -238,8 +238,9 @@ final class DetectorCore: Sendable {
             [weak self] in
             DetectorThreads.work { self?.look(generation: generation) }
         }
-        defer { state.look = look }
-        return state.look
+        let replaced = state.look
+        state.look = look
+        return replaced
     }
 
     /// Cancels a replaced look on the detector queue: a cancel waits for a

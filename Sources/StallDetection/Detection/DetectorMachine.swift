@@ -166,8 +166,9 @@ struct DetectorMachine: Sendable {
 
     /// Running to stopped; whether it was running.
     mutating func stop() -> Bool {
-        defer { lifecycle = .stopped }
-        return lifecycle == .running
+        let wasRunning = lifecycle == .running
+        lifecycle = .stopped
+        return wasRunning
     }
 
     // MARK: Posted probes

@@ -115,8 +115,9 @@ enum StopWitness {
             guard state.users == 0, let thread = state.thread else { return nil }
             state.thread = nil
             state.threadID = 0
-            defer { state.wakeDescriptor = -1 }
-            return (thread, state.wakeDescriptor)
+            let wake = state.wakeDescriptor
+            state.wakeDescriptor = -1
+            return (thread, wake)
         }
         if let (thread, wake) = ending {
             var one: UInt64 = 1

@@ -41,8 +41,9 @@ final class FatalReportWriter: Sendable {
         let schedule = state.withLock { state -> Bool in
             guard !state.closed else { return false }
             state.event = event
-            defer { state.scheduled = true }
-            return !state.scheduled
+            let schedule = !state.scheduled
+            state.scheduled = true
+            return schedule
         }
         guard schedule else { return }
         queue.async { [self] in

@@ -158,7 +158,9 @@ final class Symbolicator: Sendable {
     func warmUp() {
         guard
             !Self.warmedUp.withLock({ warmed in
-                defer { warmed = true }; return warmed
+                let wasWarmed = warmed
+                warmed = true
+                return wasWarmed
             })
         else { return }
         let (images, encoded) = state.withLock { ($0.images, $0.encodedImages) }
