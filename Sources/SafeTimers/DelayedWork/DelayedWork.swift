@@ -195,6 +195,48 @@ public final class DelayedWork: Sendable {
         cancel(waitingForRun: true)
     }
 
+    /// What ``cancelWithoutWaiting()`` found, and did.
+    public enum CancelOutcome: Sendable, Hashable {
+        /// This call stopped the run: the closure never begins, and it and its
+        /// captures were released before the call returned.
+        case prevented
+        /// The closure is running now (on another thread, or the caller is the
+        /// closure): it goes on, and the call did not wait for it. Its captures
+        /// are released when it returns.
+        case running
+        /// The closure had already run and returned.
+        case completed
+        /// An earlier cancel had stopped the run.
+        case alreadyCancelled
+    }
+
+    /// Cancels the work if it has not begun, and never waits: for code on an
+    /// event-loop thread (a SwiftNIO loop, a Hummingbird handler), where
+    /// ``cancel()``'s wait for a closure running on another thread would block
+    /// the loop.
+    ///
+    /// **Not a barrier.** When it returns ``CancelOutcome/running``, the closure
+    /// may still be running on another thread. Otherwise it gives the same
+    /// guarantees as ``cancel()``: after ``CancelOutcome/prevented`` the closure
+    /// never begins and it and its captures are already released.
+    ///
+    /// ```swift
+    /// let expiry = DelayedWork.schedule(after: .seconds(5)) { channel.close(promise: nil) }
+    /// defer { _ = expiry.cancelWithoutWaiting() }   // on the event loop: never blocks it
+    /// ```
+    ///
+    /// - Complexity: O(1) in the number of pending timers.
+    @discardableResult
+    public func cancelWithoutWaiting() -> CancelOutcome {
+        var outcome = CancelOutcome.alreadyCancelled
+        let effects = transition { machine in
+            outcome = machine.cancelOutcome
+            return machine.cancel(thread: ThreadIdentity.current(), waiting: false)
+        }
+        complete(effects)
+        return outcome
+    }
+
     /// Cancels like ``cancel()``; without waiting for a closure that is already
     /// running on another thread when `waitingForRun` is false.
     @discardableResult

@@ -7,7 +7,7 @@
 /// | pending | begin (the delivered tag) | running | the work is taken out to run |
 /// | running | end | completed | wake a waiting cancel |
 /// | pending | cancel | cancelled | disarm; release the work; revoke a queued delivery; preventedRun |
-/// | running | cancel (another thread) | running | wait for the end |
+/// | running | cancel (another thread) | running | wait for the end (a cancel without waiting: none) |
 /// | pending | reschedule | pending | revoke a queued delivery; arm the new deadline; movedDeadline |
 ///
 /// Other inputs are no-ops.
@@ -67,6 +67,17 @@ struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
             return MachineEffects(waitFor: waiting ? gate.waitTicket(thread: thread()) : nil)
         case .completed, .cancelled:
             return MachineEffects()
+        }
+    }
+
+    /// What a cancel that does not wait does in the current state (see
+    /// ``DelayedWork/cancelWithoutWaiting()``).
+    var cancelOutcome: DelayedWork.CancelOutcome {
+        switch state {
+        case .pending: .prevented
+        case .running: .running
+        case .completed: .completed
+        case .cancelled: .alreadyCancelled
         }
     }
 
