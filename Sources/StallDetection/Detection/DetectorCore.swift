@@ -39,7 +39,7 @@ final class DetectorCore: Sendable {
     private let reportsWhileDebugged: Bool
     /// Whether a debugger is attached; `/proc/self/status` unless a test injects one.
     private let isTraced: @Sendable () -> Bool
-    private let continuation: AsyncStream<StallEvent>.Continuation
+    private let outlet: StallEventOutlet
     private let scheduler: any TimerScheduler
     private let thresholdTicks: Int64
     private let heartbeatTicks: Int64
@@ -72,14 +72,14 @@ final class DetectorCore: Sendable {
         isTraced: @escaping @Sendable () -> Bool = ProcessFacts.isTraced,
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         fatalReportPath: String? = nil,
-        continuation: AsyncStream<StallEvent>.Continuation
+        outlet: StallEventOutlet
     ) {
         self.isTraced = isTraced
         self.target = target
         self.threshold = threshold
         self.heartbeat = heartbeat
         self.reportsWhileDebugged = reportsWhileDebugged
-        self.continuation = continuation
+        self.outlet = outlet
         self.scheduler = scheduler
         self.thresholdTicks = Monotonic.nanoseconds(threshold)
         self.heartbeatTicks = max(1_000_000, Monotonic.nanoseconds(heartbeat))
@@ -150,7 +150,7 @@ final class DetectorCore: Sendable {
             detectorQueue.sync {}  // a sample in progress finishes and emits nothing more
             StopWitness.release()
         }
-        continuation.finish()
+        outlet.finish()
     }
 
     // MARK: Timers (called with the lock held; they only arm, never release)
@@ -310,7 +310,7 @@ final class DetectorCore: Sendable {
             // answers late too.
             guard let backtrace = lastSample(gathered) ?? (processRan ? Self.unsampledMissedStall : nil) else { return }
             for phase in [StallEvent.Phase.started, .ended] {
-                continuation.yield(
+                outlet.publish(
                     makeEvent(
                         id: id, phase: phase, duration: duration, backtrace: backtrace, sampling: 0,
                         profile: (profile, activities)))
@@ -413,7 +413,7 @@ final class DetectorCore: Sendable {
     /// one removes it.
     private func deliver(_ events: [StallEvent], stallStart: Int64 = 0) {
         for event in events {
-            continuation.yield(event)
+            outlet.publish(event)
             switch event.phase {
             case .started: profiler.stallReported(event, start: stallStart, at: Monotonic.now())
             case .ended: profiler.fatal?.remove()

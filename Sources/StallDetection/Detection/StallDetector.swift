@@ -184,16 +184,25 @@ public final class StallDetector: Sendable {
     ///     known on the next run: ``takeFatalStallReport(at:)``. Written atomically
     ///     at `.started`, rewritten about every 250 ms while the stall lasts, removed
     ///     at `.ended` and at ``stop()``. Default: nil, no file.
+    ///   - onEvent: Called with every event as it happens, beside ``events``: in
+    ///     order, one at a time, on a serial queue of the detector's own, never on
+    ///     the watched target's thread or executor (so a `.started` event arrives
+    ///     while the target is still blocked, which a task reading ``events`` on a
+    ///     stalled executor could not do). A slow handler delays only the events
+    ///     after it. Once ``stop()`` has returned the handler is not running and is
+    ///     not called again (``stop()`` waits for a call in progress, unless called
+    ///     from the handler). Default: nil.
     public convenience init(
         target: Target,
         threshold: Duration = .milliseconds(250),
         heartbeat: Duration? = nil,
         reportsWhileDebugged: Bool = false,
-        fatalReportPath: String? = nil
+        fatalReportPath: String? = nil,
+        onEvent: (@Sendable (StallEvent) -> Void)? = nil
     ) {
         self.init(
             target: target, threshold: threshold, heartbeat: heartbeat, reportsWhileDebugged: reportsWhileDebugged,
-            fatalReportPath: fatalReportPath, isTraced: ProcessFacts.isTraced)
+            fatalReportPath: fatalReportPath, onEvent: onEvent, isTraced: ProcessFacts.isTraced)
     }
 
     /// The longest threshold in effect (about 100 years); longer ones, up to any
@@ -207,6 +216,7 @@ public final class StallDetector: Sendable {
         heartbeat: Duration?,
         reportsWhileDebugged: Bool,
         fatalReportPath: String? = nil,
+        onEvent: (@Sendable (StallEvent) -> Void)? = nil,
         isTraced: @escaping @Sendable () -> Bool
     ) {
         let (stream, continuation) = AsyncStream.makeStream(
@@ -222,7 +232,7 @@ public final class StallDetector: Sendable {
         core = DetectorCore(
             target: target, threshold: threshold, heartbeat: heartbeat,
             reportsWhileDebugged: reportsWhileDebugged, isTraced: isTraced, fatalReportPath: fatalReportPath,
-            continuation: continuation)
+            outlet: StallEventOutlet(continuation: continuation, handler: onEvent))
     }
 
     deinit {

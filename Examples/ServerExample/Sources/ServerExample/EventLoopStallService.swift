@@ -1,4 +1,3 @@
-import Dispatch
 import Logging
 import NIOCore
 import ServiceLifecycle
@@ -12,7 +11,10 @@ import StallDetectionReporting
 ///
 /// Each detector posts its probe to its loop with `execute`; the report samples the
 /// thread that last ran a probe, which is the loop's own thread: the stack shows
-/// the handler that blocks it.
+/// the handler that blocks it. Each detector hands its events to the reporter
+/// through `onEvent`, on a queue of the detector's own: no task reads them, so no
+/// report waits for a task to be scheduled on the loop that is blocked (in this
+/// server the global executor *is* the event loops).
 ///
 /// - Parameters:
 ///   - group: The event loops to watch (for this server, the ones that run every
@@ -23,48 +25,29 @@ import StallDetectionReporting
 ///   starts the detectors and stops them on graceful shutdown.
 func makeEventLoopStallService(
     group: any EventLoopGroup, threshold: Duration, logger: Logger
-) -> OffLoopService<StallDetectionService> {
+) -> StallDetectorsService {
+    let reporter = StallReporter(logger: logger, metricsPrefix: "server.stall")
     let detectors = group.makeIterator().enumerated().map { index, loop in
         StallDetector(
             target: .custom(name: "event loop \(index)") { probe in loop.execute(probe) },
-            threshold: threshold)
+            threshold: threshold, onEvent: reporter.record)
     }
-    return OffLoopService(
-        StallDetectionService(
-            detectors: detectors, reporter: StallReporter(logger: logger, metricsPrefix: "server.stall")),
-        label: "stall reporting")
+    return StallDetectorsService(detectors: detectors)
 }
 
-/// Runs a service's tasks on a dispatch queue of their own instead of the global
-/// executor.
-///
-/// In this server the global executor *is* the event loops. A reporter task left
-/// there may be scheduled on the very loop that is blocked, and then the `.started`
-/// report (the one with the stack, sent while the stall lasts) is logged only when
-/// the stall is over: seen in 2 of 6 tries of a 2 s stall. With a task executor
-/// preference, the reporter and its child tasks run on `queue` whatever the loops do.
-struct OffLoopService<Wrapped: Service>: Service {
-    let wrapped: Wrapped
-    let executor: DispatchQueueTaskExecutor
-
-    init(_ wrapped: Wrapped, label: String) {
-        self.wrapped = wrapped
-        executor = DispatchQueueTaskExecutor(queue: DispatchQueue(label: label))
-    }
+/// Starts detectors that report through their `onEvent` handlers, and stops them
+/// on graceful shutdown or cancellation (`stop()` returns once no handler runs).
+struct StallDetectorsService: Service {
+    let detectors: [StallDetector]
 
     func run() async throws {
-        try await withTaskExecutorPreference(executor) { try await wrapped.run() }
-    }
-}
-
-/// A `TaskExecutor` that runs every job on one serial dispatch queue.
-final class DispatchQueueTaskExecutor: TaskExecutor {
-    let queue: DispatchQueue
-
-    init(queue: DispatchQueue) { self.queue = queue }
-
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        queue.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+        let detectors = detectors
+        for detector in detectors { detector.start() }
+        await withTaskCancellationHandler {
+            try? await gracefulShutdown()
+        } onCancel: {
+            for detector in detectors { detector.stop() }
+        }
+        for detector in detectors { detector.stop() }
     }
 }

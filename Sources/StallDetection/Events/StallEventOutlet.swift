@@ -1,0 +1,41 @@
+import Dispatch
+
+/// Where a detector's events go: its ``StallDetector/events`` stream and, when
+/// one was given, its `onEvent` handler, called in order on a serial queue of the
+/// detector's own (never on the watched target's thread or executor, and never on
+/// the queue the detector looks from, so a slow handler delays no look).
+struct StallEventOutlet: Sendable {
+    private let continuation: AsyncStream<StallEvent>.Continuation
+    private let handler: (@Sendable (StallEvent) -> Void)?
+    private let handlerQueue: DispatchQueue?
+
+    /// Marks the handler's queue, so that ``finish()`` called from a handler does
+    /// not wait for itself.
+    private static let onHandlerQueue = DispatchSpecificKey<Bool>()
+
+    init(continuation: AsyncStream<StallEvent>.Continuation, handler: (@Sendable (StallEvent) -> Void)?) {
+        self.continuation = continuation
+        self.handler = handler
+        handlerQueue = handler.map { _ in
+            let queue = DispatchQueue(label: "StallDetector.onEvent", qos: .userInitiated)
+            queue.setSpecific(key: Self.onHandlerQueue, value: true)
+            return queue
+        }
+    }
+
+    /// Yields `event` to the stream and hands it to the handler.
+    func publish(_ event: StallEvent) {
+        continuation.yield(event)
+        if let handler, let handlerQueue { handlerQueue.async { handler(event) } }
+    }
+
+    /// Ends the stream, and waits for handler calls already handed over (unless
+    /// called from the handler): once it returns, the handler is not running
+    /// and is not called again. Called once nothing more is published.
+    func finish() {
+        continuation.finish()
+        if let handlerQueue, DispatchQueue.getSpecific(key: Self.onHandlerQueue) != true {
+            handlerQueue.sync {}
+        }
+    }
+}

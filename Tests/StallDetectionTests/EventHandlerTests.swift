@@ -1,0 +1,118 @@
+import Dispatch
+import Foundation
+import Testing
+
+@testable import StallDetection
+
+extension StallDetectorInProcessTests {
+    /// `StallDetector(…, onEvent:)`: events as they happen, on the detector's own
+    /// queue, beside the stream.
+    @Suite("StallDetector onEvent", .serialized)
+    struct EventHandlerTests {
+        /// One stall of a private serial queue behind `.custom`, 600 ms: what the
+        /// handler and the stream received, and whether the blocker was still
+        /// running when the handler got `.started`.
+        struct Run {
+            var handled: [StallEvent]
+            var streamed: [StallEvent]
+            var startedWhileBlocked: Bool
+            var handledAfterStop: Int
+        }
+
+        static func stallOnce() async -> Run {
+            let queue = DispatchQueue(label: "test.onEvent.serial")
+            let blockNext = Locked(false)
+            let blocking = Locked(false)
+            let blocked = Locked<Int32>(0)
+            let handled = Locked<[StallEvent]>([])
+            let startedWhileBlocked = Locked(false)
+            let detector = StallDetector(
+                target: .custom(name: "onEvent queue") { probe in
+                    queue.async {
+                        probe()
+                        let block = blockNext.withLock { value in
+                            let block = value
+                            value = false
+                            return block
+                        }
+                        if block {
+                            blocking.withLock { $0 = true }
+                            customTargetBlocker(600, thread: blocked)
+                            blocking.withLock { $0 = false }
+                        }
+                    }
+                },
+                threshold: .milliseconds(100), heartbeat: .milliseconds(10),
+                onEvent: { event in
+                    if event.phase == .started && blocking.withLock({ $0 }) {
+                        startedWhileBlocked.withLock { $0 = true }
+                    }
+                    handled.withLock { $0.append(event) }
+                })
+            let collector = StallDetectorInProcessTests.CustomTargetTests.Collector(detector)
+            detector.start()
+            usleep(100_000)
+            blockNext.withLock { $0 = true }
+            await waitUntil {
+                StallDetectorInProcessTests.CustomTargetTests.blockerStall(in: handled.withLock { $0 }) != nil
+            }
+            detector.stop()
+            let atStop = handled.withLock { $0.count }
+            let streamed = await collector.finish()
+            try? await Task.sleep(for: .milliseconds(100))
+            return Run(
+                handled: handled.withLock { $0 }, streamed: streamed,
+                startedWhileBlocked: startedWhileBlocked.withLock { $0 },
+                handledAfterStop: handled.withLock { $0.count } - atStop)
+        }
+
+        @Test(
+            "the handler gets .started while the target is still blocked, then .ended, as the stream does, and nothing after stop()",
+            .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
+        func eventsAsTheyHappen() async {
+            // A starved run (parallel suites on 2 cores, busy processes beside) may
+            // report the stall only at its end: up to three tries.
+            var runs: [Run] = []
+            for _ in 0..<3 {
+                let run = await Self.stallOnce()
+                runs.append(run)
+                if run.startedWhileBlocked { break }
+            }
+            let run = runs.last!
+            #expect(run.startedWhileBlocked, "\(runs.map(\.handled))")
+            let blocker = StallDetectorInProcessTests.CustomTargetTests.blockerStall(in: run.handled)
+            #expect(blocker != nil, "\(run.handled)")
+            #expect(run.handled.map(\.id) == run.streamed.map(\.id))
+            #expect(run.handled.map(\.phase) == run.streamed.map(\.phase))
+            #expect(run.handledAfterStop == 0)
+        }
+
+        @Test("stop() called from the handler returns, and the handler is not called again")
+        func stopFromTheHandler() async {
+            let queue = DispatchQueue(label: "test.onEvent.stop")
+            let detectorBox = Locked<StallDetector?>(nil)
+            let calls = Locked(0)
+            let blocked = Locked<Int32>(0)
+            let stopped = DispatchSemaphore(value: 0)
+            let detector = StallDetector(
+                target: .custom(name: "onEvent stop") { probe in queue.async(execute: probe) },
+                threshold: .milliseconds(100), heartbeat: .milliseconds(10),
+                onEvent: { _ in
+                    calls.withLock { $0 += 1 }
+                    detectorBox.withLock { $0 }?.stop()
+                    stopped.signal()
+                })
+            detectorBox.withLock { $0 = detector }
+            detector.start()
+            usleep(50_000)
+            queue.async { customTargetBlocker(400, thread: blocked) }
+            let signalled = await withCheckedContinuation { continuation in
+                DispatchQueue.global().async { continuation.resume(returning: stopped.wait(timeout: .now() + 20)) }
+            }
+            #expect(signalled == .success)
+            try? await Task.sleep(for: .milliseconds(700))
+            #expect(calls.withLock { $0 } == 1)
+            detectorBox.withLock { $0 = nil }
+        }
+    }
+}
