@@ -95,6 +95,14 @@ if let flag = CommandLine.arguments.firstIndex(of: "--profile-watchdog-object") 
     exit(0)
 }
 
+if let flag = CommandLine.arguments.firstIndex(of: "--profile-guarded-section") {
+    // N `withWatchdog` sections (default arguments, then with a `queue:`), as `--profile-arm-cancel`.
+    let count = CommandLine.arguments.count > flag + 1 ? Int(CommandLine.arguments[flag + 1]) ?? 2_000_000 : 2_000_000
+    let queue = CommandLine.arguments.contains("--with-queue") ? DispatchQueue(label: "profile.section") : nil
+    for _ in 0..<count { withWatchdog(timeout: .seconds(10), queue: queue, onTimeout: {}) { blackHole(0) } }
+    exit(0)
+}
+
 if let flag = CommandLine.arguments.firstIndex(of: "--delayed-work-threads"),
     let threads = Int(CommandLine.arguments[flag + 1])
 {
