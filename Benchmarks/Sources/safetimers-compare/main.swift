@@ -71,35 +71,35 @@ if CommandLine.arguments.contains("--activities") {
     exit(0)
 }
 
-if let flag = CommandLine.arguments.firstIndex(of: "--profile-arm-cancel") {
-    // A long loop of one operation, for `perf record`; or `N` of them, for
-    // instruction counts (`valgrind --tool=callgrind`: the difference of two
-    // counts over the difference of their N is the cost of one operation).
-    let count = CommandLine.arguments.count > flag + 1 ? Int(CommandLine.arguments[flag + 1]) : nil
-    print(ArmCancel.delayedWork(pending: 0, iterations: count ?? 2_000_000), "ns/op")
-    exit(0)
+/// The count given to a profiling `flag` (`flag N`), `fallback` when the flag
+/// comes alone, nil without the flag. A profiling mode runs one operation in a
+/// long loop, for `perf record`; or `N` of them, for instruction counts
+/// (`valgrind --tool=callgrind`: the difference of two counts over the
+/// difference of their N is the cost of one operation).
+func profilingCount(_ flag: String, fallback: Int) -> Int? {
+    guard let index = CommandLine.arguments.firstIndex(of: flag) else { return nil }
+    let next = CommandLine.arguments.index(after: index)
+    return next < CommandLine.arguments.endIndex ? Int(CommandLine.arguments[next]) ?? fallback : fallback
 }
 
-if let flag = CommandLine.arguments.firstIndex(of: "--profile-virtual-events") {
-    // N DelayedWorks armed on a manual scheduler and fired by one advance: the
-    // firing path, for instruction counts as `--profile-arm-cancel`.
-    let count = CommandLine.arguments.count > flag + 1 ? Int(CommandLine.arguments[flag + 1]) : nil
-    print(VirtualTime.manualEvents(count: count ?? 1_000_000).0, "ms")
-    exit(0)
-}
-
-if let flag = CommandLine.arguments.firstIndex(of: "--profile-watchdog-object") {
-    // N `Watchdog` objects created and invalidated, as `--profile-arm-cancel`.
-    let count = CommandLine.arguments.count > flag + 1 ? Int(CommandLine.arguments[flag + 1]) : nil
-    print(Parallel.watchdogObject(threads: 1, iterations: count ?? 2_000_000), "ns/op")
-    exit(0)
-}
-
-if let flag = CommandLine.arguments.firstIndex(of: "--profile-guarded-section") {
-    // N `withWatchdog` sections (default arguments, then with a `queue:`), as `--profile-arm-cancel`.
-    let count = CommandLine.arguments.count > flag + 1 ? Int(CommandLine.arguments[flag + 1]) ?? 2_000_000 : 2_000_000
-    let queue = CommandLine.arguments.contains("--with-queue") ? DispatchQueue(label: "profile.section") : nil
-    for _ in 0..<count { withWatchdog(timeout: .seconds(10), queue: queue, onTimeout: {}) { blackHole(0) } }
+/// The profiling modes: a flag, its count when given alone, and the loop.
+let profilingModes: [(flag: String, fallback: Int, run: (Int) -> Void)] = [
+    ("--profile-arm-cancel", 2_000_000, { print(ArmCancel.delayedWork(pending: 0, iterations: $0), "ns/op") }),
+    // DelayedWorks armed on a manual scheduler and fired by one advance: the firing path.
+    ("--profile-virtual-events", 1_000_000, { print(VirtualTime.manualEvents(count: $0).0, "ms") }),
+    ("--profile-watchdog-object", 2_000_000, { print(Parallel.watchdogObject(threads: 1, iterations: $0), "ns/op") }),
+    // `withWatchdog` sections, with default arguments or (`--with-queue`) a `queue:`.
+    (
+        "--profile-guarded-section", 2_000_000,
+        { count in
+            let queue = CommandLine.arguments.contains("--with-queue") ? DispatchQueue(label: "profile.section") : nil
+            for _ in 0..<count { withWatchdog(timeout: .seconds(10), queue: queue, onTimeout: {}) { blackHole(0) } }
+        }
+    ),
+]
+for mode in profilingModes {
+    guard let count = profilingCount(mode.flag, fallback: mode.fallback) else { continue }
+    mode.run(count)
     exit(0)
 }
 
