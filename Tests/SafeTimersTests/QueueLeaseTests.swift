@@ -10,18 +10,25 @@ import Testing
 /// thread has moved on to another queue.
 @Suite("Queue leases")
 struct QueueLeaseTests {
-    @Test("one thread gets one lease per queue, and a new lease when it gives another queue")
+    @Test("one thread keeps one lease per queue for its last four queues; a fifth replaces the oldest")
     func leasePerThreadAndQueue() {
-        let first = DispatchQueue(label: "lease.first")
-        let second = DispatchQueue(label: "lease.second")
-        let a = QueueLease.current(for: first)
-        let b = QueueLease.current(for: first)
-        #expect(a === b)
-        #expect(a.queue === first)
-        let c = QueueLease.current(for: second)
-        #expect(c !== a)
-        #expect(c.queue === second)
-        #expect(a.queue === first)  // a lease held elsewhere keeps its queue
+        let queues = (0..<5).map { DispatchQueue(label: "lease.\($0)") }
+        let first = QueueLease.current(for: .passUnretained(queues[0]))
+        #expect(QueueLease.current(for: .passUnretained(queues[0])) === first)
+        #expect(first.queue === queues[0])
+        let four = queues[0..<4].map { QueueLease.current(for: .passUnretained($0)) }
+        #expect(four[0] === first)
+        // Alternating among four queues makes no new lease.
+        for _ in 0..<3 {
+            for (queue, lease) in zip(queues[0..<4], four) {
+                #expect(QueueLease.current(for: .passUnretained(queue)) === lease)
+            }
+        }
+        let fifth = QueueLease.current(for: .passUnretained(queues[4]))
+        #expect(fifth.queue === queues[4])
+        #expect(QueueLease.current(for: .passUnretained(queues[1])) === four[1])
+        #expect(QueueLease.current(for: .passUnretained(queues[0])) !== first)  // the oldest was replaced
+        #expect(first.queue === queues[0])  // a lease held elsewhere keeps its queue
     }
 
     @Test("threads scheduling on one queue run their works there, and the queue is released after")
@@ -42,8 +49,7 @@ struct QueueLeaseTests {
                             done.signal()
                         }
                     }
-                    // Moving on to another queue gives up this thread's lease on `queue`.
-                    DelayedWork.schedule(after: .zero, on: DispatchQueue(label: "lease.other")) {}.cancel()
+                    // The thread ends here, and its leases with it.
                 }
             }
             for thread in threads { thread.start() }

@@ -85,6 +85,13 @@ func profilingCount(_ flag: String, fallback: Int) -> Int? {
 /// The profiling modes: a flag, its count when given alone, and the loop.
 let profilingModes: [(flag: String, fallback: Int, run: (Int) -> Void)] = [
     ("--profile-arm-cancel", 2_000_000, { print(ArmCancel.delayedWork(pending: 0, iterations: $0), "ns/op") }),
+    (
+        "--profile-arm-cancel-on-queue", 2_000_000,
+        { count in
+            let queue = DispatchQueue(label: "profile.arm-cancel")
+            for _ in 0..<count { DelayedWork.schedule(after: .seconds(10), on: queue) {}.cancel() }
+        }
+    ),
     // DelayedWorks armed on a manual scheduler and fired by one advance: the firing path.
     ("--profile-virtual-events", 1_000_000, { print(VirtualTime.manualEvents(count: $0).0, "ms") }),
     ("--profile-watchdog-object", 2_000_000, { print(Parallel.watchdogObject(threads: 1, iterations: $0), "ns/op") }),

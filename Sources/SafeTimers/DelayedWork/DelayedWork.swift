@@ -55,7 +55,7 @@ public final class DelayedWork: Sendable {
     /// machine with the closure in it copied the machine into the lock and
     /// counted a reference to the closure twice.)
     private init(
-        executor: HandlerExecutor, engine: consuming EngineReference, work: @escaping @Sendable () -> Void,
+        executor: consuming HandlerExecutor, engine: consuming EngineReference, work: @escaping @Sendable () -> Void,
         at deadline: Int64
     ) {
         self.executor = executor
@@ -72,9 +72,9 @@ public final class DelayedWork: Sendable {
     ///   - queue: Where the closure runs; `nil` (the default) is the default-QoS
     ///     global queue. Under a `ManualTimerScheduler` it runs inside
     ///     `advance(by:)` instead. The work keeps the queue alive; so does the
-    ///     calling thread, until it gives a SafeTimers primitive another queue or
-    ///     ends (threads sharing one queue then do not contend on its reference
-    ///     count).
+    ///     calling thread, until it has given SafeTimers primitives four other
+    ///     queues or ends (threads sharing one queue then do not contend on its
+    ///     reference count).
     ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default)
     ///     is ``SystemTimerScheduler/shared``. (Optional so that the default writes
     ///     no reference count on the one object all threads share.)
@@ -157,7 +157,7 @@ public final class DelayedWork: Sendable {
     @inline(__always)
     private static func schedule(
         after delay: Duration,
-        executor: HandlerExecutor,
+        executor: consuming HandlerExecutor,
         engine: consuming EngineReference,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {

@@ -43,8 +43,13 @@ enum HandlerExecutor: Sendable {
     /// `queue` (leased), or the global queue when it is nil.
     @inline(__always)
     static func on(_ queue: DispatchQueue?) -> HandlerExecutor {
-        if let queue { return .leasedQueue(QueueLease.current(for: queue)) }
-        return .globalQueue
+        // The queue's address, read without counting a reference to it (binding
+        // the optional counted one around the lease lookup: a write to the one
+        // cache line every thread using this queue shares).
+        guard let address = UnsafeRawPointer(bitPattern: unsafeBitCast(queue, to: UInt.self)) else {
+            return .globalQueue
+        }
+        return .leasedQueue(QueueLease.current(for: Unmanaged<DispatchQueue>.fromOpaque(address)))
     }
 
     /// The dispatch queue handlers go to, when it is a given one.

@@ -133,15 +133,25 @@ package enum ThreadIdentity {
     }
 }
 
-/// A `pthread_key_t` made at its first use, without a destructor.
+/// A `pthread_key_t` made at its first use, with an optional destructor.
 ///
 /// The key + 1 sits in an `Atomic` (0 until it is made): an `Atomic` global is
 /// initialized statically, so reading it is one load, where a lazy `static let`
 /// calls `swift_once` at every read on Linux.
 struct LazyThreadKey: ~Copyable, Sendable {
-    private let keyPlusOne = Atomic<Int>(0)
+    #if canImport(Darwin)
+    typealias Destructor = @convention(c) (UnsafeMutableRawPointer) -> Void
+    #else
+    typealias Destructor = @convention(c) (UnsafeMutableRawPointer?) -> Void
+    #endif
 
-    init() {}
+    private let keyPlusOne = Atomic<Int>(0)
+    /// Called by the system with a thread's non-nil value when the thread ends.
+    private let destructor: Destructor?
+
+    init(destructor: Destructor? = nil) {
+        self.destructor = destructor
+    }
 
     @inline(__always)
     var key: pthread_key_t {
@@ -153,7 +163,7 @@ struct LazyThreadKey: ~Copyable, Sendable {
     /// other deleted.
     private func make() -> pthread_key_t {
         var key = pthread_key_t()
-        let result = pthread_key_create(&key, nil)
+        let result = pthread_key_create(&key, destructor)
         precondition(result == 0, "pthread_key_create failed: \(result)")
         let (exchanged, original) = keyPlusOne.compareExchange(
             expected: 0, desired: Int(key) &+ 1, ordering: .acquiringAndReleasing)
