@@ -49,6 +49,31 @@ struct BatchedDeliveryTests {
         withExtendedLifetime(works) {}
     }
 
+    @Test(
+        "works due together on the main queue, reached through different DispatchQueue.main values, run in deadline order"
+    )
+    func mainQueueReachedTwice() async {
+        let scheduler = SystemTimerScheduler()
+        let storedMain = DispatchQueue.main
+        for _ in 0..<10 {
+            let ran = Ran()
+            let at = scheduler.clock.now.advanced(by: .milliseconds(5))
+            // On Linux each `DispatchQueue.main` is a wrapper object of its own.
+            let works = [
+                DelayedWork.schedule(at: at, on: storedMain, scheduler: scheduler) { ran.record(1) },
+                DelayedWork.schedule(at: at.advanced(by: .microseconds(1)), on: .main, scheduler: scheduler) {
+                    ran.record(2)
+                },
+                DelayedWork.schedule(at: at.advanced(by: .microseconds(2)), on: storedMain, scheduler: scheduler) {
+                    ran.record(3)
+                },
+            ]
+            #expect(await eventually(within: 60) { ran.all.count == 3 })
+            #expect(ran.all == [1, 2, 3])
+            withExtendedLifetime(works) {}
+        }
+    }
+
     @Test("a handler blocking on the global queue does not hold up the others, not even those of its own hop")
     func blockingHandler() async {
         let scheduler = SystemTimerScheduler()

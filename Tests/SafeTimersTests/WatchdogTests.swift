@@ -1,4 +1,5 @@
 import Dispatch
+import Foundation
 import SafeTimersTesting
 import Synchronization
 import Testing
@@ -312,5 +313,39 @@ struct WithTimeoutContractTests {
         let value = try await withTimeout(.seconds(10)) { 3 }
         MainActor.assertIsolated()
         #expect(value == 3)
+    }
+}
+
+/// Releasing a `Watchdog` is a barrier in every state, also after the handler
+/// invalidated its own watchdog (which returns at once) and went on running.
+@Suite("Watchdog release barrier (real time)")
+struct WatchdogReleaseBarrierTests {
+    final class WeakWatchdog: @unchecked Sendable {
+        // Written once before the handler can run (under `ready`), read by the handler.
+        weak var dog: Watchdog?
+    }
+
+    @Test("dropping the last reference while the handler runs waits for it, even after the handler invalidated it")
+    func releaseWaitsAfterInnerInvalidate() {
+        for _ in 0..<10 {
+            let finished = Atomic<Bool>(false)
+            let began = DispatchSemaphore(value: 0)
+            let ready = DispatchSemaphore(value: 0)
+            let box = WeakWatchdog()
+            var dog: Watchdog? = Watchdog(timeout: .milliseconds(1)) {
+                ready.wait()
+                box.dog?.invalidate()  // from inside: returns at once
+                began.signal()
+                usleep(20_000)
+                finished.store(true, ordering: .sequentiallyConsistent)
+            }
+            box.dog = dog
+            ready.signal()
+            #expect(began.wait(timeout: .now() + 30) == .success)
+            dog = nil  // the last reference, while the handler still runs
+            let handlerReturned = finished.load(ordering: .sequentiallyConsistent)
+            #expect(handlerReturned, "the release returned before the handler did")
+            _ = dog
+        }
     }
 }

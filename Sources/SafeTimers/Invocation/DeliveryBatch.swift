@@ -249,7 +249,10 @@ final class HopRescue: TimerEntry {
 extension HandlerExecutor {
     /// Whether deliveries to both go to the same place (one batch group).
     fileprivate func isSame(as other: HandlerExecutor) -> Bool {
-        if let mine = givenQueue { return mine === other.givenQueue }
+        if let mine = givenQueue {
+            guard let theirs = other.givenQueue else { return false }
+            return mine === theirs || (MainQueueMarker.isMain(mine) && MainQueueMarker.isMain(theirs))
+        }
         switch (self, other) {
         case (.globalQueue, .globalQueue), (.mainActor, .mainActor): return true
         default: return false
@@ -261,7 +264,7 @@ extension HandlerExecutor {
     fileprivate var isSerial: Bool {
         switch self {
         case .mainActor: return true
-        case .queue, .leasedQueue: return givenQueue === DispatchQueue.main
+        case .queue, .leasedQueue: return givenQueue.map(MainQueueMarker.isMain) ?? false
         case .globalQueue, .recorder: return false
         }
     }

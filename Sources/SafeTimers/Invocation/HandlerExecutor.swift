@@ -83,6 +83,14 @@ enum MainQueueMarker {
         _ = installed
         return DispatchQueue.getSpecific(key: key) ?? false
     }
+
+    /// Whether `queue` is the main queue. On Linux every `DispatchQueue.main` is
+    /// a new wrapper object, so `queue === .main` says no for the main queue
+    /// reached another time; the marker is set on the queue itself.
+    static func isMain(_ queue: DispatchQueue) -> Bool {
+        _ = installed
+        return queue.getSpecific(key: key) ?? false
+    }
 }
 
 /// Tests only: the deliveries made to a ``HandlerExecutor/recorder(_:)`` executor,

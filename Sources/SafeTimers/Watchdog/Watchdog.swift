@@ -118,7 +118,8 @@ public final class Watchdog: Sendable {
 final class WatchdogCore: ClosureInvoking {
     let storage: StateLock<LockedMachine<WatchdogStateMachine>>
     private let index = Atomic<Int>(-1)
-    /// Whether an ``invalidate()`` has returned.
+    /// Whether an ``invalidate()`` found the watchdog settled (see
+    /// ``WatchdogStateMachine/isSettled``).
     private let invalidated = Atomic<Bool>(false)
     let executor: HandlerExecutor
     /// The scheduler's engine: kept, so releasing the scheduler never drops the watchdog.
@@ -164,12 +165,20 @@ final class WatchdogCore: ClosureInvoking {
     }
 
     func invalidate() {
-        complete(transition { $0.invalidate(thread: ThreadIdentity.current()) })
-        invalidated.store(true, ordering: .relaxed)
+        var settled = false
+        complete(
+            transition { machine in
+                let effects = machine.invalidate(thread: ThreadIdentity.current())
+                settled = machine.isSettled
+                return effects
+            })
+        if settled { invalidated.store(true, ordering: .relaxed) }
     }
 
-    /// ``invalidate()``, skipped when an earlier call has returned: the handle's
-    /// `deinit`, which no other call through the handle can race with.
+    /// ``invalidate()``, skipped when an earlier call left nothing to do or wait
+    /// for (not one made from inside the running handler, nor one whose wait
+    /// was refused): the handle's `deinit`, which no other call through the
+    /// handle can race with.
     func invalidateUnlessInvalidated() {
         if !invalidated.load(ordering: .relaxed) { invalidate() }
     }

@@ -92,6 +92,13 @@ struct WatchdogStateMachine: GatedStateMachine, Sendable {
         MachineEffects(wake: gate.end())
     }
 
+    /// Whether nothing can happen any more: invalidated before it fired, or
+    /// fired and the handler has returned (an `invalidate()` that finds this has
+    /// nothing to do or wait for, now or later).
+    var isSettled: Bool {
+        status == .invalidated || (status == .fired && gate.isIdle)
+    }
+
     /// `invalidate()` on `thread` (evaluated only when the handler has begun).
     mutating func invalidate(thread: @autoclosure () -> UInt) -> MachineEffects {
         switch status {
