@@ -59,7 +59,7 @@ enum TimerEntryClasses {
     /// releasing store; read only for a node that carries the number, which was
     /// made after an acquiring load saw the class.
     nonisolated(unsafe) private static let openers = UnsafeMutablePointer<Opener?>.allocate(capacity: 8)
-    private static let registration = Mutex<Bool>(false)
+    private static let registration = StateLock<Bool>(false)
 
     /// The number of `Entry`'s class, numbering it if it has none yet.
     @inline(__always)

@@ -191,7 +191,8 @@ public final class StallDetector: Sendable {
     ///     stalled executor could not do). A slow handler delays only the events
     ///     after it. Once ``stop()`` has returned the handler is not running and is
     ///     not called again (``stop()`` waits for a call in progress, unless called
-    ///     from the handler). Default: nil.
+    ///     from the handler, and drops calls not begun: the stream still yields
+    ///     those events). Default: nil.
     public convenience init(
         target: Target,
         threshold: Duration = .milliseconds(250),

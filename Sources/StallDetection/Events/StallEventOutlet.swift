@@ -1,13 +1,16 @@
 import Dispatch
+import Synchronization
 
 /// Where a detector's events go: its ``StallDetector/events`` stream and, when
 /// one was given, its `onEvent` handler, called in order on a serial queue of the
 /// detector's own (never on the watched target's thread or executor, and never on
 /// the queue the detector looks from, so a slow handler delays no look).
-struct StallEventOutlet: Sendable {
+final class StallEventOutlet: Sendable {
     private let continuation: AsyncStream<StallEvent>.Continuation
     private let handler: (@Sendable (StallEvent) -> Void)?
     private let handlerQueue: DispatchQueue?
+    /// Set by ``finish()``: a call handed over before it and not begun is dropped.
+    private let finished = Atomic<Bool>(false)
 
     /// Marks the handler's queue, so that ``finish()`` called from a handler does
     /// not wait for itself.
@@ -26,14 +29,19 @@ struct StallEventOutlet: Sendable {
     /// Yields `event` to the stream and hands it to the handler.
     func publish(_ event: StallEvent) {
         continuation.yield(event)
-        if let handler, let handlerQueue { handlerQueue.async { handler(event) } }
+        guard let handler, let handlerQueue else { return }
+        handlerQueue.async { [self] in
+            if !finished.load(ordering: .acquiring) { handler(event) }
+        }
     }
 
-    /// Ends the stream, and waits for handler calls already handed over (unless
-    /// called from the handler): once it returns, the handler is not running
+    /// Ends the stream; calls handed to the handler and not begun are dropped,
+    /// and a call in progress is waited for (unless this is called from the
+    /// handler): once it returns, the handler is not running (on another thread)
     /// and is not called again. Called once nothing more is published.
     func finish() {
         continuation.finish()
+        finished.store(true, ordering: .releasing)
         if let handlerQueue, DispatchQueue.getSpecific(key: Self.onHandlerQueue) != true {
             handlerQueue.sync {}
         }
