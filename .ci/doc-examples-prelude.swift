@@ -45,6 +45,8 @@ let decoder = Decoder()
 let data = Data()
 struct API { func fetchProfile() async throws -> Data { Data() } }
 let api = API()
+struct Channel: Sendable { func close(promise: Int?) {} }
+let channel = Channel()
 @MainActor final class View {
     var isHidden = false
     var text = ""
