@@ -14,7 +14,7 @@ final class Feed<Element: Sendable>: AsyncSequence, Sendable {
         var demandWaiter: CheckedContinuation<Void, Never>?
     }
 
-    private let state = Mutex(State())
+    private let state = StateLock(State())
 
     struct AsyncIterator: AsyncIteratorProtocol {
         let feed: Feed
@@ -165,7 +165,7 @@ struct ClockTests {
         for _ in 0..<1_000 {
             let manual = ManualTimerScheduler()
             let clock = manual.clock
-            let trace = Mutex<[Duration]>([])
+            let trace = StateLock<[Duration]>([])
             let task = Task {
                 while !Task.isCancelled {
                     try await clock.sleep(for: .seconds(1))
@@ -194,7 +194,7 @@ struct ClockTests {
         for _ in 0..<1_000 {
             let manual = ManualTimerScheduler()
             let feed = Feed<Int>()
-            let output = Mutex<[String]>([])
+            let output = StateLock<[String]>([])
             let (emitted, emit) = AsyncStream.makeStream(of: Void.self)
             var emissions = emitted.makeAsyncIterator()
             let consumer = Task {
@@ -229,7 +229,7 @@ struct ClockTests {
     @Test("deadlines as instants: schedule(at:), reschedule(at:), withTimeout(until:), start(after:)")
     func deadlines() async throws {
         let manual = ManualTimerScheduler()
-        let ran = Mutex<[Duration]>([])
+        let ran = StateLock<[Duration]>([])
         let deadline = manual.clock.now.advanced(by: .seconds(2))
         let work = DelayedWork.schedule(at: deadline, scheduler: manual) { ran.withLock { $0.append(manual.now) } }
         let moved = DelayedWork.schedule(at: deadline, scheduler: manual) { ran.withLock { $0.append(manual.now) } }
@@ -249,8 +249,8 @@ struct ClockTests {
     @Test("work that re-arms itself with a zero delay cannot make an advance loop forever")
     func zeroDelayRearmTerminates() {
         let manual = ManualTimerScheduler()
-        let runs = Mutex(0)
-        let keep = Mutex<[DelayedWork]>([])
+        let runs = StateLock(0)
+        let keep = StateLock<[DelayedWork]>([])
         @Sendable func again() {
             runs.withLock { $0 += 1 }
             let next = DelayedWork.schedule(after: .zero, scheduler: manual) { again() }

@@ -16,7 +16,7 @@ struct APIContractTests {
     }
 
     final class Recorder: Sendable {
-        private let storage = Mutex<[Int]>([])
+        private let storage = StateLock<[Int]>([])
         func append(_ value: Int) { storage.withLock { $0.append(value) } }
         var values: [Int] { storage.withLock { $0 } }
     }

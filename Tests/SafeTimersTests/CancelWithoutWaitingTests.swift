@@ -61,8 +61,8 @@ struct CancelWithoutWaitingTests {
     @Test("from inside the closure: running, at once")
     func fromInside() {
         let manual = ManualTimerScheduler()
-        let outcome = Mutex<DelayedWork.CancelOutcome?>(nil)
-        let handle = Mutex<DelayedWork?>(nil)
+        let outcome = StateLock<DelayedWork.CancelOutcome?>(nil)
+        let handle = StateLock<DelayedWork?>(nil)
         let work = DelayedWork.schedule(after: .seconds(1), scheduler: manual) {
             let work = handle.withLock { $0 }
             outcome.withLock { $0 = work?.cancelWithoutWaiting() }
@@ -101,7 +101,7 @@ struct CancelWithoutWaitingTests {
         for _ in 0..<200 {
             let runs = Counter()
             let work = DelayedWork.schedule(after: .microseconds(50)) { runs.increment() }
-            let outcomes = Mutex<[DelayedWork.CancelOutcome]>([])
+            let outcomes = StateLock<[DelayedWork.CancelOutcome]>([])
             DispatchQueue.concurrentPerform(iterations: 4) { _ in
                 usleep(UInt32.random(in: 0...120))  // around the deadline
                 let outcome = work.cancelWithoutWaiting()

@@ -13,7 +13,7 @@ import Testing
 struct RegressionTests {
     /// Counts handler invocations in flight and remembers the most at once.
     final class Overlap: Sendable {
-        private let state = Mutex((current: 0, most: 0, finished: 0))
+        private let state = StateLock((current: 0, most: 0, finished: 0))
         func enter() {
             state.withLock {
                 $0.current += 1; $0.most = max($0.most, $0.current)
@@ -233,7 +233,7 @@ struct RegressionTests {
         weak let weakEngine = engine
         let atWindow = DispatchSemaphore(value: 0)
         let proceed = DispatchSemaphore(value: 0)
-        let paused = Mutex(false)
+        let paused = StateLock(false)
         engine.beforeSleepingForTesting.withLock { hook in
             hook = {
                 // The first time only: the thread holds here until the test has

@@ -7,7 +7,7 @@ import Testing
 
 /// A log of labels, in the order handlers ran.
 private final class AttackLog: Sendable {
-    let entries = Mutex<[String]>([])
+    let entries = StateLock<[String]>([])
     func add(_ label: String) { entries.withLock { $0.append(label) } }
     var all: [String] { entries.withLock { $0 } }
 }
@@ -16,14 +16,14 @@ private final class AttackLog: Sendable {
 /// escaping closure is a boxed variable, whose `withLock` ThreadSanitizer counts as a
 /// modifying access of the box).
 private final class CallIndexLog: Sendable {
-    let entries = Mutex<[Int]>([])
+    let entries = StateLock<[Int]>([])
     func add(_ index: Int) { entries.withLock { $0.append(index) } }
     var all: [Int] { entries.withLock { $0 } }
 }
 
 /// Holds handles made inside handlers.
 private final class AttackBox<Value: Sendable>: Sendable {
-    let value = Mutex<Value?>(nil)
+    let value = StateLock<Value?>(nil)
     func set(_ new: Value) { value.withLock { $0 = new } }
     var get: Value? { value.withLock { $0 } }
 }

@@ -1,6 +1,7 @@
 import CStallCapture
 import Dispatch
 import Foundation
+import SafeTimers
 import Synchronization
 import Testing
 
@@ -23,7 +24,7 @@ struct SleepingThreadQueueTests {
         // detector's start).
         #expect(StackSampler.install() == nil)
         let queues = [DispatchQueue(label: "sleeping-queue.a"), DispatchQueue(label: "sleeping-queue.b")]
-        let addresses = Mutex<[UInt]>([])
+        let addresses = StateLock<[UInt]>([])
         for queue in queues { queue.sync { addresses.withLock { $0.append(stallcapture_current_queue()) } } }
         let (a, b) = addresses.withLock { ($0[0], $0[1]) }
         #expect(a != b && a != 0 && b != 0)
