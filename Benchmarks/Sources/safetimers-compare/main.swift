@@ -125,6 +125,28 @@ if let flag = CommandLine.arguments.firstIndex(of: "--delayed-work-threads"),
     exit(0)
 }
 
+/// CPU per firing of a handler that must run on an event loop: `executor:`
+/// against `queue:` and against NIO's `scheduleTask`, due together and spread.
+@MainActor
+func addExecutorFiringRows() {
+    let count = quick ? 10_000 : 100_000
+    for (label, spread) in [("due together", Duration.zero), ("due 5 µs apart", Duration.microseconds(5))] {
+        let onLoop = ExecutorFiring.cpuPerFiring(.executor, count: count, spread: spread)
+        add(
+            "DelayedWork(executor: loop.executor) firing, \(label), CPU", "DelayedWork(on: serial queue)", onLoop,
+            ExecutorFiring.cpuPerFiring(.queue, count: count, spread: spread), "ns/op")
+        add(
+            "DelayedWork(executor: loop.executor) firing, \(label), CPU", "swift-nio scheduleTask", onLoop,
+            ExecutorFiring.cpuPerFiring(.nio, count: count, spread: spread), "ns/op")
+    }
+}
+
+if CommandLine.arguments.contains("--executor") {
+    addExecutorFiringRows()
+    printTable(rows)
+    exit(0)
+}
+
 if CommandLine.arguments.contains("--footprint") {
     // Only the bytes per pending DelayedWork (and kept after cancel).
     _ = Footprint.delayedWork(count: 1_000)  // one-time allocations (thread ids, the first slab chunk)
@@ -294,6 +316,9 @@ let manualEvents = VirtualTime.manualEvents(count: eventCount)
 let embeddedEvents = VirtualTime.embeddedEvents(count: eventCount)
 precondition(manualEvents.1 == eventCount && embeddedEvents.1 == eventCount, "every virtual event must fire")
 add("\(eventCount / 1000)k virtual events", "swift-nio EmbeddedEventLoop", manualEvents.0, embeddedEvents.0, "ms")
+
+// Handlers on an event loop.
+addExecutorFiringRows()
 
 // What idle pending timers cost: wake-ups while far-future timers wait.
 let idleCount = quick ? 100_000 : 1_000_000

@@ -54,7 +54,7 @@ public final class DelayedWork: Sendable {
     /// whose only effect (the arming) is applied under the lock. (Building the
     /// machine with the closure in it copied the machine into the lock and
     /// counted a reference to the closure twice.)
-    private init(
+    init(
         executor: consuming HandlerExecutor, engine: consuming EngineReference, work: @escaping @Sendable () -> Void,
         at deadline: Int64
     ) {
@@ -155,7 +155,7 @@ public final class DelayedWork: Sendable {
 
     /// Schedules `work` to run once for `executor` after `delay` on `engine`'s clock.
     @inline(__always)
-    private static func schedule(
+    static func schedule(
         after delay: Duration,
         executor: consuming HandlerExecutor,
         engine: consuming EngineReference,

@@ -25,7 +25,7 @@ import Synchronization
 ///   blocks holds up the handlers after it in its hop for about a millisecond,
 ///   not until it returns; one that waits for another handler of its own hop
 ///   (a semaphore the other signals) is not a deadlock: the helper runs that one.
-/// The main actor is serial: its hops need no helper.
+/// The main actor and a `SerialExecutor` are serial: their hops need no helper.
 ///
 /// Deliveries made by any other thread (a `Throttler` call, a `start()`), and
 /// all deliveries of a manual engine, go out at once as before.
@@ -255,6 +255,7 @@ extension HandlerExecutor {
         }
         switch (self, other) {
         case (.globalQueue, .globalQueue), (.mainActor, .mainActor): return true
+        case (.executor(let mine), .executor(let theirs)): return mine.isSame(as: theirs)
         default: return false
         }
     }
@@ -264,6 +265,7 @@ extension HandlerExecutor {
     fileprivate var isSerial: Bool {
         switch self {
         case .mainActor: return true
+        case .executor(let destination): return destination.isSerial
         case .queue, .leasedQueue: return givenQueue.map(MainQueueMarker.isMain) ?? false
         case .globalQueue, .recorder: return false
         }

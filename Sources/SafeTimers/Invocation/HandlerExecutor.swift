@@ -8,8 +8,8 @@ protocol InvocationTarget: AnyObject, Sendable {
     func invoke(tag: UInt64)
 }
 
-/// Where a primitive runs its user handler: a `DispatchQueue`, the main actor, or
-/// (in tests) a recorder that lets the test decide when each delivery begins.
+/// Where a primitive runs its user handler: a `DispatchQueue`, the main actor, a
+/// Swift executor, or (in tests) a recorder that lets the test decide when each delivery begins.
 enum HandlerExecutor: Sendable {
     case queue(DispatchQueue)
     /// A queue, held through the lease of the thread that made the primitive
@@ -20,6 +20,8 @@ enum HandlerExecutor: Sendable {
     /// primitive would otherwise allocate when it is made and keep while it lives.
     case globalQueue
     case mainActor
+    /// A Swift executor (an event loop's, an actor's, a `TaskExecutor`).
+    case executor(ExecutorDestination)
     /// Tests only: deliveries are recorded, and the test runs them when it likes.
     case recorder(DeliveryRecorder)
 
@@ -36,6 +38,7 @@ enum HandlerExecutor: Sendable {
         case .leasedQueue(let lease): lease.queue.async(execute: body)
         case .globalQueue: DispatchQueue.global().async(execute: body)
         case .mainActor: Task { @MainActor in body() }
+        case .executor(let destination): destination.run(body)
         case .recorder: preconditionFailure("a recorder's deliveries are recorded, not run")
         }
     }
@@ -52,12 +55,18 @@ enum HandlerExecutor: Sendable {
         return .leasedQueue(QueueLease.current(for: Unmanaged<DispatchQueue>.fromOpaque(address)))
     }
 
+    /// `executor`, or the global queue when it is nil.
+    static func onExecutor(_ executor: (any Executor)?) -> HandlerExecutor {
+        guard let executor else { return .globalQueue }
+        return .executor(ExecutorDestination(executor))
+    }
+
     /// The dispatch queue handlers go to, when it is a given one.
     var givenQueue: DispatchQueue? {
         switch self {
         case .queue(let queue): return queue
         case .leasedQueue(let lease): return lease.queue
-        case .globalQueue, .mainActor, .recorder: return nil
+        case .globalQueue, .mainActor, .executor, .recorder: return nil
         }
     }
 

@@ -199,7 +199,7 @@ public final class RepeatingTimer: Sendable {
                 }))
     }
 
-    private init(
+    init(
         interval: Duration,
         leeway: Duration,
         repetitions: Int?,

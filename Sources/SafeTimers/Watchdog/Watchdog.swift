@@ -47,6 +47,37 @@ public final class Watchdog: Sendable {
             timeout: timeout, executor: .on(queue), engine: EngineReference(scheduler), handler: onTimeout)
     }
 
+    /// Creates and arms a watchdog whose handler runs on a Swift executor: a
+    /// SwiftNIO event loop's, say, so that a request's timeout runs on the
+    /// request's own loop.
+    ///
+    /// ```swift
+    /// let dog = Watchdog(timeout: .seconds(5), executor: channel.eventLoop.executor) {
+    ///     channel.close(promise: nil)
+    /// }
+    /// ```
+    ///
+    /// - Parameters:
+    ///   - executor: Where `onTimeout` runs: a Swift executor, such as a SwiftNIO event
+    ///     loop's `executor` or an actor's `unownedExecutor` owner, or a
+    ///     `TaskExecutor`. Each delivery starts a task whose one job is enqueued
+    ///     directly on `executor` (no dispatch queue in between); handlers due
+    ///     together for the same executor object share one task and run in deadline
+    ///     order. Under a `ManualTimerScheduler` `onTimeout` runs inside `advance(by:)`
+    ///     instead. The primitive keeps `executor` alive.
+    ///
+    /// Everything else is as in ``init(timeout:queue:scheduler:onTimeout:)``.
+    public init(
+        timeout: Duration,
+        executor: any Executor,
+        scheduler: (any TimerScheduler)? = nil,
+        onTimeout: @escaping @Sendable () -> Void
+    ) {
+        core = WatchdogCore(
+            timeout: timeout, executor: .onExecutor(executor), engine: EngineReference(scheduler),
+            handler: onTimeout)
+    }
+
     /// Creates and arms a watchdog whose handler runs on the main actor.
     ///
     /// ```swift

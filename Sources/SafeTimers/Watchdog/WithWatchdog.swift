@@ -91,3 +91,40 @@ public func withWatchdog<Result, Failure: Error>(
     defer { watchdog.invalidate() }
     return try await body()
 }
+
+/// Runs `body` under a watchdog whose `onTimeout` runs on a Swift executor (a
+/// SwiftNIO event loop's `executor`, a `TaskExecutor`): the executor form of
+/// ``withWatchdog(timeout:queue:scheduler:onTimeout:_:)``. Each section arms a
+/// ``Watchdog`` (the per-thread fast path is for queues).
+///
+/// ```swift
+/// let page = withWatchdog(timeout: .milliseconds(50), executor: loop.executor, onTimeout: { log("slow render") }) {
+///     renderPage()
+/// }
+/// ```
+public func withWatchdog<Result, Failure: Error>(
+    timeout: Duration,
+    executor: any Executor,
+    scheduler: (any TimerScheduler)? = nil,
+    onTimeout: @escaping @Sendable () -> Void,
+    _ body: () throws(Failure) -> Result
+) throws(Failure) -> Result {
+    let watchdog = Watchdog(timeout: timeout, executor: executor, scheduler: scheduler, onTimeout: onTimeout)
+    defer { watchdog.invalidate() }
+    return try body()
+}
+
+/// Runs the asynchronous `body` under a ``Watchdog`` whose `onTimeout` runs on a
+/// Swift executor; see ``withWatchdog(timeout:queue:scheduler:onTimeout:isolation:_:)``.
+public func withWatchdog<Result, Failure: Error>(
+    timeout: Duration,
+    executor: any Executor,
+    scheduler: (any TimerScheduler)? = nil,
+    onTimeout: @escaping @Sendable () -> Void,
+    isolation: isolated (any Actor)? = #isolation,
+    _ body: () async throws(Failure) -> Result
+) async throws(Failure) -> Result {
+    let watchdog = Watchdog(timeout: timeout, executor: executor, scheduler: scheduler, onTimeout: onTimeout)
+    defer { watchdog.invalidate() }
+    return try await body()
+}

@@ -1,0 +1,60 @@
+extension RepeatingTimer {
+    /// Creates a timer whose handler runs on a Swift executor: a SwiftNIO event
+    /// loop's, say, so that a connection's heartbeat runs on the connection's loop.
+    ///
+    /// ```swift
+    /// let heartbeat = RepeatingTimer(interval: .seconds(15), executor: channel.eventLoop.executor) {
+    ///     channel.writeAndFlush(ping, promise: nil)
+    /// }
+    /// heartbeat.start()
+    /// ```
+    ///
+    /// - Parameters:
+    ///   - executor: Where the handler runs: a Swift executor, such as a SwiftNIO event
+    ///     loop's `executor` or an actor's `unownedExecutor` owner, or a
+    ///     `TaskExecutor`. Each delivery starts a task whose one job is enqueued
+    ///     directly on `executor` (no dispatch queue in between); handlers due
+    ///     together for the same executor object share one task and run in deadline
+    ///     order. Under a `ManualTimerScheduler` the handler runs inside `advance(by:)`
+    ///     instead. The primitive keeps `executor` alive.
+    ///
+    /// Everything else is as in
+    /// ``init(interval:leeway:repetitions:firesImmediately:missedTicks:queue:scheduler:handler:)``.
+    public convenience init(
+        interval: Duration,
+        leeway: Duration = .zero,
+        repetitions: Int? = nil,
+        firesImmediately: Bool = false,
+        missedTicks: MissedTickPolicy = .coalesce,
+        executor: any Executor,
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        handler: @escaping @Sendable () -> Void
+    ) {
+        self.init(
+            interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
+            missedTicks: missedTicks, executor: .onExecutor(executor), scheduler: scheduler,
+            coreHandler: .plain(handler))
+    }
+
+    /// Creates a timer bound to `owner` whose handler runs on a Swift executor;
+    /// see ``init(interval:owner:leeway:repetitions:firesImmediately:missedTicks:queue:scheduler:handler:)``
+    /// for the owner and ``init(interval:leeway:repetitions:firesImmediately:missedTicks:executor:scheduler:handler:)``
+    /// for the executor.
+    public convenience init<Owner: AnyObject & Sendable>(
+        interval: Duration,
+        owner: Owner,
+        leeway: Duration = .zero,
+        repetitions: Int? = nil,
+        firesImmediately: Bool = false,
+        missedTicks: MissedTickPolicy = .coalesce,
+        executor: any Executor,
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        handler: @escaping @Sendable (Owner) -> Void
+    ) {
+        let reference = WeakReference(owner)
+        self.init(
+            interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
+            missedTicks: missedTicks, executor: .onExecutor(executor), scheduler: scheduler,
+            coreHandler: .owned(load: { reference.object }, run: { handler(unsafeDowncast($0, to: Owner.self)) }))
+    }
+}
