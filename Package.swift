@@ -23,6 +23,7 @@ let package = Package(
         // swift-service-lifecycle `Service` that runs detectors. The only product
         // with dependencies; the others use the toolchain alone.
         .library(name: "StallDetectionReporting", targets: ["StallDetectionReporting"]),
+        .library(name: "StallDetectionTracing", targets: ["StallDetectionTracing"]),
         .executable(name: "safetimers-demo", targets: ["safetimers-demo"]),
         // Folded stacks (`StallProfile.foldedStacks()`) to a flame graph in SVG.
         .executable(name: "stall-flamegraph", targets: ["stall-flamegraph"]),
@@ -32,6 +33,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         // StallDetectionReporting's `StallDetectionService` (a `ServiceGroup` member).
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        // StallDetectionTracing's spans and events.
+        .package(url: "https://github.com/apple/swift-distributed-tracing", from: "1.7.3"),
         // Tests only: SafeTimersTesting drives async-algorithms' `debounce` on its clock.
         // (Dependencies used only by test targets are not fetched by users.)
         .package(url: "https://github.com/apple/swift-async-algorithms", from: "1.1.4"),
@@ -50,6 +53,13 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        .target(
+            name: "StallDetectionTracing",
+            dependencies: [
+                "SafeTimers", "StallDetection",
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ]
         ),
         .executableTarget(
@@ -78,6 +88,13 @@ let package = Package(
                 .product(name: "InMemoryLogging", package: "swift-log"),
                 .product(name: "MetricsTestKit", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        .testTarget(
+            name: "StallDetectionTracingTests",
+            dependencies: [
+                "StallDetectionTracing",
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
             ]
         ),
     ],

@@ -48,6 +48,27 @@ public struct TimeoutError: Error, Sendable, Hashable, CustomStringConvertible {
 /// zero or negative `timeout` cancels the operation as soon as the scheduler
 /// fires; a timeout too long to represent never fires.
 ///
+/// The operation may be non-escaping and not `Sendable`: a server
+/// middleware's `next`, a closure capturing the caller's non-`Sendable` state.
+/// The deadline cancels only the operation's child task, never the caller:
+///
+/// ```swift
+/// func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response)
+///     async throws -> Response
+/// {
+///     do {
+///         return try await withTimeout(.seconds(5)) { try await next(request, context) }
+///     } catch is TimeoutError {
+///         return Response(status: .gatewayTimeout)
+///     }
+/// }
+/// ```
+///
+/// That is safe because the caller is suspended in `withTimeout` for as long
+/// as the operation runs (nothing else touches what it captures), and an
+/// operation written in an actor's method runs on that actor, as it would
+/// inline (an isolated async closure switches to its actor when called).
+///
 /// The deadline is kept by `scheduler`, so under a `ManualTimerScheduler` the
 /// timeout happens exactly when the test advances past it (once the deadline is
 /// armed: `pendingCount` tells).
@@ -57,12 +78,13 @@ public struct TimeoutError: Error, Sendable, Hashable, CustomStringConvertible {
 ///   - scheduler: The scheduler that keeps the deadline.
 ///   - isolation: The caller's isolation, inherited by the task group, so
 ///     calling `withTimeout` does not hop away from the caller's actor.
-///   - operation: The work to limit; it runs in a child task.
+///   - operation: The work to limit; it runs in a child task, and need not be
+///     escaping or `Sendable`.
 public func withTimeout<Result: Sendable>(
     _ timeout: Duration,
     scheduler: any TimerScheduler = SystemTimerScheduler.shared,
     isolation: isolated (any Actor)? = #isolation,
-    operation: @escaping @Sendable () async throws -> Result
+    operation: () async throws -> Result
 ) async throws -> Result {
     let engine = scheduler.engine
     let deadline = DeadlineArithmetic.deadline(now: engine.nowTicks, after: timeout)
@@ -83,15 +105,37 @@ public func withTimeout<Result: Sendable>(
     until deadline: TimerClock.Instant,
     scheduler: any TimerScheduler = SystemTimerScheduler.shared,
     isolation: isolated (any Actor)? = #isolation,
-    operation: @escaping @Sendable () async throws -> Result
+    operation: () async throws -> Result
 ) async throws -> Result {
     let engine = scheduler.engine
     let timeout = Duration.nanoseconds(max(0, Int128(deadline.ticks) - Int128(engine.nowTicks)))
     return try await withDeadline(deadline.ticks, timeout: timeout, engine: engine, operation: operation)
 }
 
-/// The body of both `withTimeout` forms: `deadline` in engine ticks.
+/// The body of both `withTimeout` forms: `deadline` in engine ticks. The
+/// non-escaping `operation` is handed to the child task through an
+/// ``OperationHandoff``, emptied before this returns.
 private func withDeadline<Result: Sendable>(
+    _ deadline: Int64,
+    timeout: Duration,
+    engine: TimerEngine,
+    isolation: isolated (any Actor)? = #isolation,
+    operation: () async throws -> Result
+) async throws -> Result {
+    try await withoutActuallyEscaping(operation) { escapable in
+        _ = isolation  // this closure runs where the caller runs
+        let handoff = OperationHandoff(escapable)
+        // The child task has returned by now (the group awaits it), but the task
+        // may release what its closure captured a little later: emptying the
+        // handoff is what leaves the closure unescaped.
+        defer { handoff.empty() }
+        return try await race(deadline, timeout: timeout, engine: engine) { try await handoff.run() }
+    }
+}
+
+/// Runs `operation` in a child task and `deadline` in another; see
+/// ``withTimeout(_:scheduler:isolation:operation:)`` for the outcome rules.
+private func race<Result: Sendable>(
     _ deadline: Int64,
     timeout: Duration,
     engine: TimerEngine,
@@ -160,5 +204,31 @@ private final class DeadlineRace: Sendable {
     func deadlinePassed() -> Bool {
         state.compareExchange(expected: Self.running, desired: Self.expired, ordering: .acquiringAndReleasing)
             .exchanged
+    }
+}
+
+/// The operation of a `withTimeout` call, handed from the caller to the child
+/// task that runs it.
+///
+/// `@unchecked Sendable` invariant: the closure is called once, by the child
+/// task, while the caller is suspended in `withTimeout` awaiting that task, so
+/// nothing else touches what it captures meanwhile; the caller empties the
+/// handoff only after the child task has returned. A closure isolated to an
+/// actor (one written in an actor's method) still runs on that actor: an
+/// isolated async closure switches to its actor when called, from any task.
+private final class OperationHandoff<Result>: @unchecked Sendable {
+    private var operation: (() async throws -> Result)?
+
+    init(_ operation: @escaping () async throws -> Result) {
+        self.operation = operation
+    }
+
+    func run() async throws -> Result {
+        guard let operation else { preconditionFailure("the operation of a withTimeout call ran twice") }
+        return try await operation()
+    }
+
+    func empty() {
+        operation = nil
     }
 }

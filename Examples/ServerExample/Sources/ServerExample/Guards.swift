@@ -67,7 +67,9 @@ struct RequestTimeoutMiddleware: RouterMiddleware {
         let milliseconds = milliseconds
         let channel = context.channel
         let route = "\(request.method) \(request.uri.path)"
-        let expiry = DelayedWork.schedule(after: timeout, on: .global()) {
+        // On the request's own event loop: the expiry runs there, in order with the
+        // connection's other work, with no dispatch queue in between.
+        let expiry = DelayedWork.schedule(after: timeout, executor: channel.eventLoop.executor) {
             logger.error(
                 "request timeout: \(route) took longer than \(milliseconds) ms; closing its connection",
                 metadata: ["route": "\(route)", "timeout_ms": "\(milliseconds)"])
@@ -78,6 +80,34 @@ struct RequestTimeoutMiddleware: RouterMiddleware {
         // another thread. If it is (`.running`), it only logs and closes the connection.
         defer { expiry.cancelWithoutWaiting() }
         return try await next(request, context)
+    }
+}
+
+/// A deadline that cancels the request's work: `next` (non-escaping, not `Sendable`)
+/// runs under `withTimeout`; past the deadline its awaits throw `CancellationError`,
+/// and the client gets 504 on the same connection (only the work is cancelled, not
+/// the connection's task).
+struct DeadlineMiddleware: RouterMiddleware {
+    typealias Context = ServerContext
+
+    /// The time a request may take, in milliseconds.
+    let milliseconds: Int
+
+    func handle(
+        _ request: Request, context: Context, next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
+        do {
+            return try await withTimeout(.milliseconds(milliseconds)) {
+                try await next(request, context)
+            }
+        } catch is TimeoutError {
+            context.logger.warning(
+                "deadline: \(request.method) \(request.uri.path) cancelled after \(milliseconds) ms; answered 504",
+                metadata: ["route": "\(request.method) \(request.uri.path)", "deadline_ms": "\(milliseconds)"])
+            return Response(
+                status: .gatewayTimeout,
+                body: ResponseBody(byteBuffer: ByteBuffer(string: "deadline of \(milliseconds) ms passed\n")))
+        }
     }
 }
 

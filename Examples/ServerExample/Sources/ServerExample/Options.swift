@@ -10,6 +10,8 @@ struct ServerOptions: Sendable {
     var watchdogMilliseconds = 100
     /// How long a request may run before its connection is closed.
     var requestTimeoutMilliseconds = 5000
+    /// How long a request may run before it is cancelled and answered 504.
+    var deadlineMilliseconds = 2000
     /// The work of the benchmark routes: bytes hashed per request.
     var workBytes = 14 * 1024
     var logLevel = Logger.Level.info
@@ -19,7 +21,8 @@ struct ServerOptions: Sendable {
 
     static let usage = """
         usage: ServerExample [--host 127.0.0.1] [--port 8080] [--stall-threshold-ms 100]
-                             [--watchdog-ms 100] [--request-timeout-ms 5000] [--work-bytes 14336]
+                             [--watchdog-ms 100] [--request-timeout-ms 5000] [--deadline-ms 2000]
+                             [--work-bytes 14336]
                              [--log-level info] [--executor eventloops|pool]
         """
 
@@ -48,6 +51,7 @@ struct ServerOptions: Sendable {
             case "--stall-threshold-ms": stallThresholdMilliseconds = try number(in: 10...60_000)
             case "--watchdog-ms": watchdogMilliseconds = try number(in: 1...3_600_000)
             case "--request-timeout-ms": requestTimeoutMilliseconds = try number(in: 1...3_600_000)
+            case "--deadline-ms": deadlineMilliseconds = try number(in: 1...3_600_000)
             case "--work-bytes": workBytes = try number(in: 0...100_000_000)
             case "--log-level":
                 guard let level = Logger.Level(rawValue: value) else {

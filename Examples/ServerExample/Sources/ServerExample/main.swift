@@ -1,12 +1,14 @@
 // A Hummingbird 2 server guarded by SafeTimers. See README.md beside Package.swift.
 //
 //   swift run ServerExample [--host 127.0.0.1] [--port 8080] [--stall-threshold-ms 100]
-//       [--watchdog-ms 100] [--request-timeout-ms 5000] [--work-bytes 14336]
+//       [--watchdog-ms 100] [--request-timeout-ms 5000] [--deadline-ms 2000] [--work-bytes 14336]
 //       [--log-level info] [--executor eventloops|pool]
 //
 // Routes:
 //   GET /                    what this server is
 //   GET /slow?ms=400         blocks its event loop (mode=sleep, the default, or mode=spin)
+//   GET /wait?ms=400         awaits (a slow upstream, say): past --deadline-ms it is
+//                            cancelled and answered 504
 //   GET /hash                the per-request work, under both guards
 //   GET /bench/plain         the work, unguarded           } the routes bench.sh
 //   GET /bench/watchdog      under withWatchdog            } compares: each has
@@ -56,14 +58,21 @@ let router = Router(context: ServerContext.self)
 let workBytes = options.workBytes
 
 // The application's routes: every request is guarded by a watchdog that logs slow
-// routes and by a hard request timeout.
+// routes, by a hard request timeout that closes its connection, and by a deadline
+// that cancels it and answers 504.
 router.group()
     .add(middleware: WatchdogMiddleware(milliseconds: options.watchdogMilliseconds))
     .add(middleware: RequestTimeoutMiddleware(milliseconds: options.requestTimeoutMilliseconds))
+    .add(middleware: DeadlineMiddleware(milliseconds: options.deadlineMilliseconds))
     .get("/") { _, _ in
         "SafeTimers server example. Try /slow (blocks an event loop: see the stall report in the log).\n"
     }
     .get("/hash") { _, _ in "\(hashRequestWork(bytes: workBytes))\n" }
+    .get("/wait") { request, _ in
+        let milliseconds = request.uri.queryParameters.get("ms", as: Int.self) ?? 400
+        try await Task.sleep(for: .milliseconds(milliseconds))
+        return "waited \(milliseconds) ms\n"
+    }
     .get("/slow") { request, context in
         let milliseconds = request.uri.queryParameters.get("ms", as: Int.self) ?? 400
         if request.uri.queryParameters.get("mode") == "spin" {

@@ -1,0 +1,162 @@
+import SafeTimers
+import StallDetection
+import Tracing
+
+/// Records stalls in traces, through swift-distributed-tracing: a span for each
+/// stall, and events on the spans of requests that were in flight on the
+/// stalled target.
+///
+/// Give ``record(_:)`` to a detector as its `onEvent` handler, and run each
+/// request under ``withSpan(_:inFlightOn:isolation:_:)`` with the target of the
+/// detector that watches where the request runs (for a SwiftNIO server: the
+/// detector of the request's event loop):
+///
+/// ```swift
+/// let stalls = StallTracer()   // InstrumentationSystem.tracer, once bootstrapped
+/// let detector = StallDetector(
+///     target: .custom(name: "event loop 0") { probe in loop.execute(probe) },
+///     threshold: .milliseconds(100), onEvent: stalls.record)
+///
+/// // In a middleware, around the request's work:
+/// try await withSpan("GET /users") { span in
+///     try await stalls.withSpan(span, inFlightOn: "event loop 0") { try await next(request, context) }
+/// }
+/// ```
+///
+/// A trace then shows, on the request's span, "stall started" and "stall ended"
+/// events (the target, how long it was blocked, the top frames of the blocked
+/// thread's stack), and beside it the stall's own span, "stall: event loop 0",
+/// from when the target stopped answering to when it answered again, with the
+/// profile's busiest functions and the activities that were running.
+///
+/// Exporting the spans (to an OpenTelemetry collector through swift-otel, say) is
+/// the tracer's business: bootstrap it as usual; nothing here depends on it.
+public final class StallTracer: Sendable {
+    private let tracer: any Tracer
+    private let frameCount: Int
+    private let state = StateLock<StallTracerState>(StallTracerState())
+
+    /// Creates a recorder.
+    ///
+    /// - Parameters:
+    ///   - tracer: Where spans and events go; the default is the bootstrapped
+    ///     `InstrumentationSystem.tracer`.
+    ///   - topFrameCount: How many frames of the blocked thread's stack (and of the
+    ///     profile's functions) a span or event names; at least 1.
+    public init(tracer: any Tracer = InstrumentationSystem.tracer, topFrameCount: Int = 5) {
+        self.tracer = tracer
+        frameCount = max(1, topFrameCount)
+    }
+
+    /// Records one stall event: a detector's `onEvent` handler.
+    ///
+    /// At `.started`, every span in flight on the event's target gets a "stall
+    /// started" event. At `.ended`, every span still in flight there gets a
+    /// "stall ended" event, and a span for the whole stall is recorded. A
+    /// detector that saw a stall only at its end (no `.started`) is recorded the
+    /// same way at `.ended`.
+    public func record(_ event: StallEvent) {
+        let now = DefaultTracerClock.now.nanosecondsSinceEpoch
+        let start = now - min(now, UInt64(nanoseconds(event.duration)))
+        let stall = StallTracerState.Stall(id: event.id, startNanoseconds: start, topFrames: topFrames(of: event))
+        switch event.phase {
+        case .started:
+            let spans = state.withLock { $0.stallStarted(stall, on: event.target) }
+            let spanEvent = requestEvent("stall started", event, stall, at: start)
+            for span in spans { span.addEvent(spanEvent) }
+        case .ended:
+            let (spans, began) = state.withLock { $0.stallEnded(stall, on: event.target) }
+            let spanEvent = requestEvent("stall ended", event, stall, at: now)
+            for span in spans { span.addEvent(spanEvent) }
+            recordStallSpan(event, startNanoseconds: began?.startNanoseconds ?? start, endNanoseconds: now)
+        }
+    }
+
+    /// Runs `body` with `span` in flight on `target`: stalls of `target` that
+    /// happen meanwhile are added to it as events. A request that arrives during
+    /// a stall gets its "stall started" event when it begins; one that ends during
+    /// a stall gets a "stall still going" event (how long so far) when it ends.
+    ///
+    /// - Parameters:
+    ///   - span: The request's span (or any span to annotate).
+    ///   - target: The `target` text of the stall events to watch for: the
+    ///     detector's target name ("event loop 0", the queue's label, "main queue").
+    ///   - body: The request's work.
+    public func withSpan<Result>(
+        _ span: any Span,
+        inFlightOn target: String,
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: () async throws -> Result
+    ) async rethrows -> Result {
+        let (token, ongoing) = state.withLock { $0.add(span, on: target) }
+        if let ongoing {
+            span.addEvent(SpanEvent(name: "stall started", at: Instant(ongoing.startNanoseconds), attributes: attributes(ongoing, target)))
+        }
+        defer {
+            if let ongoing = state.withLock({ $0.remove(token, on: target) }) {
+                let now = DefaultTracerClock.now.nanosecondsSinceEpoch
+                var attributes = attributes(ongoing, target)
+                attributes["stall.blocked_ms"] = Int((now - min(now, ongoing.startNanoseconds)) / 1_000_000)
+                span.addEvent(SpanEvent(name: "stall still going", at: Instant(now), attributes: attributes))
+            }
+        }
+        return try await body()
+    }
+
+    private func recordStallSpan(_ event: StallEvent, startNanoseconds: UInt64, endNanoseconds: UInt64) {
+        let span = tracer.startSpan(
+            "stall: \(event.target)", context: .topLevel, ofKind: .internal, at: Instant(startNanoseconds),
+            function: #function, file: #fileID, line: #line)
+        span.attributes["stall.id"] = Int(truncatingIfNeeded: event.id)
+        span.attributes["stall.target"] = event.target
+        span.attributes["stall.duration_ms"] = Int(nanoseconds(event.duration) / 1_000_000)
+        span.attributes["stall.threshold_ms"] = Int(nanoseconds(event.threshold) / 1_000_000)
+        span.attributes["stall.top_frames"] = topFrames(of: event)
+        span.attributes["stall.profile.samples"] = event.profile.sampleCount
+        span.attributes["stall.profile.top_functions"] = event.profile.functions.prefix(frameCount).map {
+            "\($0.name) (\($0.samples) samples)"
+        }
+        if !event.activities.isEmpty { span.attributes["stall.activities"] = event.activities }
+        span.end(at: Instant(endNanoseconds))
+    }
+
+    private func requestEvent(
+        _ name: String, _ event: StallEvent, _ stall: StallTracerState.Stall, at nanoseconds: UInt64
+    ) -> SpanEvent {
+        var attributes = attributes(stall, event.target)
+        attributes[event.phase == .ended ? "stall.duration_ms" : "stall.blocked_ms"] =
+            Int(self.nanoseconds(event.duration) / 1_000_000)
+        if !event.activities.isEmpty { attributes["stall.activities"] = event.activities }
+        return SpanEvent(name: name, at: Instant(nanoseconds), attributes: attributes)
+    }
+
+    private func attributes(_ stall: StallTracerState.Stall, _ target: String) -> SpanAttributes {
+        var attributes = SpanAttributes()
+        attributes["stall.id"] = Int(truncatingIfNeeded: stall.id)
+        attributes["stall.target"] = target
+        attributes["stall.top_frames"] = stall.topFrames
+        return attributes
+    }
+
+    /// The first named frames of the blocked thread's stack, "function (file:line)".
+    private func topFrames(of event: StallEvent) -> [String] {
+        event.backtrace.frames.lazy.compactMap { frame -> String? in
+            guard let function = frame.function else { return nil }
+            guard let file = frame.file else { return function }
+            let name = file.split(separator: "/").last.map(String.init) ?? file
+            return frame.line.map { "\(function) (\(name):\($0))" } ?? "\(function) (\(name))"
+        }.prefix(frameCount).map { $0 }
+    }
+
+    private func nanoseconds(_ duration: Duration) -> Int64 {
+        let (seconds, attoseconds) = duration.components
+        return max(0, seconds) * 1_000_000_000 + max(0, attoseconds) / 1_000_000_000
+    }
+
+    /// A point in time for the tracer: nanoseconds since the epoch.
+    private struct Instant: TracerInstant {
+        let nanosecondsSinceEpoch: UInt64
+        init(_ nanoseconds: UInt64) { nanosecondsSinceEpoch = nanoseconds }
+        static func < (lhs: Instant, rhs: Instant) -> Bool { lhs.nanosecondsSinceEpoch < rhs.nanosecondsSinceEpoch }
+    }
+}

@@ -1,0 +1,108 @@
+import InMemoryTracing
+import Testing
+import Tracing
+
+@testable import StallDetection
+@testable import StallDetectionTracing
+
+@Suite("StallTracer")
+struct StallTracerTests {
+    func event(
+        _ phase: StallEvent.Phase, id: UInt64 = 7, milliseconds: Int64, target: String = "event loop 0"
+    ) -> StallEvent {
+        var event = StallEvent(
+            id: id, phase: phase, duration: .milliseconds(milliseconds), threshold: .milliseconds(100),
+            target: target,
+            backtrace: StallBacktrace(
+                frames: [
+                    StackFrame(address: 0x10, function: nil, file: nil, line: nil, image: "App", isUncertain: false),
+                    StackFrame(
+                        address: 0x20, function: "renderTemplate()", file: "/app/Sources/Render.swift", line: 42,
+                        image: "App", isUncertain: false),
+                    StackFrame(
+                        address: 0x30, function: "handle(request:)", file: "/app/Sources/Routes.swift", line: 9,
+                        image: "App", isUncertain: false),
+                ], threadID: 1, unavailableReason: nil),
+            samplingTime: .milliseconds(1))
+        event.activities = ["GET /render"]
+        return event
+    }
+
+    /// The attribute as plain text: a number, a string, or a list joined by "; ".
+    func attribute(_ attributes: SpanAttributes, _ key: String) -> String? {
+        switch attributes[key]?.toSpanAttribute() {
+        case .int64(let value): return "\(value)"
+        case .string(let value): return value
+        case .stringArray(let values): return values.joined(separator: "; ")
+        case let other?: return "\(other)"
+        case nil: return nil
+        }
+    }
+
+    @Test("a request in flight on the stalled target carries started and ended events; the stall has a span of its own")
+    func requestOverlappingAStall() async throws {
+        let tracer = InMemoryTracer()
+        let stalls = StallTracer(tracer: tracer, topFrameCount: 2)
+        let request = tracer.startSpan("GET /users")
+        let other = tracer.startSpan("GET /elsewhere")
+        await stalls.withSpan(request, inFlightOn: "event loop 0") {
+            await stalls.withSpan(other, inFlightOn: "event loop 1") {
+                stalls.record(event(.started, milliseconds: 120))
+                stalls.record(event(.ended, milliseconds: 400))
+            }
+        }
+        request.end()
+        other.end()
+
+        let finished = tracer.finishedSpans
+        let requestSpan = try #require(finished.first { $0.operationName == "GET /users" })
+        #expect(requestSpan.events.map(\.name) == ["stall started", "stall ended"])
+        let ended = try #require(requestSpan.events.last)
+        #expect(attribute(ended.attributes, "stall.duration_ms") == "400")
+        #expect(attribute(ended.attributes, "stall.target") == "event loop 0")
+        #expect(attribute(ended.attributes, "stall.top_frames")?.contains("renderTemplate() (Render.swift:42)") == true)
+        let otherSpan = try #require(finished.first { $0.operationName == "GET /elsewhere" })
+        #expect(otherSpan.events.isEmpty, "a request on another event loop was not stalled")
+
+        let stallSpan = try #require(finished.first { $0.operationName == "stall: event loop 0" })
+        #expect(attribute(stallSpan.attributes, "stall.duration_ms") == "400")
+        #expect(attribute(stallSpan.attributes, "stall.activities")?.contains("GET /render") == true)
+        let length = stallSpan.endInstant.nanosecondsSinceEpoch - stallSpan.startInstant.nanosecondsSinceEpoch
+        // The stall span starts when the target stopped answering (the .started
+        // event's time minus the 120 ms it had been blocked), not when it was reported.
+        #expect(length >= 120_000_000)
+        #expect(requestSpan.events.first!.nanosecondsSinceEpoch == stallSpan.startInstant.nanosecondsSinceEpoch)
+    }
+
+    @Test("a request that begins during a stall gets the started event; one that ends during it, the time so far")
+    func requestsBeginningAndEndingDuringAStall() async throws {
+        let tracer = InMemoryTracer()
+        let stalls = StallTracer(tracer: tracer)
+        stalls.record(event(.started, milliseconds: 150))
+        let late = tracer.startSpan("GET /late")
+        await stalls.withSpan(late, inFlightOn: "event loop 0") {}
+        late.end()
+        stalls.record(event(.ended, milliseconds: 300))
+        let lateSpan = try #require(tracer.finishedSpans.first { $0.operationName == "GET /late" })
+        #expect(lateSpan.events.map(\.name) == ["stall started", "stall still going"])
+        #expect(attribute(lateSpan.events[1].attributes, "stall.blocked_ms").flatMap { Int($0) }.map { $0 >= 150 } == true)
+    }
+
+    @Test("a stall seen only at its end is recorded; after it, new requests are not annotated")
+    func endedOnly() async throws {
+        let tracer = InMemoryTracer()
+        let stalls = StallTracer(tracer: tracer)
+        let request = tracer.startSpan("GET /a")
+        await stalls.withSpan(request, inFlightOn: "event loop 0") {
+            stalls.record(event(.ended, id: 9, milliseconds: 250))
+        }
+        request.end()
+        let after = tracer.startSpan("GET /b")
+        await stalls.withSpan(after, inFlightOn: "event loop 0") {}
+        after.end()
+        let spans = tracer.finishedSpans
+        #expect(spans.first { $0.operationName == "GET /a" }?.events.map(\.name) == ["stall ended"])
+        #expect(spans.first { $0.operationName == "GET /b" }?.events.isEmpty == true)
+        #expect(spans.contains { $0.operationName == "stall: event loop 0" })
+    }
+}
