@@ -23,6 +23,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-distributed-tracing", from: "1.7.3"),
     ],
     targets: [
         .executableTarget(
@@ -31,6 +32,9 @@ let package = Package(
                 .product(name: "SafeTimers", package: "SafeTimers"),
                 .product(name: "StallDetection", package: "SafeTimers"),
                 .product(name: "StallDetectionReporting", package: "SafeTimers"),
+                .product(name: "StallDetectionTracing", package: "SafeTimers"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),

@@ -57,7 +57,10 @@ public final class StallTracer: Sendable {
     /// same way at `.ended`.
     public func record(_ event: StallEvent) {
         let now = DefaultTracerClock.now.nanosecondsSinceEpoch
-        let start = now - min(now, UInt64(nanoseconds(event.duration)))
+        // A `.started` event is handed over once the stack is sampled, that long
+        // after the duration it carries was measured.
+        let age = nanoseconds(event.duration) + (event.phase == .started ? nanoseconds(event.samplingTime) : 0)
+        let start = now - min(now, UInt64(age))
         let stall = StallTracerState.Stall(id: event.id, startNanoseconds: start, topFrames: topFrames(of: event))
         switch event.phase {
         case .started:
@@ -65,10 +68,10 @@ public final class StallTracer: Sendable {
             let spanEvent = requestEvent("stall started", event, stall, at: start)
             for span in spans { span.addEvent(spanEvent) }
         case .ended:
-            let (spans, began) = state.withLock { $0.stallEnded(stall, on: event.target) }
+            let spans = state.withLock { $0.stallEnded(on: event.target) }
             let spanEvent = requestEvent("stall ended", event, stall, at: now)
             for span in spans { span.addEvent(spanEvent) }
-            recordStallSpan(event, startNanoseconds: began?.startNanoseconds ?? start, endNanoseconds: now)
+            recordStallSpan(event, startNanoseconds: start, endNanoseconds: now)
         }
     }
 
@@ -138,14 +141,18 @@ public final class StallTracer: Sendable {
         return attributes
     }
 
-    /// The first named frames of the blocked thread's stack, "function (file:line)".
+    /// The top frames of the blocked thread's stack that have a source file (the
+    /// application's code, not the C library's sleep it is in), as "function
+    /// (file:line)"; the top named frames when none has one.
     private func topFrames(of event: StallEvent) -> [String] {
-        event.backtrace.frames.lazy.compactMap { frame -> String? in
-            guard let function = frame.function else { return nil }
+        let named = event.backtrace.frames.filter { $0.function != nil }
+        let withSource = named.filter { $0.file != nil }
+        return (withSource.isEmpty ? named : withSource).prefix(frameCount).map { frame in
+            let function = frame.function ?? "?"
             guard let file = frame.file else { return function }
             let name = file.split(separator: "/").last.map(String.init) ?? file
             return frame.line.map { "\(function) (\(name):\($0))" } ?? "\(function) (\(name))"
-        }.prefix(frameCount).map { $0 }
+        }
     }
 
     private func nanoseconds(_ duration: Duration) -> Int64 {

@@ -36,11 +36,9 @@ struct StallTracerState {
         return inFlight[target].map { Array($0.values) } ?? []
     }
 
-    /// A stall of `target` ended: the spans in flight there, and the stall as it
-    /// was recorded when it started (nil when no `.started` was seen).
-    mutating func stallEnded(_ stall: Stall, on target: String) -> (spans: [any Span], began: Stall?) {
-        let began = ongoing[target].flatMap { $0.id == stall.id ? $0 : nil }
+    /// A stall of `target` ended: the spans in flight there.
+    mutating func stallEnded(on target: String) -> [any Span] {
         ongoing[target] = nil
-        return (inFlight[target].map { Array($0.values) } ?? [], began)
+        return inFlight[target].map { Array($0.values) } ?? []
     }
 }

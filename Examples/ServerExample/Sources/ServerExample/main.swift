@@ -10,15 +10,19 @@
 //   GET /wait?ms=400         awaits (a slow upstream, say): past --deadline-ms it is
 //                            cancelled and answered 504
 //   GET /hash                the per-request work, under both guards
+//   GET /traces              the request and stall spans finished since the last call
 //   GET /bench/plain         the work, unguarded           } the routes bench.sh
 //   GET /bench/watchdog      under withWatchdog            } compares: each has
 //   GET /bench/delayed       under a DelayedWork timeout   } exactly one guard
 //   GET /bench/gcd           under a DispatchSourceTimer   }
 
 import Hummingbird
+import InMemoryTracing
 import Logging
 import NIOCore
 import NIOPosix
+import StallDetectionTracing
+import Tracing
 
 let options: ServerOptions
 do {
@@ -48,19 +52,28 @@ if options.handlersOnEventLoops
 }
 let eventLoops = MultiThreadedEventLoopGroup.singleton
 
+// Traces: every request of the application's routes gets a span, and stalls of an
+// event loop are added to the spans of the requests in flight on it. The spans stay
+// in memory until GET /traces takes them (production would bootstrap swift-otel).
+let tracer = InMemoryTracer()
+InstrumentationSystem.bootstrap(tracer)
+let stallTracer = StallTracer(tracer: tracer)
+let loopNames = EventLoopNames(group: eventLoops)
+
 // One stall detector per event loop, run by the application's service group: they
 // start with the server and stop after it on graceful shutdown.
 let stallService = makeEventLoopStallService(
-    group: eventLoops, threshold: .milliseconds(options.stallThresholdMilliseconds),
-    logger: Logger(label: "ServerExample.stalls"))
+    loops: loopNames, threshold: .milliseconds(options.stallThresholdMilliseconds),
+    logger: Logger(label: "ServerExample.stalls"), tracer: stallTracer)
 
 let router = Router(context: ServerContext.self)
 let workBytes = options.workBytes
 
-// The application's routes: every request is guarded by a watchdog that logs slow
+// The application's routes: every request has a span, and is guarded by a watchdog that logs slow
 // routes, by a hard request timeout that closes its connection, and by a deadline
 // that cancels it and answers 504.
 router.group()
+    .add(middleware: RequestSpanMiddleware(stalls: stallTracer, loops: loopNames))
     .add(middleware: WatchdogMiddleware(milliseconds: options.watchdogMilliseconds))
     .add(middleware: RequestTimeoutMiddleware(milliseconds: options.requestTimeoutMilliseconds))
     .add(middleware: DeadlineMiddleware(milliseconds: options.deadlineMilliseconds))
@@ -84,6 +97,9 @@ router.group()
         context.logger.info("the /slow handler returned after \(milliseconds) ms")
         return "the /slow handler blocked its thread for \(milliseconds) ms\n"
     }
+
+// The spans finished since the last call, one a line (not traced itself).
+router.get("/traces") { _, _ in TraceLog.takeFinished(from: tracer) }
 
 // The benchmark's routes: the same work, each under exactly one guard.
 router.group("bench").get("plain") { _, _ in "\(hashRequestWork(bytes: workBytes))\n" }
