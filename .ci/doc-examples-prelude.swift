@@ -7,6 +7,8 @@ import SafeTimersTesting
 import Logging
 import StallDetection
 import StallDetectionReporting
+import StallDetectionTracing
+import Tracing
 import Synchronization
 import Testing
 
@@ -45,7 +47,10 @@ let decoder = Decoder()
 let data = Data()
 struct API { func fetchProfile() async throws -> Data { Data() } }
 let api = API()
-struct Channel: Sendable { func close(promise: Int?) {} }
+struct Channel: Sendable {
+    var eventLoop: EventLoopStandIn { EventLoopStandIn() }
+    func close(promise: Int?) {}
+}
 let channel = Channel()
 @MainActor final class View {
     var isHidden = false
@@ -72,8 +77,25 @@ let queue = DispatchQueue(label: "examples")
 let manualScheduler = ManualTimerScheduler()
 /// Stands in for a SwiftNIO `EventLoop` (`execute` has NIO's signature); the
 /// package does not depend on NIO.
-final class EventLoopStandIn: Sendable { func execute(_ task: @escaping @Sendable () -> Void) { task() } }
+final class EventLoopStandIn: Sendable {
+    func execute(_ task: @escaping @Sendable () -> Void) { task() }
+    /// NIO's `EventLoop.executor`.
+    var executor: any SerialExecutor { SerialExecutorStandIn() }
+}
+final class SerialExecutorStandIn: SerialExecutor { func enqueue(_ job: consuming ExecutorJob) {} }
 let eventLoop = EventLoopStandIn()
+let loop = eventLoop
+func renderPage() -> String { "" }
+// A server framework's request, context and response (Hummingbird's names).
+struct Request: Sendable {}
+struct Context: Sendable {}
+struct Response: Sendable {
+    enum Status { case gatewayTimeout }
+    init(status: Status) {}
+}
+let request = Request()
+let context = Context()
+func next(_ request: Request, _ context: Context) async throws -> Response { Response(status: .gatewayTimeout) }
 // StallDetection: profiles, activities, fatal reports.
 func layoutFeed() {}
 func layOutThumbnails() {}

@@ -75,7 +75,7 @@ def main(modules):
                     examples.append((os.path.relpath(path, ROOT), line, code))
     out = [
         "import Dispatch", "import Foundation", "import Logging", "import ServiceLifecycle", "import Synchronization",
-        "import Testing",
+        "import Testing", "import Tracing",
         *[f"import {module}" for module in modules], "",
     ]
     for index, (path, line, code) in enumerate(examples):

@@ -83,6 +83,25 @@ done
 ticks_per_second="$(getconf CLK_TCK)"
 server_cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$server_pid/stat"; }
 
+# TCP counters of the whole machine (loopback included), for the evidence of a slow
+# round: segments retransmitted, SYNs retransmitted, listen queue overflows and drops.
+tcp_counters() {
+    python3 - <<'PY'
+def table(path):
+    lines = open(path).read().splitlines()
+    values = {}
+    for names, numbers in zip(lines[0::2], lines[1::2]):
+        prefix = names.split(":")[0]
+        for name, number in zip(names.split()[1:], numbers.split()[1:]):
+            values[prefix + name] = int(number)
+    return values
+values = {**table("/proc/net/snmp"), **table("/proc/net/netstat")}
+keys = ["TcpRetransSegs", "TcpExtTCPSynRetrans", "TcpExtListenOverflows", "TcpExtListenDrops"]
+print(" ".join(str(values.get(key, 0)) for key in keys))
+PY
+}
+stall_reports() { grep -c "stall #[0-9]* started" "$work_dir/server.log" || true; }
+
 # One wrk run in the background, so that the trap can stop it by PID.
 run_wrk() { # threads connections seconds route output
     wrk -t"$1" -c"$2" -d"$3"s --latency "http://127.0.0.1:$port/bench/$4" >"$5" 2>&1 &
@@ -103,13 +122,13 @@ for round in $(seq 1 "$rounds"); do
         for shape in a b; do
             if [ "$shape" = a ]; then t=$threads_a c=$connections_a; else t=$threads_b c=$connections_b; fi
             out="$work_dir/wrk-$round-$route-$shape.txt"
-            cpu_before="$(server_cpu_ticks)"
+            cpu_before="$(server_cpu_ticks)" tcp_before="$(tcp_counters)" stalls_before="$(stall_reports)"
             run_wrk "$t" "$c" "$duration" "$route" "$out"
-            cpu_after="$(server_cpu_ticks)"
+            cpu_after="$(server_cpu_ticks)" tcp_after="$(tcp_counters)" stalls_after="$(stall_reports)"
             python3 - "$out" "$round" "$route" "$shape" "$((cpu_after - cpu_before))" "$ticks_per_second" \
-                >>"$results" <<'PY'
+                "$tcp_before" "$tcp_after" "$((stalls_after - stalls_before))" >>"$results" <<'PY'
 import re, sys
-path, round_, route, shape, cpu_ticks, ticks_per_second = sys.argv[1:]
+path, round_, route, shape, cpu_ticks, ticks_per_second, tcp_before, tcp_after, stalls = sys.argv[1:]
 text = open(path).read()
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
 m = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)
@@ -117,7 +136,10 @@ p99 = float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
 errors = sum(int(n) for n in re.findall(r"(?:Non-2xx or 3xx responses|errors: connect|read|write|timeout)\s*:?\s*(\d+)", text))
 requests = int(re.search(r"(\d+) requests in", text).group(1))
 cpu_us = int(cpu_ticks) / int(ticks_per_second) * 1e6 / max(1, requests)
-print(f"{round_}\t{route}\t{shape}\t{rps}\t{p99}\t{errors}\t{cpu_us}")
+m = re.search(r"^\s+Latency\s+\S+\s+\S+\s+([\d.]+)(us|ms|s)", text, re.M)
+max_ms = float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)] if m else 0.0
+tcp = " ".join(str(int(a) - int(b)) for a, b in zip(tcp_after.split(), tcp_before.split()))
+print(f"{round_}\t{route}\t{shape}\t{rps}\t{p99}\t{errors}\t{cpu_us}\t{max_ms}\t{tcp}\t{stalls}")
 PY
             echo "bench: round $round/$rounds $route -t$t -c$c: $(tail -n 1 "$results" | cut -f4,5,7 | tr '\t' ' ')" \
                 "(req/s, p99 ms, server CPU µs/request)" >&2
@@ -166,4 +188,27 @@ for route, name in names.items():
     print(f"| {name} | {fmt(a, 0)} | {100 * (statistics.median(a) / plain - 1):+.1f} % | "
           f"{fmt(values(route, 'a', 4), 2)} | {fmt(values(route, 'b', 3), 0)} | {fmt(values(route, 'b', 4), 2)} | "
           f"{fmt(values(route, 'a', 6) + values(route, 'b', 6), 1)} |")
+PY
+
+# The slow rounds, with what the machine saw meanwhile: a round whose p99 is more
+# than 5 times its route's median for that load, with its max latency, the TCP
+# counters' change (retransmitted segments, retransmitted SYNs, listen queue
+# overflows, drops) and the stall reports the server logged during it.
+python3 - "$results" <<'PY'
+import statistics, sys
+rows = [line.split("\t") for line in open(sys.argv[1]).read().splitlines()]
+slow = []
+for row in rows:
+    peers = [float(r[4]) for r in rows if r[1] == row[1] and r[2] == row[2]]
+    if float(row[4]) > 5 * statistics.median(peers):
+        slow.append(row)
+if slow:
+    print()
+    print("| slow round | route | load | p99 ms | max ms | TCP retransmits / SYN retransmits / listen overflows / drops | stalls reported |")
+    print("|---|---|---|---|---|---|---|")
+    for r in slow:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {float(r[4]):.1f} | {float(r[7]):.1f} | {' / '.join(r[8].split())} | {r[9]} |")
+else:
+    print()
+    print("No slow round: every round's p99 is within 5 times its route's median for that load.")
 PY

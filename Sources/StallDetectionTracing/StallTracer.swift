@@ -93,7 +93,10 @@ public final class StallTracer: Sendable {
     ) async rethrows -> Result {
         let (token, ongoing) = state.withLock { $0.add(span, on: target) }
         if let ongoing {
-            span.addEvent(SpanEvent(name: "stall started", at: Instant(ongoing.startNanoseconds), attributes: attributes(ongoing, target)))
+            span.addEvent(
+                SpanEvent(
+                    name: "stall started", at: Instant(ongoing.startNanoseconds),
+                    attributes: attributes(ongoing, target)))
         }
         defer {
             if let ongoing = state.withLock({ $0.remove(token, on: target) }) {

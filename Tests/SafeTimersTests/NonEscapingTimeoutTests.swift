@@ -87,7 +87,9 @@ struct NonEscapingTimeoutTests {
         #expect(try await inventory.refill(scheduler: manual) == 4)
     }
 
-    @Test("real time: non-Sendable state handed to the operation and read after, racing a short deadline (ThreadSanitizer)")
+    @Test(
+        "real time: non-Sendable state handed to the operation and read after, racing a short deadline (ThreadSanitizer)"
+    )
     func racingTheDeadline() async throws {
         var values = 0
         var timeouts = 0

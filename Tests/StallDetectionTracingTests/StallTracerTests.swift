@@ -92,7 +92,8 @@ struct StallTracerTests {
         stalls.record(event(.ended, milliseconds: 300))
         let lateSpan = try #require(tracer.finishedSpans.first { $0.operationName == "GET /late" })
         #expect(lateSpan.events.map(\.name) == ["stall started", "stall still going"])
-        #expect(attribute(lateSpan.events[1].attributes, "stall.blocked_ms").flatMap { Int($0) }.map { $0 >= 150 } == true)
+        #expect(
+            attribute(lateSpan.events[1].attributes, "stall.blocked_ms").flatMap { Int($0) }.map { $0 >= 150 } == true)
     }
 
     @Test("a stall seen only at its end is recorded; after it, new requests are not annotated")

@@ -29,7 +29,8 @@ enum ExecutorFiring {
         let handler: @Sendable () -> Void = {
             if fired.add(1, ordering: .relaxed).newValue == count { done.signal() }
         }
-        let spreadNanoseconds = spread.components.seconds * 1_000_000_000 + spread.components.attoseconds / 1_000_000_000
+        let spreadNanoseconds =
+            spread.components.seconds * 1_000_000_000 + spread.components.attoseconds / 1_000_000_000
         let began = processCPUNanoseconds()
         let start = SystemTimerScheduler.shared.clock.now.advanced(by: .milliseconds(2))
         let nioStart = NIODeadline.now() + .milliseconds(2)
@@ -40,7 +41,8 @@ enum ExecutorFiring {
             switch target {
             case .executor:
                 works.append(
-                    DelayedWork.schedule(at: start.advanced(by: .nanoseconds(offset)), executor: loop.executor, handler))
+                    DelayedWork.schedule(at: start.advanced(by: .nanoseconds(offset)), executor: loop.executor, handler)
+                )
             case .queue:
                 works.append(DelayedWork.schedule(at: start.advanced(by: .nanoseconds(offset)), on: queue, handler))
             case .nio:

@@ -3,10 +3,10 @@ extension RepeatingTimer {
     /// loop's, say, so that a connection's heartbeat runs on the connection's loop.
     ///
     /// ```swift
-    /// let heartbeat = RepeatingTimer(interval: .seconds(15), executor: channel.eventLoop.executor) {
-    ///     channel.writeAndFlush(ping, promise: nil)
+    /// let keepAlive = RepeatingTimer(interval: .seconds(15), executor: channel.eventLoop.executor) {
+    ///     ping()   // on the connection's loop
     /// }
-    /// heartbeat.start()
+    /// keepAlive.start()
     /// ```
     ///
     /// - Parameters:
