@@ -11,14 +11,13 @@ extension DelayedWork {
     /// _ = timeout.cancelWithoutWaiting()
     /// ```
     ///
-    /// - Parameters:
-    ///   - executor: Where `work` runs: a Swift executor, such as a SwiftNIO event
-    ///     loop's `executor` or an actor's `unownedExecutor` owner, or a
-    ///     `TaskExecutor`. Each delivery starts a task whose one job is enqueued
-    ///     directly on `executor` (no dispatch queue in between); handlers due
-    ///     together for the same executor object share one task and run in deadline
-    ///     order. Under a `ManualTimerScheduler` `work` runs inside `advance(by:)`
-    ///     instead. The primitive keeps `executor` alive.
+    /// `executor` is where `work` runs: a Swift executor, such as a SwiftNIO event
+    /// loop's `executor` an actor's custom executor, or a
+    /// `TaskExecutor`. Each delivery starts a task whose one job is enqueued
+    /// directly on `executor` (no dispatch queue in between); handlers due
+    /// together for the same executor object share one task and run in deadline
+    /// order. Under a `ManualTimerScheduler` `work` runs inside `advance(by:)`
+    /// instead. The primitive keeps `executor` alive.
     ///
     /// Everything else is as in ``schedule(after:on:scheduler:_:)``.
     public static func schedule(

@@ -9,14 +9,13 @@ extension RepeatingTimer {
     /// keepAlive.start()
     /// ```
     ///
-    /// - Parameters:
-    ///   - executor: Where the handler runs: a Swift executor, such as a SwiftNIO event
-    ///     loop's `executor` or an actor's `unownedExecutor` owner, or a
-    ///     `TaskExecutor`. Each delivery starts a task whose one job is enqueued
-    ///     directly on `executor` (no dispatch queue in between); handlers due
-    ///     together for the same executor object share one task and run in deadline
-    ///     order. Under a `ManualTimerScheduler` the handler runs inside `advance(by:)`
-    ///     instead. The primitive keeps `executor` alive.
+    /// `executor` is where the handler runs: a Swift executor, such as a SwiftNIO event
+    /// loop's `executor` an actor's custom executor, or a
+    /// `TaskExecutor`. Each delivery starts a task whose one job is enqueued
+    /// directly on `executor` (no dispatch queue in between); handlers due
+    /// together for the same executor object share one task and run in deadline
+    /// order. Under a `ManualTimerScheduler` the handler runs inside `advance(by:)`
+    /// instead. The primitive keeps `executor` alive.
     ///
     /// Everything else is as in
     /// ``init(interval:leeway:repetitions:firesImmediately:missedTicks:queue:scheduler:handler:)``.

@@ -57,14 +57,13 @@ public final class Watchdog: Sendable {
     /// }
     /// ```
     ///
-    /// - Parameters:
-    ///   - executor: Where `onTimeout` runs: a Swift executor, such as a SwiftNIO event
-    ///     loop's `executor` or an actor's `unownedExecutor` owner, or a
-    ///     `TaskExecutor`. Each delivery starts a task whose one job is enqueued
-    ///     directly on `executor` (no dispatch queue in between); handlers due
-    ///     together for the same executor object share one task and run in deadline
-    ///     order. Under a `ManualTimerScheduler` `onTimeout` runs inside `advance(by:)`
-    ///     instead. The primitive keeps `executor` alive.
+    /// `executor` is where `onTimeout` runs: a Swift executor, such as a SwiftNIO event
+    /// loop's `executor` an actor's custom executor, or a
+    /// `TaskExecutor`. Each delivery starts a task whose one job is enqueued
+    /// directly on `executor` (no dispatch queue in between); handlers due
+    /// together for the same executor object share one task and run in deadline
+    /// order. Under a `ManualTimerScheduler` `onTimeout` runs inside `advance(by:)`
+    /// instead. The primitive keeps `executor` alive.
     ///
     /// Everything else is as in ``init(timeout:queue:scheduler:onTimeout:)``.
     public init(
