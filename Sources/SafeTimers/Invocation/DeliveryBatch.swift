@@ -255,7 +255,8 @@ extension HandlerExecutor {
         }
         switch (self, other) {
         case (.globalQueue, .globalQueue), (.mainActor, .mainActor): return true
-        case (.executor(let mine), .executor(let theirs)): return mine.isSame(as: theirs)
+        case (.serialExecutor(let mine), .serialExecutor(let theirs)): return mine.identity == theirs.identity
+        case (.taskExecutor(let mine), .taskExecutor(let theirs)): return mine.identity == theirs.identity
         default: return false
         }
     }
@@ -265,7 +266,8 @@ extension HandlerExecutor {
     fileprivate var isSerial: Bool {
         switch self {
         case .mainActor: return true
-        case .executor(let destination): return destination.isSerial
+        case .serialExecutor: return true
+        case .taskExecutor: return false
         case .queue, .leasedQueue: return givenQueue.map(MainQueueMarker.isMain) ?? false
         case .globalQueue, .recorder: return false
         }

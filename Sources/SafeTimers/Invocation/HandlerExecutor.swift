@@ -20,8 +20,10 @@ enum HandlerExecutor: Sendable {
     /// primitive would otherwise allocate when it is made and keep while it lives.
     case globalQueue
     case mainActor
-    /// A Swift executor (an event loop's, an actor's, a `TaskExecutor`).
-    case executor(ExecutorDestination)
+    /// A `SerialExecutor` (an event loop's, an actor's), through an actor of it.
+    case serialExecutor(SerialExecutorActor)
+    /// A `TaskExecutor`, or another kind of executor through a forwarding one.
+    case taskExecutor(TaskExecutorDestination)
     /// Tests only: deliveries are recorded, and the test runs them when it likes.
     case recorder(DeliveryRecorder)
 
@@ -38,7 +40,8 @@ enum HandlerExecutor: Sendable {
         case .leasedQueue(let lease): lease.queue.async(execute: body)
         case .globalQueue: DispatchQueue.global().async(execute: body)
         case .mainActor: Task { @MainActor in body() }
-        case .executor(let destination): destination.run(body)
+        case .serialExecutor(let actor): actor.startTask(running: body)
+        case .taskExecutor(let destination): destination.run(body)
         case .recorder: preconditionFailure("a recorder's deliveries are recorded, not run")
         }
     }
@@ -55,10 +58,14 @@ enum HandlerExecutor: Sendable {
         return .leasedQueue(QueueLease.current(for: Unmanaged<DispatchQueue>.fromOpaque(address)))
     }
 
-    /// `executor`, or the global queue when it is nil.
-    static func onExecutor(_ executor: (any Executor)?) -> HandlerExecutor {
-        guard let executor else { return .globalQueue }
-        return .executor(ExecutorDestination(executor))
+    /// `executor`: a `SerialExecutor` through an actor of it, a `TaskExecutor`
+    /// as it is, another kind through a ``JobForwardingExecutor``.
+    static func onExecutor(_ executor: any Executor) -> HandlerExecutor {
+        if let serial = executor as? any SerialExecutor {
+            return .serialExecutor(SerialExecutorActor(serial))
+        }
+        let task = (executor as? any TaskExecutor) ?? JobForwardingExecutor(executor)
+        return .taskExecutor(TaskExecutorDestination(task, identity: ObjectIdentifier(executor)))
     }
 
     /// The dispatch queue handlers go to, when it is a given one.
@@ -66,7 +73,7 @@ enum HandlerExecutor: Sendable {
         switch self {
         case .queue(let queue): return queue
         case .leasedQueue(let lease): return lease.queue
-        case .globalQueue, .mainActor, .executor, .recorder: return nil
+        case .globalQueue, .mainActor, .serialExecutor, .taskExecutor, .recorder: return nil
         }
     }
 

@@ -8,9 +8,13 @@
 /// preferred task executor, and the task's first step hops to the latter.)
 actor SerialExecutorActor {
     let serialExecutor: any SerialExecutor
+    /// The executor object's identity, so that handlers due together for it go
+    /// out in one task.
+    nonisolated let identity: ObjectIdentifier
 
     init(_ serialExecutor: any SerialExecutor) {
         self.serialExecutor = serialExecutor
+        identity = ObjectIdentifier(serialExecutor)
     }
 
     nonisolated var unownedExecutor: UnownedSerialExecutor {
