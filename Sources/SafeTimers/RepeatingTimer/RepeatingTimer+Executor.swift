@@ -50,10 +50,9 @@ extension RepeatingTimer {
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         handler: @escaping @Sendable (Owner) -> Void
     ) {
-        let reference = WeakReference(owner)
         self.init(
             interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
             missedTicks: missedTicks, executor: .onExecutor(executor), scheduler: scheduler,
-            coreHandler: .owned(load: { reference.object }, run: { handler(unsafeDowncast($0, to: Owner.self)) }))
+            coreHandler: Self.ownedHandler(owner, handler))
     }
 }

@@ -156,11 +156,18 @@ public final class RepeatingTimer: Sendable {
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         handler: @escaping @Sendable (Owner) -> Void
     ) {
-        let reference = WeakReference(owner)
         self.init(
             interval: interval, leeway: leeway, repetitions: repetitions, firesImmediately: firesImmediately,
             missedTicks: missedTicks, executor: .queue(queue), scheduler: scheduler,
-            coreHandler: .owned(load: { reference.object }, run: { handler(unsafeDowncast($0, to: Owner.self)) }))
+            coreHandler: Self.ownedHandler(owner, handler))
+    }
+
+    /// A handler that holds `owner` weakly and passes it to `handler`.
+    static func ownedHandler<Owner: AnyObject & Sendable>(
+        _ owner: Owner, _ handler: @escaping @Sendable (Owner) -> Void
+    ) -> RepeatingTimerCore.Handler {
+        let reference = WeakReference(owner)
+        return .owned(load: { reference.object }, run: { handler(unsafeDowncast($0, to: Owner.self)) })
     }
 
     /// Creates a timer bound to `owner` whose handler runs on the main actor: the
