@@ -7,7 +7,7 @@ import Tracing
 /// stalled target.
 ///
 /// Give ``record(_:)`` to a detector as its `onEvent` handler, and run each
-/// request under ``withSpan(_:inFlightOn:isolation:_:)`` with the target of the
+/// request under `withSpan(_:inFlightOn:)` with the target of the
 /// detector that watches where the request runs (for a SwiftNIO server: the
 /// detector of the request's event loop):
 ///
@@ -82,8 +82,11 @@ public final class StallTracer: Sendable {
     ///
     /// - Parameters:
     ///   - span: The request's span (or any span to annotate).
-    ///   - target: The `target` text of the stall events to watch for: the
-    ///     detector's target name ("event loop 0", the queue's label, "main queue").
+    ///   - target: The ``StallEvent/target`` text of the stall events to watch
+    ///     for, which is the detector's `target.description`: "event loop 0" for
+    ///     `.custom(name: "event loop 0")`, "queue 'db'" for a queue labelled "db",
+    ///     "main queue". The overload taking a `StallDetector` reads it from the
+    ///     detector.
     ///   - body: The request's work.
     public func withSpan<Result>(
         _ span: any Span,
@@ -107,6 +110,17 @@ public final class StallTracer: Sendable {
             }
         }
         return try await body()
+    }
+
+    /// Runs `body` with `span` in flight on what `detector` watches: the
+    /// overload taking the target's text, with `detector.target.description`.
+    public func withSpan<Result>(
+        _ span: any Span,
+        inFlightOn detector: StallDetector,
+        isolation: isolated (any Actor)? = #isolation,
+        _ body: () async throws -> Result
+    ) async rethrows -> Result {
+        try await withSpan(span, inFlightOn: detector.target.description, body)
     }
 
     private func recordStallSpan(_ event: StallEvent, startNanoseconds: UInt64, endNanoseconds: UInt64) {

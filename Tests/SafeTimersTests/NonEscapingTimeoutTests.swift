@@ -1,4 +1,5 @@
 import Dispatch
+import Foundation
 import SafeTimersTesting
 import Testing
 
@@ -85,6 +86,38 @@ struct NonEscapingTimeoutTests {
         let inventory = Inventory()
         #expect(try await inventory.refill(scheduler: manual) == 2)
         #expect(try await inventory.refill(scheduler: manual) == 4)
+    }
+
+    @Test("the deadline is kept while every thread of the cooperative pool is busy")
+    func deadlineWithBusyPool() async throws {
+        struct Boom: Error {}
+        let release = Counter()
+        // Keep every thread of the pool but one busy: the operation needs that one
+        // (it would not start at all with none), and then holds it.
+        let width = ProcessInfo.processInfo.activeProcessorCount
+        let hogs = (0..<max(1, width - 1)).map { _ in
+            Task.detached {
+                while release.count == 0 { _ = (0..<1_000).reduce(0, &+) }
+            }
+        }
+        defer { release.increment() }
+        let sawCancellation = Counter()
+        do {
+            _ = try await withTimeout(.milliseconds(10)) { () throws -> Int in
+                // Busy, never suspending, until cancelled (at most 10 s).
+                let began = ContinuousClock.now
+                while !Task.isCancelled && ContinuousClock.now - began < .seconds(10) {}
+                if Task.isCancelled { sawCancellation.increment() }
+                throw Boom()
+            }
+            Issue.record("expected an error")
+        } catch is TimeoutError {
+        } catch {
+            Issue.record("the operation's own error came back: the deadline was decided late (\(error))")
+        }
+        #expect(sawCancellation.count == 1)
+        release.increment()
+        for hog in hogs { await hog.value }
     }
 
     @Test(

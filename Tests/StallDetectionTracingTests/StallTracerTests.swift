@@ -1,3 +1,4 @@
+import Dispatch
 import InMemoryTracing
 import Testing
 import Tracing
@@ -94,6 +95,20 @@ struct StallTracerTests {
         #expect(lateSpan.events.map(\.name) == ["stall started", "stall still going"])
         #expect(
             attribute(lateSpan.events[1].attributes, "stall.blocked_ms").flatMap { Int($0) }.map { $0 >= 150 } == true)
+    }
+
+    @Test("a span in flight on a detector watches that detector's target: a queue's is \"queue 'label'\"")
+    func inFlightOnADetector() async throws {
+        let tracer = InMemoryTracer()
+        let stalls = StallTracer(tracer: tracer)
+        let detector = StallDetector(target: .queue(DispatchQueue(label: "db")), threshold: .milliseconds(100))
+        #expect(detector.target.description == "queue 'db'")
+        let request = tracer.startSpan("GET /db")
+        await stalls.withSpan(request, inFlightOn: detector) {
+            stalls.record(event(.ended, milliseconds: 200, target: "queue 'db'"))
+        }
+        request.end()
+        #expect(tracer.finishedSpans.first { $0.operationName == "GET /db" }?.events.map(\.name) == ["stall ended"])
     }
 
     @Test("a stall seen only at its end is recorded; after it, new requests are not annotated")

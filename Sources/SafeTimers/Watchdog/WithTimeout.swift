@@ -33,7 +33,8 @@ public struct TimeoutError: Error, Sendable, Hashable, CustomStringConvertible {
 /// ```
 ///
 /// Structured, like `withTaskGroup`: when `withTimeout` returns or throws, the
-/// operation has finished. The operation runs as a child task; at the deadline it
+/// operation has finished. The operation runs as a child task; at the deadline (decided where
+/// the engine fires its timers, on its own thread, even while Swift's cooperative pool is busy) it
 /// is cancelled and awaited, so an operation that ignores cancellation delays
 /// the return until it finishes. The operation's outcome decides:
 /// - a value is returned, even one returned after the deadline (the work was
@@ -133,8 +134,9 @@ private func withDeadline<Result: Sendable>(
     }
 }
 
-/// Runs `operation` in a child task and `deadline` in another; see
-/// ``withTimeout(_:scheduler:isolation:operation:)`` for the outcome rules.
+/// Runs `operation` in a child task that a ``TimeoutDeadline`` cancels at
+/// `deadline`; see ``withTimeout(_:scheduler:isolation:operation:)`` for the
+/// outcome rules.
 private func race<Result: Sendable>(
     _ deadline: Int64,
     timeout: Duration,
@@ -142,68 +144,104 @@ private func race<Result: Sendable>(
     isolation: isolated (any Actor)? = #isolation,
     operation: @escaping @Sendable () async throws -> Result
 ) async throws -> Result {
-    let race = DeadlineRace()
+    let expiry = TimeoutDeadline()
+    engine.arm(expiry, at: deadline)
     let outcome = await withTaskGroup(
-        of: TimeoutEvent<Result>.self, returning: Swift.Result<Result, any Error>.self, isolation: isolation
+        of: Swift.Result<Result, any Error>.self, returning: Swift.Result<Result, any Error>.self,
+        isolation: isolation
     ) { group in
         group.addTask {
+            expiry.enter()
+            defer { expiry.leave() }
             do {
                 let value = try await operation()
-                _ = race.operationFinished()
-                return .operation(.success(value))
+                _ = expiry.operationFinished()
+                return .success(value)
             } catch {
-                let beforeDeadline = race.operationFinished()
-                return .operation(.failure(beforeDeadline ? error : TimeoutError(timeout: timeout)))
+                let beforeDeadline = expiry.operationFinished()
+                return .failure(beforeDeadline ? error : TimeoutError(timeout: timeout))
             }
         }
-        group.addTask {
-            guard (try? await ClockSleep.sleep(on: engine, until: deadline, leeway: 0)) != nil else {
-                return .deadlineCancelled
-            }
-            return race.deadlinePassed() ? .deadlinePassed : .deadlineCancelled
-        }
-        while let event = await group.next() {
-            switch event {
-            case .operation(let result):
-                group.cancelAll()  // the deadline's sleep: frees its entry at once
-                return result
-            case .deadlinePassed:
-                group.cancelAll()  // the operation; its outcome still comes through `next()`
-            case .deadlineCancelled:
-                continue
-            }
-        }
-        return .failure(CancellationError())  // unreachable: the operation always reports
+        return await group.next() ?? .failure(CancellationError())  // `next()` always has the one result
     }
+    engine.disarm(expiry)
     return try outcome.get()
 }
 
-/// What a child task of ``withTimeout(_:scheduler:isolation:operation:)`` reports.
-private enum TimeoutEvent<Success: Sendable>: Sendable {
-    case operation(Swift.Result<Success, any Error>)
-    case deadlinePassed
-    case deadlineCancelled
-}
-
-/// Which of the operation and the deadline finished first: decided once, by one
-/// atomic compare-and-exchange, so an operation that has finished when the
-/// deadline is processed always wins.
-private final class DeadlineRace: Sendable {
+/// The deadline of a `withTimeout` call: an engine entry that, when it fires,
+/// decides the race with the operation (one atomic compare-and-exchange, so an
+/// operation that has finished when the deadline is processed always wins) and,
+/// if the deadline won, cancels the task that runs the operation.
+///
+/// It fires where the engine fires its entries, on the scheduler thread (inside
+/// `advance(by:)` under virtual time): not in a task of its own, which would need
+/// a thread of Swift's cooperative pool (busy, perhaps, with the very work that
+/// is late), nor on a dispatch queue, whose threads the same CPU starvation holds
+/// back on Linux. A cancel that comes before the task has entered cancels it as
+/// it enters.
+///
+/// `@unchecked Sendable` invariant: the task reference is read and written only
+/// under the lock, and is held only between ``enter()`` and ``leave()``, which
+/// the task itself calls around its work; so the cancel (made under the lock,
+/// which runs the operation's cancellation handlers there, on the scheduler
+/// thread: they must be quick, as Swift asks) never touches a finished task.
+private final class TimeoutDeadline: TimerEntry, @unchecked Sendable {
     private static let running: UInt8 = 0
     private static let finished: UInt8 = 1
     private static let expired: UInt8 = 2
-    private let state = Atomic<UInt8>(DeadlineRace.running)
+
+    private struct State {
+        var task: TaskReference?
+        var cancelled = false
+    }
+
+    /// The task, carried across threads under the invariant above.
+    private struct TaskReference: @unchecked Sendable {
+        let task: UnsafeCurrentTask
+    }
+
+    private let slot = Atomic<Int>(-1)
+    private let outcome = Atomic<UInt8>(TimeoutDeadline.running)
+    private let state = StateLock(State())
+
+    var timerSlot: Int {
+        get { slot.load(ordering: .relaxed) }
+        set { slot.store(newValue, ordering: .relaxed) }
+    }
+
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+        let passed = outcome.compareExchange(
+            expected: Self.running, desired: Self.expired, ordering: .acquiringAndReleasing
+        ).exchanged
+        guard passed else { return }
+        state.withLock { state in
+            state.cancelled = true
+            state.task?.task.cancel()
+        }
+    }
 
     /// The operation finished; returns false if the deadline had passed first.
     func operationFinished() -> Bool {
-        state.compareExchange(expected: Self.running, desired: Self.finished, ordering: .acquiringAndReleasing)
+        outcome.compareExchange(expected: Self.running, desired: Self.finished, ordering: .acquiringAndReleasing)
             .exchanged
     }
 
-    /// The deadline passed; returns false if the operation had finished first.
-    func deadlinePassed() -> Bool {
-        state.compareExchange(expected: Self.running, desired: Self.expired, ordering: .acquiringAndReleasing)
-            .exchanged
+    /// The task that runs the operation begins.
+    func enter() {
+        withUnsafeCurrentTask { task in
+            guard let task else { return }
+            let reference = TaskReference(task: task)
+            let cancelNow = state.withLock { state in
+                state.task = reference
+                return state.cancelled
+            }
+            if cancelNow { task.cancel() }
+        }
+    }
+
+    /// The task that runs the operation is done with it.
+    func leave() {
+        state.withLock { $0.task = nil }
     }
 }
 

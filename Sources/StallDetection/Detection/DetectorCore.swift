@@ -36,6 +36,8 @@ final class DetectorCore: Sendable {
     let threshold: Duration
     let heartbeat: Duration
     private let target: StallDetector.Target
+    /// The target, for ``StallDetector/target``.
+    var watchedTarget: StallDetector.Target { target }
     private let reportsWhileDebugged: Bool
     /// Whether a debugger is attached; `/proc/self/status` unless a test injects one.
     private let isTraced: @Sendable () -> Bool

@@ -249,6 +249,10 @@ public final class StallDetector: Sendable {
     /// if any, is deleted. The detector has no thread of its own to wait for.
     public func stop() { core.stop() }
 
+    /// What this detector watches; its `description` is the ``StallEvent/target``
+    /// of the events it reports.
+    public var target: Target { core.watchedTarget }
+
     /// The threshold in effect.
     public var threshold: Duration { core.threshold }
 
