@@ -57,13 +57,13 @@ public final class Watchdog: Sendable {
     /// }
     /// ```
     ///
-    /// `executor` is where `onTimeout` runs: a Swift executor, such as a SwiftNIO event
-    /// loop's `executor` an actor's custom executor, or a
-    /// `TaskExecutor`. Each delivery starts a task whose one job is enqueued
-    /// directly on `executor` (no dispatch queue in between); handlers due
-    /// together for the same executor object share one task and run in deadline
-    /// order. Under a `ManualTimerScheduler` `onTimeout` runs inside `advance(by:)`
-    /// instead. The primitive keeps `executor` alive.
+    /// `executor` is where `onTimeout` runs: a Swift executor, such as a SwiftNIO event loop's `executor`, an
+    /// actor's custom executor, or a `TaskExecutor`. Each delivery starts a task whose one job is enqueued
+    /// directly on `executor` (no dispatch queue in between); handlers due together for the same executor
+    /// object share a task per 16, enqueued in deadline order (so they run in that order on an executor that
+    /// runs its jobs in the order they come, as event loops and actors do). Under a `ManualTimerScheduler`
+    /// `onTimeout` runs inside `advance(by:)` instead. The primitive keeps `executor` alive for as long as it
+    /// exists, as it keeps a queue.
     ///
     /// Everything else is as in ``init(timeout:queue:scheduler:onTimeout:)``.
     public init(
