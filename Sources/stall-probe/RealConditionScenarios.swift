@@ -13,7 +13,7 @@ import StallDetection
 /// The scenarios this file runs.
 let realConditionScenarios: Set<String> = [
     "first-stall", "first-stall-main", "many-queues", "many-loops", "runloop-start-pass", "suspended-queue",
-    "short-stalls",
+    "short-stalls", "crowded",
 ]
 
 func runRealConditionScenario(_ scenario: String, _ number: Int) {
@@ -23,6 +23,7 @@ func runRealConditionScenario(_ scenario: String, _ number: Int) {
     case "runloop-start-pass": runStartInsideRunLoopPass(number)
     case "short-stalls": runShortStalls(number)
     case "suspended-queue": runSuspendedQueue(number)
+    case "crowded": runCrowded(threads: number)
     default:
         print("unknown scenario \(scenario)")
         exit(2)

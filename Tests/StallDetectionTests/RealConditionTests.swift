@@ -175,6 +175,28 @@ struct RealConditionTests {
         #expect(run.ended.count == 1)
     }
 
+    @Test(
+        "in a process with 256 or 1,000 idle threads, every stall of a queue has its stack and a profile, whichever thread ran it",
+        arguments: [256, 1_000])
+    func crowdedProcess(threads: Int) throws {
+        // No retry: a stall reported without its stack is a lost report, whatever
+        // the machine's load.
+        let run = try ProbeRun.run(["crowded", "\(threads)"], timeLimit: 90)
+        #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
+        let lines = run.lines.filter { $0.hasPrefix("CROWDED ") }.map { $0.split(separator: " ").map(String.init) }
+        let started = lines.filter { $0.count >= 6 && $0[2] == "started" }
+        let ended = lines.filter { $0.count >= 6 && $0[2] == "ended" }
+        #expect(started.count == 8 && ended.count == 8, "\(lines)")
+        for event in started + ended {
+            #expect(event[3] == "1", "stall \(event[1]) \(event[2]) lost its stack: \(event[5])")
+        }
+        // 400 ms stalls, reported at 150 ms: samples from the first late answer
+        // to the end; a search over every thread per sample took 0 or 1.
+        for event in ended {
+            #expect((Int(event[4]) ?? 0) >= 5, "stall \(event[1]): \(event[4]) samples")
+        }
+    }
+
     @Test("a suspended queue is reported as stalled, with why no stack, never another queue's thread")
     func suspendedQueue() throws {
         let run = try ProbeRun.run(["suspended-queue", "800"])

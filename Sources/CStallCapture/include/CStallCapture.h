@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "CStallActivity.h"
+#include "CStallDrainLock.h"
 #include "CStallProcess.h"
 
 #if defined(__linux__)

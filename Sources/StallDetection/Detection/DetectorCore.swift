@@ -369,11 +369,10 @@ final class DetectorCore: Sendable {
             let (lastAnswering, queue) = state.withLock {
                 ($0.machine.lastAnsweringThread, $0.machine.lastAnsweringQueue)
             }
-            (reported, samples) = sampling.sampleBlockedThread(
-                target: target, lastAnswering: lastAnswering, queue: queue)
+            let blocked = sampling.sampleBlockedThread(target: target, lastAnswering: lastAnswering, queue: queue)
+            (reported, samples) = (blocked.backtrace, blocked.samples)
             profiler.stallStarted(
-                backtrace: reported, activities: ActivityRecord.activities(ofThread: reported.threadID),
-                start: now - decision.duration, at: sampleStart)
+                backtrace: reported, activities: blocked.activities, start: now - decision.duration, at: sampleStart)
         }
         let samplingTime = Monotonic.now() - sampleStart
         // A heartbeat target's stall is confirmed by a thread running a job (or by a

@@ -13,9 +13,11 @@ import Darwin
 ///
 /// A *session* begins when the detector first sees an answer late (before the
 /// threshold), so that the profile covers the stall from its start; it ends at
-/// the answer. Samples are taken on the detector's queue (the only place the
-/// sampler may run), each scheduled on the engine as a `DelayedWork` after the
-/// previous one, at the pace ``SamplingPace`` allows. The first sample of a session
+/// the answer. Samples are raw stacks taken on the profiler's own serial queue
+/// with its own ``SamplingContext`` (`capture`), each scheduled on the engine as a
+/// `DelayedWork` after the previous one, at the pace ``SamplingPace`` allows.
+/// Naming happens on the detector's queue (`naming`), never on the sampling
+/// queue: naming the `.started` report or a profile never holds up a sample. The first sample of a session
 /// finds the thread that runs the target's job as the `.started` sample does; the
 /// others sample that thread alone, and a sample that finds it idle (the job moved
 /// to another thread) drops it and finds the thread again.
@@ -69,9 +71,15 @@ final class StallProfiler: Sendable {
     private let state = Locked(State())
     /// Whether a session is open: read on every answer without the lock.
     private let active = Atomic<Bool>(false)
+    /// The detector's queue: where samples are named.
     private let queue: DispatchQueue
+    /// Where samples are taken, and only there.
+    private let samplingQueue: DispatchQueue
     private let scheduler: any TimerScheduler
-    private let sampling: SamplingContext
+    /// The detector's context: names samples (on `queue`).
+    private let naming: SamplingContext
+    /// The profiler's own context: takes samples (on `samplingQueue`).
+    private let capture = SamplingContext()
     private let target: StallDetector.Target
     /// The thread that last answered a probe, and the serial queue it ran on.
     private let lastAnswering: @Sendable () -> (thread: Int32?, queue: UInt?)
@@ -113,8 +121,9 @@ final class StallProfiler: Sendable {
         owesAnswer: @escaping @Sendable () -> Bool
     ) {
         self.queue = queue
+        self.samplingQueue = DispatchQueue(label: "StallDetector.sampler", qos: .userInteractive)
         self.scheduler = scheduler
-        self.sampling = sampling
+        self.naming = sampling
         self.target = target
         self.lastAnswering = lastAnswering
         self.owesAnswer = owesAnswer
@@ -198,7 +207,9 @@ final class StallProfiler: Sendable {
                 }
                 state.session?.thread = id
             }
-            state.session?.activities = activities
+            // Without a thread of its own, the report keeps what the samples'
+            // thread was doing.
+            if backtrace.unavailableReason == nil { state.session?.activities = activities }
             return opened
         }
         if let (generation, at) = schedule { self.schedule(generation: generation, at: at, now: time) }
@@ -232,8 +243,8 @@ final class StallProfiler: Sendable {
     /// the detector queue: naming code for the first time reads debug
     /// information).
     func profile(of gathered: Gathered) -> StallProfile {
-        gathered.recorder.profile(interval: gathered.interval) { [sampling] stacks in
-            let named = sampling.names(stacks.map { $0 == Self.unsampledRaw ? [] : $0 })
+        gathered.recorder.profile(interval: gathered.interval) { [naming] stacks in
+            let named = naming.names(stacks.map { $0 == Self.unsampledRaw ? [] : $0 })
             return zip(stacks, named).map { $0 == Self.unsampledRaw ? Self.unsampledRunning.frames : $1 }
         }
     }
@@ -257,12 +268,13 @@ final class StallProfiler: Sendable {
         return gathered
     }
 
-    /// The `/proc` files kept open for a stall's samples are closed on the
-    /// detector queue (where sampling happens) once the stall is over: between
-    /// stalls the detector holds no descriptor the program might need.
+    /// The `/proc` files kept open for a stall's samples are closed where each
+    /// context samples once the stall is over: between stalls the detector holds
+    /// no descriptor the program might need.
     private func releaseFilesLater() {
-        queue.async { [sampling] in
-            sampling.releaseFiles()
+        samplingQueue.async { [capture] in capture.releaseFiles() }
+        queue.async { [naming] in
+            naming.releaseFiles()
             StopWitness.releaseFiles()
         }
     }
@@ -284,11 +296,11 @@ final class StallProfiler: Sendable {
         fatal?.stopWriting()
     }
 
-    // MARK: Sampling (on the detector queue)
+    // MARK: Sampling (on the sampling queue)
 
     private func schedule(generation: UInt64, at time: Int64, now: Int64) {
         let delay = Duration.nanoseconds(max(0, time - now))
-        let work = DelayedWork.schedule(after: delay, on: queue, scheduler: scheduler) { [weak self] in
+        let work = DelayedWork.schedule(after: delay, on: samplingQueue, scheduler: scheduler) { [weak self] in
             DetectorThreads.work { self?.sample(generation: generation) }
         }
         let stopped = state.withLock { state -> Bool in
@@ -307,15 +319,22 @@ final class StallProfiler: Sendable {
         guard let (known, reported, misses) = look else { return }
         let start = Monotonic.now()
         let cpuBefore = Self.threadCPU()
-        let namingBefore = sampling.namingCost
+        let namingBefore = capture.namingCost
         // Every other search after the likely threads missed tries every thread.
         let (frames, found) = take(known: known, everyThread: reported || misses % 2 == 1)
         let cost = Self.threadCPU() - cpuBefore
-        let naming = max(0, min(cost, sampling.namingCost - namingBefore))
+        let naming = max(0, min(cost, capture.namingCost - namingBefore))
         let taken = Monotonic.now()
         var refresh: Gathered?
+        // The labels of a thread the profile follows for the first time: a stall
+        // no look saw in time (reported from its samples) still says what its
+        // thread was doing.
+        let labels = found.flatMap {
+            $0 == known ? nil : ActivityRecord.activities(ofThread: UInt64(UInt32(bitPattern: $0)))
+        }
         let next = state.withLock { state -> (UInt64, Int64)? in
             guard !state.stopped, state.session?.generation == generation else { return nil }
+            if let labels, state.session?.stall == nil { state.session?.activities = labels }
             state.session?.thread = found
             state.session?.searchesWithoutThread = found == nil ? misses + 1 : 0
             let stride = state.session?.recorder.stride ?? 1
@@ -332,7 +351,7 @@ final class StallProfiler: Sendable {
             refresh = dueRefresh(&state, now: taken)
             return (generation, nextTime)
         }
-        if let refresh { writeRefresh(refresh) }
+        if let refresh { queue.async { self.writeRefresh(refresh) } }
         if Self.traced {
             SamplingTrace.sample(cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken })
         }
@@ -367,14 +386,15 @@ final class StallProfiler: Sendable {
     /// its job.
     private func take(known: Int32?, everyThread: Bool) -> (frames: [RawFrame]?, thread: Int32?) {
         let (answering, queue) = lastAnswering()
+        if let queue, let drained = takeFromDrainer(of: queue) { return drained }
         guard let known else {
-            let search = sampling.find(
+            let search = capture.find(
                 target: target, lastAnswering: answering, queue: queue, candidatesOnly: !everyThread)
-            if everyThread { sampling.releaseFiles(except: search.found?.thread) }
+            if everyThread { capture.releaseFiles(except: search.found?.thread) }
             guard let raw = search.found, keeps(raw) else { return (nil, nil) }
             return (raw.frames, raw.thread)
         }
-        switch sampling.sample(known, queue: queue) {
+        switch capture.sample(known, queue: queue) {
         case .stack(let raw) where keeps(raw):
             return (raw.frames, known)
         case .failed(let backtrace) where backtrace.whileRunning:
@@ -384,6 +404,25 @@ final class StallProfiler: Sendable {
             return (Self.unsampledRaw, known)
         default:
             return (nil, nil)
+        }
+    }
+
+    /// A sample of the thread that drains the watched serial queue, as
+    /// libdispatch records it (``QueueDrainer``): the thread is neither searched
+    /// for nor judged by its frames, so a sample costs one capture and no naming.
+    /// Nil when the drain lock cannot be read (the thread is then found as before).
+    private func takeFromDrainer(of queue: UInt) -> (frames: [RawFrame]?, thread: Int32?)? {
+        switch QueueDrainer.answer(for: queue) {
+        case .unknown:
+            return nil
+        case .noThread:
+            return (nil, nil)
+        case .thread(let drainer):
+            switch capture.sample(drainer, queue: queue) {
+            case .stack(let raw): return (raw.frames, drainer)
+            case .failed(let backtrace) where backtrace.whileRunning: return (Self.unsampledRaw, drainer)
+            default: return (nil, nil)
+            }
         }
     }
 
@@ -406,7 +445,7 @@ final class StallProfiler: Sendable {
     }
 
     /// Writes the fatal report of the open stall with `gathered`'s samples
-    /// (named here, on the detector queue).
+    /// (named here: on the detector queue only).
     private func writeRefresh(_ gathered: Gathered) {
         let profile = profile(of: gathered)
         guard
@@ -422,16 +461,16 @@ final class StallProfiler: Sendable {
     /// custom executor's thread (an event loop, which runs no dispatch job) must
     /// only not be waiting for work.
     private func keeps(_ raw: RawStack) -> Bool {
-        switch sampling.runsQueue(raw) {
+        switch capture.runsQueue(raw) {
         case false?: return false
         case true? where raw.currentQueue != nil: return true
         default: break
         }
         switch target {
-        case .custom: return !sampling.isIdle(raw)
+        case .custom: return !capture.isIdle(raw)
         case .mainRunLoop: return true
-        case .cooperativePool: return sampling.summary(raw).runsSwiftJob
-        default: return sampling.summary(raw).runsJob
+        case .cooperativePool: return capture.summary(raw).runsSwiftJob
+        default: return capture.summary(raw).runsJob
         }
     }
 

@@ -10,10 +10,11 @@ import Dispatch
 /// (files, lines, inlined frames: the debug information) only when a report or
 /// a profile needs it.
 ///
-/// `@unchecked Sendable` invariant: every method is called on the owning
-/// detector's serial queue only (`DetectorCore.detectorQueue`), so the mutable
-/// sampler, caches and counters are never used by two threads at once (the
-/// symbolicator is shared and thread-safe).
+/// `@unchecked Sendable` invariant: every method is called on its owner's one
+/// serial queue only (a detector's context on `DetectorCore.detectorQueue`, a
+/// profiler's on its sampling queue), so the mutable sampler, caches and counters
+/// are never used by two threads at once (the symbolicator is shared and
+/// thread-safe).
 final class SamplingContext: @unchecked Sendable {
     private var sampler: StackSampler?
     private var installError: String?
@@ -243,27 +244,46 @@ final class SamplingContext: @unchecked Sendable {
         var others: [RawStack] = []
     }
 
+    /// What ``sampleBlockedThread(target:lastAnswering:queue:candidatesOnly:)`` found.
+    struct BlockedThread {
+        /// The chosen thread's backtrace, or why there is none.
+        var backtrace: StallBacktrace
+        /// The named samples of the threads that ran the job, by thread.
+        var samples: [Int32: StallBacktrace]
+        /// The chosen thread's activities, read right after its stack (before
+        /// naming, which may outlast the stall).
+        var activities: [String]
+    }
+
     /// Samples the thread that is most likely blocked (see ``find(target:lastAnswering:queue:candidatesOnly:)``)
     /// and names it. Returns the chosen backtrace and the named samples of the
     /// threads that ran the job (keyed by thread), so the `.ended` event can use
     /// the one of the thread that finally answered.
     func sampleBlockedThread(
         target: StallDetector.Target, lastAnswering: Int32?, queue: UInt? = nil, candidatesOnly: Bool = false
-    ) -> (StallBacktrace, [Int32: StallBacktrace]) {
+    ) -> BlockedThread {
         let search = find(target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly)
-        guard let found = search.found else { return (search.failure, [:]) }
+        guard let found = search.found else {
+            return BlockedThread(backtrace: search.failure, samples: [:], activities: [])
+        }
+        let activities = ActivityRecord.activities(ofThread: Self.reportedID(found.thread))
         let named = name(found)
         var samples = [found.thread: named]
         for other in search.others where other.thread != found.thread { samples[other.thread] = name(other) }
-        return (named, samples)
+        return BlockedThread(backtrace: named, samples: samples, activities: activities)
     }
 
-    /// Finds the thread that runs the target's job, naming nothing in full: the
+    /// Finds the thread that runs the target's job, naming nothing in full. When
+    /// the watched serial queue is known (`queue`, from the probes' answers),
+    /// libdispatch's drain lock names its thread (``QueueDrainer``), whatever the
+    /// number of threads: that thread is taken; when it says no thread drains the
+    /// queue, only the likely threads below are looked at. Otherwise: the
     /// main thread for the main run loop; for a custom executor, see
     /// `findCustomExecutorThread`; for the pool, every thread running a Swift
     /// job; otherwise the first thread seen running a job of the watched queue,
     /// among the candidates in order (the main thread for the main queue, the
-    /// thread that answered the last probe, then every other thread). A thread
+    /// thread that answered the last probe, then, only where the drain lock
+    /// cannot be read, every other thread). A thread
     /// running another queue's job (a worker that answered this queue's probe
     /// earlier) is never taken: `queue`, the watched queue's address, tells them
     /// apart. When none is found, `failure` says why: never another thread's
@@ -271,10 +291,13 @@ final class SamplingContext: @unchecked Sendable {
     /// profile's samples before the threshold, which must not hold up the
     /// detector's looks).
     func find(target: StallDetector.Target, lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool) -> Search {
-        if case .custom = target {
-            return findCustomExecutorThread(lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly)
-        }
         if case .cooperativePool = target { return findPoolThreads() }
+        let drained = queue.map(QueueDrainer.answer(for:)) ?? .unknown
+        if case .thread(let drainer) = drained { return sampleDrainer(drainer, queue: queue) }
+        if case .custom = target {
+            return findCustomExecutorThread(
+                lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly || drained == .noThread)
+        }
         let mainThread = ProcessFacts.mainThreadID
         var candidates: [Int32] = []
         switch target {
@@ -307,7 +330,9 @@ final class SamplingContext: @unchecked Sendable {
         if let raw = look(candidates, alone: alone, candidates: true) {
             return Search(found: raw, failure: .unavailable(""))
         }
-        if target.usesHeartbeat && !candidatesOnly,
+        // Other threads are looked at only when the queue's drain lock cannot be
+        // read: when it can, no thread drains the queue now.
+        if target.usesHeartbeat && !candidatesOnly && drained == .unknown,
             let raw = look(otherThreads(excluding: candidates), alone: false, candidates: false)
         {
             return Search(found: raw, failure: .unavailable(""))
@@ -315,15 +340,36 @@ final class SamplingContext: @unchecked Sendable {
         return Search(found: nil, failure: Self.noJobFound(firstFailure: firstFailure, otherJobs: otherJobs))
     }
 
+    /// The thread that drains the watched queue, by libdispatch's own record
+    /// (``QueueDrainer``): sampled, and taken without judging its frames.
+    private func sampleDrainer(_ drainer: Int32, queue: UInt?) -> Search {
+        guard drainer != stallcapture_current_tid() else {
+            return Search(found: nil, failure: .unavailable("the queue is drained by the detector's own thread"))
+        }
+        switch sample(drainer, queue: queue) {
+        case .stack(let raw):
+            return Search(found: raw, failure: .unavailable(""))
+        case .failed(let backtrace):
+            return Search(found: nil, failure: backtrace)
+        case .detectorWork:
+            return Search(
+                found: nil,
+                failure: .unavailable(
+                    "thread \(drainer), which drains the queue, was running a stall detector's work",
+                    threadID: Self.reportedID(drainer)))
+        }
+    }
+
     /// The process's other threads that may run a job (not a detector's, the stop
-    /// witness's or SafeTimers' scheduler's), at most 48, those asleep first.
+    /// witness's or SafeTimers' scheduler's), those asleep first: every one, as a
+    /// last resort when the queue's drain lock cannot be read.
     private func otherThreads(excluding excluded: [Int32]) -> [Int32] {
         let own = stallcapture_current_tid()
         let others = ProcessFacts.threads().filter { id, name in
             id != own && !excluded.contains(id) && !Self.ignoredThreadNames.contains(name)
                 && !DetectorThreads.contains(id)
         }.map(\.id)
-        return Self.sleepersFirst(Array(others.prefix(48)))
+        return Self.sleepersFirst(others)
     }
 
     /// Why no thread was found running the queue's job.
@@ -341,9 +387,12 @@ final class SamplingContext: @unchecked Sendable {
 
     /// A custom executor's thread is the one that last ran a probe (an event
     /// loop's thread): it is sampled first, and taken unless it waits for work
-    /// or runs another queue's job. Failing that, the first other thread running
-    /// the watched queue's job is taken (a dispatch queue's jobs move from worker
-    /// to worker); failing that, the failure says the executor's thread waits for
+    /// or runs another queue's job. Failing that, for an executor that posts to a
+    /// dispatch queue whose drain lock cannot be read, the first other thread
+    /// running that queue's job is taken (a dispatch queue's jobs move from
+    /// worker to worker); an executor with a thread of its own (no queue) is
+    /// never looked for elsewhere: any other thread's job would be another
+    /// target's. Failing that, the failure says the executor's thread waits for
     /// work (the second look then reports the stall without a stack). Never the
     /// detector's own thread, never an idle thread's stack.
     private func findCustomExecutorThread(lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool) -> Search {
@@ -368,7 +417,7 @@ final class SamplingContext: @unchecked Sendable {
         case .stack(let raw):
             if isThisQueue(raw, lastAnswering: true) && !isIdle(raw) { return Search(found: raw, failure: failure) }
         }
-        guard !candidatesOnly else { return Search(found: nil, failure: failure) }
+        guard !candidatesOnly, queue != nil else { return Search(found: nil, failure: failure) }
         for other in otherThreads(excluding: [thread]) {
             guard case .stack(let raw) = sample(other, queue: queue), summary(raw).runsJob,
                 isThisQueue(raw, lastAnswering: false)
@@ -378,24 +427,21 @@ final class SamplingContext: @unchecked Sendable {
         return Search(found: nil, failure: failure)
     }
 
-    /// Every thread running a Swift job (at most 48 threads are looked at): the
-    /// pool's blocked threads; the first is `found`.
+    /// Every dispatch worker running a Swift job: the pool's blocked threads;
+    /// the first is `found`. The pool's threads are libdispatch's workers, named
+    /// after their root queue (the name's last 15 bytes, "…qos…"); every one is
+    /// looked at, and no other thread: a server's own threads (event loops,
+    /// drivers' threads, idle pools), however many, cost nothing here.
     private func findPoolThreads() -> Search {
         let own = stallcapture_current_tid()
         // The main thread is never a pool thread (it runs an async `main` or the
         // main actor's jobs with the same frames).
         let mainThread = ProcessFacts.mainThreadID
-        let candidates = ProcessFacts.threads().filter { id, name in
-            id != own && id != mainThread && !Self.ignoredThreadNames.contains(name)
-        }
-        // Dispatch's workers first (the pool's threads are among them, named
-        // after their root queue, "…qos…"): with many threads of its own, a
-        // program's pool threads were beyond the 48 looked at.
-        let threads =
-            candidates.filter { $0.name.contains("qos") }.map(\.id)
-            + candidates.filter { !$0.name.contains("qos") }.map(\.id)
+        let threads = ProcessFacts.threads().filter { id, name in
+            id != own && id != mainThread && name.contains("qos")
+        }.map(\.id)
         var running: [RawStack] = []
-        for thread in threads.prefix(48) {
+        for thread in threads {
             guard case .stack(let raw) = sample(thread), summary(raw).runsSwiftJob else { continue }
             running.append(raw)
         }

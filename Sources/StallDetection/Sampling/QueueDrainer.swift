@@ -1,0 +1,31 @@
+import CStallCapture
+
+/// Which thread drains a serial dispatch queue now, as libdispatch itself records
+/// it: the owner of the queue's drain lock (`stallcapture_queue_drainer`).
+///
+/// This is how a queue's blocked thread is found whatever the number of threads:
+/// one read of the queue object, no look at any other thread, so a worker that
+/// ran the stalled job is found among a thousand idle threads as among ten, and a
+/// `queue.sync` caller (which runs the block on its own thread) as well.
+enum QueueDrainer {
+    /// What the queue's drain lock says.
+    enum Answer: Equatable {
+        /// This thread drains the queue (runs its job, or waits between two).
+        case thread(Int32)
+        /// No thread drains it: it waits for a thread, is suspended, or is empty.
+        case noThread
+        /// The drain lock cannot be read here (another libdispatch layout, or not
+        /// Linux): the thread must be found another way.
+        case unknown
+    }
+
+    /// What the drain lock of the serial queue at address `queue` says.
+    static func answer(for queue: UInt) -> Answer {
+        let owner = stallcapture_queue_drainer(queue)
+        switch owner {
+        case ..<0: return .unknown
+        case 0: return .noThread
+        default: return .thread(owner)
+        }
+    }
+}
