@@ -36,6 +36,17 @@ let package = Package(
                 "CMallocStats",
             ]
         ),
+        // A stall in a process the size of a server (SwiftNIO linked and running,
+        // 64 to 1,000 idle threads): `Benchmarks/stall-rates.sh --server` and CI's
+        // server-sized stall step.
+        .executableTarget(
+            name: "stall-server-probe",
+            dependencies: [
+                .product(name: "StallDetection", package: "SafeTimers"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ]
+        ),
         // ordo-one/benchmark suites: `swift package benchmark`.
         .executableTarget(
             name: "SafeTimersBenchmarks",
