@@ -81,11 +81,14 @@ def names_pattern(names):
 
 SWIFT_NAMES = names_pattern(GLIBC_ONLY)
 # glibc's own typedefs (`__rlimit_resource_t`, `__rusage_who_t`, `__pid_t`):
-# Darwin's are `__darwin_…`. And `.rawValue` of a constant that glibc imports as
-# an enum and Darwin as a plain integer.
+# Darwin's are `__darwin_…`; `.rawValue` of a constant that glibc imports as an
+# enum and Darwin as a plain integer; `pthread_t()` (Darwin's `pthread_t` is a
+# pointer, with no empty initializer); glibc's two-argument `pthread_setname_np`
+# (Darwin's names the calling thread only).
 SWIFT_EXTRA = re.compile(
     r"(?<![A-Za-z0-9_])(__(?!darwin_)[a-z][a-z0-9_]*_t(?![A-Za-z0-9_])"
-    r"|(?:RLIMIT|RUSAGE|PRIO|ITIMER|SOCK|IPPROTO)_[A-Z0-9_]+\.rawValue)")
+    r"|(?:RLIMIT|RUSAGE|PRIO|ITIMER|SOCK|IPPROTO)_[A-Z0-9_]+\.rawValue"
+    r"|pthread_t\(\s*\)|pthread_setname_np\(\s*pthread_self\(\)\s*,)")
 # Headers that Darwin does not have (or that stop a build there: `ucontext.h`
 # without `_XOPEN_SOURCE` is an #error).
 LINUX_HEADERS = re.compile(
