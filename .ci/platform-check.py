@@ -365,15 +365,14 @@ def int_expressions(line):
     found = []
     for context in INT_CONTEXTS:
         for match in context.finditer(line):
-            start = match.end()
-            if match.group(0).endswith("("):
-                depth, end = 1, start
-                while end < len(line) and depth:
-                    depth += {"(": 1, ")": -1}.get(line[end], 0)
-                    end += 1
-                text = line[start:end - 1]
-            else:
-                text = re.split(r"[,;{}]|\bas\b", line[start:])[0]
+            # The argument, or the initial value up to the end of its statement
+            # or argument list (`… as UInt64` is then no literal expression).
+            start = end = match.end()
+            depth = 0
+            while end < len(line) and not (depth == 0 and line[end] in ",;{})"):
+                depth += {"(": 1, ")": -1}.get(line[end], 0)
+                end += 1
+            text = line[start:end]
             if text.strip() and LITERAL_EXPRESSION.fullmatch(text) and re.search(r"\d", text):
                 found.append(text.strip())
     return found
@@ -401,7 +400,7 @@ def check_int32(expression):
 
     def value(node):
         if isinstance(node, ast.Constant) and type(node.value) is int:
-            result, text = node.value, str(node.value)
+            result, text = node.value, f"{node.value:,}"
         elif isinstance(node, ast.UnaryOp) and type(node.op) in UNARY:
             result, text = UNARY[type(node.op)](value(node.operand)), None
         elif isinstance(node, ast.BinOp) and type(node.op) in BINARY:
