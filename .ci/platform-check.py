@@ -516,15 +516,16 @@ def source_files():
 # Darwin shapes
 
 
-# Files that stand alone (they import only the C library and use nothing else of
-# their module): the per-platform spellings live in them, and each is
-# type-checked as Darwin compiles it against `.ci/darwin-shapes.swift`. A new
-# file of that kind belongs here.
+# Groups of files that stand alone (they import only the C library and
+# Synchronization, and use nothing else of their module): the per-platform
+# spellings live in them, and each group is type-checked as Darwin compiles it
+# against `.ci/darwin-shapes.swift`. A new file of that kind belongs here.
 STANDALONE = [
-    "Sources/SafeTimers/Scheduling/MonotonicClock.swift",
-    "Sources/StallDetection/Platform/FileStatus.swift",
-    "Sources/StallDetection/Platform/ProcFile.swift",
-    "Sources/stall-probe/Platform.swift",
+    ["Sources/SafeTimers/Scheduling/ConditionLock.swift", "Sources/SafeTimers/Scheduling/MonotonicClock.swift",
+     "Sources/SafeTimers/Scheduling/NamedThread.swift", "Sources/SafeTimers/Scheduling/ThreadIdentity.swift"],
+    ["Sources/StallDetection/Platform/FileStatus.swift"],
+    ["Sources/StallDetection/Platform/ProcFile.swift"],
+    ["Sources/stall-probe/Platform.swift"],
 ]
 
 
@@ -533,25 +534,33 @@ def swiftc(arguments, work):
     return result.returncode, result.stdout + result.stderr
 
 
-def check_darwin_view(relative, text, work):
-    """`relative` type-checked as macOS and watchOS compile it (watchOS only
-    when it reads the file differently), against the shapes. A file that stops
-    standing alone fails here too (a name of its module not found)."""
-    views = []
-    for config in ({"os": "macOS", "arch": "arm64", "simulator": False, "flags": False},
-                   {"os": "watchOS", "arch": "arm64_32", "simulator": False, "flags": False}):
-        view = darwin_view(text, config)
-        if view in (seen for seen, _ in views):
+DARWIN_TARGETS = ({"os": "macOS", "arch": "arm64", "simulator": False, "flags": False},
+                  {"os": "watchOS", "arch": "arm64_32", "simulator": False, "flags": False})
+
+
+def check_darwin_views(group, work):
+    """The files of `group` type-checked together as macOS and watchOS compile
+    them (watchOS only when it reads them differently), against the shapes. A
+    file that stops standing alone fails here too (a name of its module not
+    found)."""
+    texts = {relative: open(os.path.join(ROOT, relative), encoding="utf-8").read() for relative in group}
+    seen = set()
+    for config in DARWIN_TARGETS:
+        views = {relative: darwin_view(text, config) for relative, text in texts.items()}
+        if tuple(views.values()) in seen:
             continue
-        views.append((view, config))
-    for view, config in views:
-        darwin = os.path.join(work, os.path.basename(relative))
-        open(darwin, "w").write(view)
-        code, output = swiftc(["-typecheck", "-parse-as-library", "-I", work, darwin], work)
+        seen.add(tuple(views.values()))
+        paths = {}
+        for index, (relative, view) in enumerate(views.items()):
+            paths[relative] = os.path.join(work, f"{index}-{os.path.basename(relative)}")
+            open(paths[relative], "w").write(view)
+        code, output = swiftc(["-typecheck", "-parse-as-library", "-I", work] + list(paths.values()), work)
         if code != 0:
-            errors = [line.replace(darwin, relative) for line in output.split("\n") if ": error:" in line]
+            errors = [line for line in output.split("\n") if ": error:" in line] or [output]
+            for relative, path in paths.items():
+                errors = [error.replace(path, relative) for error in errors]
             return [f"{error} (as {config['os']} on {config['arch']} compiles it, against .ci/darwin-shapes.swift)"
-                    for error in errors or [output]]
+                    for error in errors]
     return []
 
 
@@ -562,19 +571,17 @@ def check_shapes():
     problems = []
     with tempfile.TemporaryDirectory() as work:
         code, output = swiftc(["-parse-as-library", "-module-name", "Darwin", "-emit-module", "-emit-module-path",
-                               os.path.join(work, "Darwin.swiftmodule"),
-                               SHAPES], work)
+                               os.path.join(work, "Darwin.swiftmodule"), SHAPES], work)
         if code != 0:
             return [f".ci/darwin-shapes.swift does not compile:\n{output}"]
-        checked = 0
-        for relative in STANDALONE:
-            path = os.path.join(ROOT, relative)
-            if not os.path.exists(path):
-                continue  # an older tree, checked with --root
-            text = open(path, encoding="utf-8").read()
-            checked += 1
-            problems += check_darwin_view(relative, text, work)
-        print(f"platform check: {checked} standalone files type-checked as Darwin compiles them")
+        # An older tree (checked with --root) may not have the files yet.
+        groups = [[relative for relative in group if os.path.exists(os.path.join(ROOT, relative))]
+                  for group in STANDALONE]
+        groups = [group for group in groups if group]
+        for group in groups:
+            problems += check_darwin_views(group, work)
+        count = sum(map(len, groups))
+        print(f"platform check: {count} standalone files type-checked as Darwin compiles them")
     return problems
 
 
