@@ -88,13 +88,13 @@ func degradedSleep(_ milliseconds: Int) {
 func degradedRaiseInHandler(alternateStack: Bool, spinning: Bool) {
     var action = sigaction()
     if spinning {
-        action.__sigaction_handler.sa_handler = { _ in degradedSpinningHandler() }
+        setPlainHandler(&action) { _ in degradedSpinningHandler() }
         let milliseconds = Int(degradedHandlerMilliseconds)
         DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(milliseconds)) {
             degradedSpinStop.store(true, ordering: .relaxed)
         }
     } else {
-        action.__sigaction_handler.sa_handler = { _ in degradedSleepingHandler() }
+        setPlainHandler(&action) { _ in degradedSleepingHandler() }
     }
     action.sa_flags = alternateStack ? SA_ONSTACK : 0
     sigemptyset(&action.sa_mask)
@@ -102,7 +102,7 @@ func degradedRaiseInHandler(alternateStack: Bool, spinning: Bool) {
     var memory: UnsafeMutableRawPointer?
     if alternateStack {
         memory = mmap(nil, 65_536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-        var stack = stack_t(ss_sp: memory, ss_flags: 0, ss_size: 65_536)
+        var stack = signalStack(memory, size: 65_536, flags: 0)
         sigaltstack(&stack, nil)
     }
     // Dispatch's worker threads block most signals.
@@ -113,7 +113,7 @@ func degradedRaiseInHandler(alternateStack: Bool, spinning: Bool) {
     emit("READY")
     pthread_kill(pthread_self(), SIGUSR1)
     if let memory {
-        var none = stack_t(ss_sp: nil, ss_flags: Int32(SS_DISABLE), ss_size: 0)
+        var none = signalStack(nil, size: 0, flags: Int32(SS_DISABLE))
         sigaltstack(&none, nil)
         munmap(memory, 65_536)
     }

@@ -120,17 +120,16 @@ private func runNoFileScenario(_ number: Int, queue: DispatchQueue, detector: St
     // two stalls. Reports must say why a stack is missing, and the program
     // must still have its `number` descriptors afterwards.
     emit("FDS start \(samplerAttackOpenDescriptors())")
-    var limit = rlimit()
-    getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+    var limit = openFilesLimit()
     let open = samplerAttackOpenDescriptors()
     limit.rlim_cur = rlim_t(open + 40)
-    setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit)
+    setOpenFilesLimit(limit)
     watchWithProfile(detector, endedCount: 2)
     // The detector's own descriptors (its thread, timers) are open by now.
     usleep(200_000)
     var filler: [Int32] = []
     while true {
-        let descriptor = Glibc.open("/dev/null", O_RDONLY)
+        let descriptor = openReadOnly("/dev/null")
         if descriptor < 0 { break }
         filler.append(descriptor)
     }
@@ -148,7 +147,7 @@ private func samplerAttackReportDescriptors(_ number: Int) {
     var opened: [Int32] = []
     var failure: Int32 = 0
     for _ in 0..<max(0, number) {
-        let descriptor = Glibc.open("/dev/null", O_RDONLY)
+        let descriptor = openReadOnly("/dev/null")
         if descriptor < 0 {
             failure = errno
             break

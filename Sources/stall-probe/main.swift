@@ -227,7 +227,7 @@ case "overhead-reference":
                 next.tv_nsec -= 1_000_000_000
                 next.tv_sec += 1
             }
-            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, nil)
+            sleepUntilMonotonic(next)
             queue.async { blackHole(0) }
         }
     }.start()

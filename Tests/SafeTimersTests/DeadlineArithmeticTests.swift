@@ -10,8 +10,8 @@ struct DeadlineArithmeticTests {
         #expect(DeadlineArithmetic.nanoseconds(.nanoseconds(-5)) == -5)
         #expect(DeadlineArithmetic.nanoseconds(.seconds(Int64.max)) == Int64.max)
         #expect(DeadlineArithmetic.nanoseconds(.seconds(Int64.min)) == Int64.min)
-        #expect(DeadlineArithmetic.nanoseconds(.seconds(9_223_372_036)) == 9_223_372_036_000_000_000)
-        #expect(DeadlineArithmetic.nanoseconds(.seconds(9_223_372_037)) == Int64.max)
+        #expect(DeadlineArithmetic.nanoseconds(.seconds(Int64(9_223_372_036))) == 9_223_372_036_000_000_000)
+        #expect(DeadlineArithmetic.nanoseconds(.seconds(Int64(9_223_372_037))) == Int64.max)
     }
 
     @Test("the 64-bit fast path agrees with the 128-bit conversion around every boundary it has")

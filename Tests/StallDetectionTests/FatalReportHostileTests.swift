@@ -178,7 +178,11 @@ struct FatalReportHostileTests {
     func socketAtPath() {
         let directory = Self.freshDirectory("socket")
         let path = directory + "/report.json"
+        #if canImport(Darwin)
+        let descriptor = socket(AF_UNIX, SOCK_STREAM, 0)
+        #else
         let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        #endif
         var address = sockaddr_un()
         address.sun_family = sa_family_t(AF_UNIX)
         withUnsafeMutableBytes(of: &address.sun_path) { raw in
@@ -310,8 +314,8 @@ struct FatalReportHostileTests {
     @Test("A full disk (64 KB tmpfs): the old report stays whole, no temporary file is left")
     func fullDisk() throws {
         let mount = Self.freshDirectory("tmpfs")
-        guard Glibc.system("mount -t tmpfs -o size=64k tmpfs \(mount)") == 0 else { return }
-        defer { _ = Glibc.system("umount \(mount)") }
+        guard Self.shell("mount -t tmpfs -o size=64k tmpfs \(mount)") == 0 else { return }
+        defer { _ = Self.shell("umount \(mount)") }
         let path = mount + "/report.json"
         let writer = FatalReportWriter(path: path)
         writer.write(Self.event(activities: ["small"]))
@@ -330,12 +334,12 @@ struct FatalReportHostileTests {
     @Test("A read-only directory: the report is read where it is and stays")
     func readOnlyDirectory() {
         let mount = Self.freshDirectory("ro")
-        guard Glibc.system("mount -t tmpfs -o size=1m tmpfs \(mount)") == 0 else { return }
-        defer { _ = Glibc.system("umount \(mount)") }
+        guard Self.shell("mount -t tmpfs -o size=1m tmpfs \(mount)") == 0 else { return }
+        defer { _ = Self.shell("umount \(mount)") }
         let path = mount + "/report.json"
         Self.writeFile(path, FatalReportFile(Self.event()).encoded())
         Self.writeFile(mount + "/garbage.json", Array("not json".utf8))
-        _ = Glibc.system("mount -o remount,ro \(mount)")
+        _ = Self.shell("mount -o remount,ro \(mount)")
         #expect(StallDetector.takeFatalStallReport(at: path) != nil)
         #expect(StallDetector.takeFatalStallReport(at: path) != nil)
         #expect(Self.exists(path))
@@ -351,7 +355,7 @@ struct FatalReportHostileTests {
         let forged = FatalReportFile(Self.event(target: "FORGED BY NOBODY"))
         let source = directory + "/src"
         Self.writeFile(source, forged.encoded())
-        #expect(Glibc.system("setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'cat \(source) > \(path)'") == 0)
+        #expect(Self.shell("setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'cat \(source) > \(path)'") == 0)
         unlink(source)
         var status = stat()
         lstat(path, &status)
@@ -578,10 +582,21 @@ struct FatalReportHostileTests {
         )
     }
 
+    /// Runs `command` with `/bin/sh -c` (as C's `system` does, on every
+    /// platform); returns its exit status, -1 when it cannot start.
+    static func shell(_ command: String) -> Int32 {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", command]
+        guard (try? process.run()) != nil else { return -1 }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
     static func isWellFormedXML(_ text: String) -> Bool {
         let path = "/tmp/attack-reports-\(getpid())-fg.svg"
         writeFile(path, Array(text.utf8))
-        return Glibc.system(
+        return Self.shell(
             "python3 -c 'import sys,xml.etree.ElementTree as E; E.parse(sys.argv[1])' \(path) 2>/dev/null") == 0
     }
 

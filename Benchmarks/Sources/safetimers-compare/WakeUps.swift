@@ -12,7 +12,11 @@ enum IdleWakeUps {
 
     static func contextSwitches() -> Int {
         var usage = rusage()
+        #if canImport(Darwin)
+        getrusage(RUSAGE_SELF, &usage)
+        #else
         getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+        #endif
         return usage.ru_nvcsw + usage.ru_nivcsw
     }
 

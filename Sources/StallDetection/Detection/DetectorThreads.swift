@@ -9,6 +9,9 @@ import CStallCapture
 /// A sample is taken between two readings (``quietMark(_:)`` and
 /// ``stayedQuiet(_:since:)``): a thread that began a detector's work in between
 /// is caught by the second even when it has finished that work again.
+///
+/// On Apple platforms every thread id is 0, so every thread counts as a
+/// detector's; nothing asks there, as no thread is sampled (``SamplingSupport``).
 enum DetectorThreads {
     private struct Registry {
         /// Threads inside ``work(_:)``, with their nesting depth.

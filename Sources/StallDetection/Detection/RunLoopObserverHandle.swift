@@ -1,4 +1,3 @@
-import CStallCapture
 import SafeTimers
 
 #if canImport(CoreFoundation)
@@ -38,7 +37,7 @@ final class RunLoopObserverHandle: @unchecked Sendable {
     /// busy now, and the observer will see the end of this pass, not its start.
     static var isInMainRunLoopPass: Bool {
         #if canImport(CoreFoundation)
-        guard stallcapture_current_tid() == ProcessFacts.mainThreadID else { return false }
+        guard ThreadIdentity.isMainThread else { return false }
         return CFRunLoopCopyCurrentMode(CFRunLoopGetMain()) != nil
         #else
         return false

@@ -207,8 +207,9 @@ public final class StallDetector: Sendable {
     }
 
     /// The longest threshold in effect (about 100 years); longer ones, up to any
-    /// magnitude, are reduced to it.
-    public static let longestThreshold = Duration.seconds(100 * 365 * 86_400)
+    /// magnitude, are reduced to it. (A year's seconds times 100: the product of
+    /// the literals alone, 3,153,600,000, does not fit the 32-bit `Int` of watchOS.)
+    public static let longestThreshold = Duration.seconds(365 * 86_400) * 100
 
     /// The designated initializer; tests inject `isTraced`.
     init(

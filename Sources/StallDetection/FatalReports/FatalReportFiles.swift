@@ -127,7 +127,7 @@ struct FatalReportFiles {
             var status = stat()
             guard fstatat(directory, entryName, &status, AT_SYMLINK_NOFOLLOW) == 0,
                 status.st_mode & S_IFMT == S_IFREG, status.st_uid == geteuid(),
-                time(nil) - status.st_mtim.tv_sec > Self.leftoverAge
+                time(nil) - status.modificationTime > Self.leftoverAge
             else { continue }
             unlink(entryName)
         }

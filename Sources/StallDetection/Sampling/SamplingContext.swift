@@ -104,6 +104,7 @@ final class SamplingContext: @unchecked Sendable {
     /// Samples and unwinds one thread, naming nothing in full; `queue` is the
     /// watched queue's address, if known (``RawStack/runsQueue``).
     func sample(_ thread: Int32, queue: UInt? = nil) -> ThreadSample {
+        guard SamplingSupport.isAvailable else { return .failed(SamplingSupport.unavailable) }
         guard let mark = DetectorThreads.quietMark(thread) else { return .detectorWork }
         let sample = sampleAnyThread(thread, queue: queue)
         return DetectorThreads.stayedQuiet(thread, since: mark) ? sample : .detectorWork
@@ -291,6 +292,7 @@ final class SamplingContext: @unchecked Sendable {
     /// profile's samples before the threshold, which must not hold up the
     /// detector's looks).
     func find(target: StallDetector.Target, lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool) -> Search {
+        guard SamplingSupport.isAvailable else { return Search(found: nil, failure: SamplingSupport.unavailable) }
         if case .cooperativePool = target { return findPoolThreads() }
         let drained = queue.map(QueueDrainer.answer(for:)) ?? .unknown
         if case .thread(let drainer) = drained { return sampleDrainer(drainer, queue: queue) }

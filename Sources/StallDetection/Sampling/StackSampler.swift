@@ -60,7 +60,7 @@ final class StackSampler {
         #if !os(Linux)
         // Apple platforms: no sampler yet (the design it will follow is in the
         // article "Detecting hangs and stalls"); nothing here reads `/proc`.
-        return .unavailable("stack sampling is not supported on this platform")
+        return .unavailable(SamplingSupport.unavailableReason)
         #else
         var blockedLooks = 0
         var answeringLooks = 0
@@ -301,7 +301,7 @@ final class StackSampler {
         case Int(STALLCAPTURE_SIGNAL_FAILED):
             return .unavailable("cannot signal thread \(tid) (errno \(errorNumber))")
         case Int(STALLCAPTURE_UNSUPPORTED):
-            return .unavailable("stack sampling is not supported on this platform")
+            return .unavailable(SamplingSupport.unavailableReason)
         case Int(STALLCAPTURE_HANDLER_REPLACED):
             return .runningUnsampled(
                 "thread \(tid) runs user code and other code replaced the SIGPROF handler "
