@@ -15,7 +15,7 @@ struct RealConditionTests {
     /// stall in a release and a debug build of the helper.
     static var promisedRate: Double { ProbeRun.probeIsRelease ? 50 : 20 }
     /// The sampling budget, as a share of one core.
-    static var budget: Double { ProbeRun.probeIsRelease ? 0.02 : 0.04 }
+    static var budget: Double { ProbeRun.probeIsRelease ? 0.03 : 0.06 }
 
     /// The rate promised for a run: ``promisedRate``, unless the samples this run
     /// took cost more than the budget allows at that rate (their median, from the

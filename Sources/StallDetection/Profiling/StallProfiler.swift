@@ -44,7 +44,13 @@ final class StallProfiler: Sendable {
         var lastTaken: Int64?
         /// Samples in a row that found no thread (none known yet).
         var searchesWithoutThread = 0
+        /// Samples whose stacks were handed to be named ahead of `.started`.
+        var prefetched = 0
     }
+
+    /// How many of a session's first samples are named ahead of its `.started`
+    /// report: its functions, so that the report finds them named.
+    static let prefetchedSamples = 2
 
     /// What a session gathered, for its `.ended` event: its samples are named
     /// (``profile(of:)``) on the detector queue, never on the target's thread
@@ -332,9 +338,16 @@ final class StallProfiler: Sendable {
         let labels = found.flatMap {
             $0 == known ? nil : ActivityRecord.activities(ofThread: UInt64(UInt32(bitPattern: $0)))
         }
+        var prefetch = false
         let next = state.withLock { state -> (UInt64, Int64)? in
             guard !state.stopped, state.session?.generation == generation else { return nil }
             if let labels, state.session?.stall == nil { state.session?.activities = labels }
+            if frames != nil, frames != Self.unsampledRaw, state.session?.stall == nil,
+                let count = state.session?.prefetched, count < Self.prefetchedSamples
+            {
+                state.session?.prefetched = count + 1
+                prefetch = true
+            }
             state.session?.thread = found
             state.session?.searchesWithoutThread = found == nil ? misses + 1 : 0
             let stride = state.session?.recorder.stride ?? 1
@@ -351,6 +364,7 @@ final class StallProfiler: Sendable {
             refresh = dueRefresh(&state, now: taken)
             return (generation, nextTime)
         }
+        if prefetch, let frames { capture.prefetchNames(frames) }
         if let refresh { queue.async { self.writeRefresh(refresh) } }
         if Self.traced {
             SamplingTrace.sample(cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken })

@@ -173,6 +173,12 @@ final class SamplingContext: @unchecked Sendable {
             isTruncated: raw.copyTruncated && !StackShape.reachesRoot(frames))
     }
 
+    /// Starts naming a sampled stack in full in the background (see
+    /// ``Symbolicator/prefetch(_:)``); returns at once.
+    func prefetchNames(_ frames: [RawFrame]) {
+        symbolicator.prefetch(frames)
+    }
+
     /// Names sampled stacks in full, for a profile: the frames found only by a
     /// scan go first unless the chain does not reach the root (as in a report).
     func names(_ stacks: [[RawFrame]]) -> [[StackFrame]] {

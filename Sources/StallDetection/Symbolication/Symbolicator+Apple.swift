@@ -54,6 +54,9 @@ final class Symbolicator: Sendable {
     /// No names without debug symbols: every function is unnamed.
     func functionNames(_ keys: [Key]) -> [String?] { keys.map { _ in nil } }
 
+    /// Nothing to name ahead of time here: `dladdr` reads no debug information.
+    func prefetch(_ raw: [RawFrame]) {}
+
     func symbolicate(_ raw: [RawFrame]) -> [StackFrame] {
         raw.map { frame in
             if let cached = cache.withLock({ $0[frame.address] }) { return cached.with(isUncertain: frame.isUncertain) }

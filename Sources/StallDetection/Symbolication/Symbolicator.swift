@@ -1,3 +1,5 @@
+import Dispatch
+
 #if os(Linux)
 // The toolchain's `Runtime` module: built for Linux and macOS only, and on macOS
 // available from macOS 26 (above this package's floor). Apple platforms use the
@@ -201,6 +203,18 @@ final class Symbolicator: Sendable {
             }
             return frames
         }
+    }
+
+    /// Names `raw`'s addresses not named yet, in full, on a utility-priority
+    /// worker (then the symbolication thread), and returns at once: a stall's
+    /// first samples are named while it lasts, before its `.started` report needs
+    /// the same functions, so that the report is not held up by reading debug
+    /// information for the first time. Unique addresses only; nothing is done
+    /// when every address is cached.
+    func prefetch(_ raw: [RawFrame]) {
+        let keys = raw.enumerated().map { Key(address: $0.element.address, isReturnAddress: $0.offset > 0) }
+        guard state.withLock({ state in keys.contains { state.cache[$0] == nil } }) else { return }
+        DispatchQueue.global(qos: .utility).async { [self] in _ = symbolicate(raw) }
     }
 
     /// The names of the functions at `keys`, without inlined frames or source
