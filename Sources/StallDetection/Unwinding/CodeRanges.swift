@@ -12,9 +12,24 @@ struct CodeRanges: Sendable {
     /// The main executable's text, whose symbol table is complete.
     let executableText: [Range]
 
+    /// The lowest and highest address of any executable mapping: most words of a
+    /// stack (zeros, counts, flags) lie outside and are rejected at once, which
+    /// matters to the unwinder's scans (every word of a stack copy is asked).
+    private let lowest: UInt
+    private let highest: UInt
+
+    init(text: [Range], fileText: [Range], executableText: [Range]) {
+        self.text = text
+        self.fileText = fileText
+        self.executableText = executableText
+        lowest = text.first?.start ?? .max
+        highest = text.map(\.end).max() ?? 0
+    }
+
     /// Whether `address` lies in an executable mapping, with the 7 bytes before it
     /// (where the call instruction would be) in the same mapping.
     func isText(_ address: UInt) -> Bool {
+        guard address >= lowest, address < highest else { return false }
         var low = 0
         var high = text.count
         while low < high {
