@@ -12,7 +12,8 @@
 #       `stall-server-probe`, a process the size of a server (SwiftNIO linked and
 #       running, that many idle threads): samples per second, A : B, whether the
 #       stack was there, `.started` after the threshold (ms), the detector's threads'
-#       CPU over the stall (% of a core) and start-up CPU (ms)
+#       CPU over the stall (% of a core) and start-up CPU (ms); both modes print the
+#       longest gap between two samples of the stall (ms)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}
@@ -42,18 +43,20 @@ fi
 measure() {  # measure <label> <helper>
     for _ in $(seq "$runs"); do
         if [ "$server" = 1 ]; then
-            timeout 60 "$2" --threads "$threads" --target "$target" 2>&1 | awk -v label="$1" '
-                / RUN / || /^RUN / {
+            STALLDETECTION_TRACE=1 timeout 60 "$2" --threads "$threads" --target "$target" 2>&1 | awk -v label="$1" '
+                /^stalldetection sample/ && $5 == 1 { if (last) { gap = ($7 - last) / 1000; if (gap > maxgap) maxgap = gap }; last = $7 }
+                /^RUN / {
                     for (i = 1; i < NF; i++) v[$i] = $(i + 1)
-                    printf "%-28s %4d samples  %6.1f /s  A %3d : B %3d  stack %d  started +%s ms  detector %s %% of a core  start-up %s ms\n",
-                        label, v["samples"], v["samples"] / 0.9, v["A"], v["B"], v["stack"], v["started"], v["detectorCPU"], v["startCPU"]
+                    printf "%-28s %4d samples  %6.1f /s  A %3d : B %3d  stack %d  started +%s ms  detector %s %% of a core  start-up %s ms  longest gap %.0f ms\n",
+                        label, v["samples"], v["samples"] / 0.9, v["A"], v["B"], v["stack"], v["started"], v["detectorCPU"], v["startCPU"], maxgap
                 }'
         else
             STALLDETECTION_TRACE=1 timeout 30 "$2" "$scenario" 2>&1 | awk -v label="$1" '
                 /^stalldetection sample/ { cpu += $3 - $4; n++ }
+                /^stalldetection sample/ && $5 == 1 { if (last) { gap = ($7 - last) / 1000; if (gap > maxgap) maxgap = gap }; last = $7 }
                 /^FIRSTSTALL ended/ { samples = $3; a = $4; b = $5 }
-                END { printf "%-28s %4d samples  %6.1f /s  A %3d : B %3d  sampler %.2f %% of a core (%d samples traced)\n",
-                      label, samples, samples / 0.9, a, b, cpu / 1000 / 900 * 100, n }'
+                END { printf "%-28s %4d samples  %6.1f /s  A %3d : B %3d  sampler %.2f %% of a core (%d samples traced)  longest gap %.0f ms\n",
+                      label, samples, samples / 0.9, a, b, cpu / 1000 / 900 * 100, n, maxgap }'
         fi
     done
 }

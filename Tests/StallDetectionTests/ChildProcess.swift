@@ -121,12 +121,12 @@ struct ProbeRun {
         return line.split(separator: " ").dropFirst().compactMap { Double($0) }
     }
 
-    /// The `stalldetection sample <cost µs> <naming µs> <kept> <next µs>` lines
+    /// The `stalldetection sample <cost µs> <naming µs> <kept> <next µs> <taken at µs>` lines
     /// of a traced run.
     var tracedSamples: [(cost: Double, naming: Double, kept: Bool)] {
         lines.compactMap { line in
             let fields = line.split(separator: " ")
-            guard fields.count == 6, fields[0] == "stalldetection", fields[1] == "sample",
+            guard fields.count >= 6, fields[0] == "stalldetection", fields[1] == "sample",
                 let cost = Double(fields[2]), let naming = Double(fields[3])
             else { return nil }
             return (cost, naming, fields[4] == "1")

@@ -367,7 +367,8 @@ final class StallProfiler: Sendable {
         if prefetch, let frames { capture.prefetchNames(frames) }
         if let refresh { queue.async { self.writeRefresh(refresh) } }
         if Self.traced {
-            SamplingTrace.sample(cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken })
+            SamplingTrace.sample(
+                cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken }, taken: taken)
         }
         if let (generation, at) = next { schedule(generation: generation, at: at, now: Monotonic.now()) }
     }
