@@ -280,17 +280,16 @@ final class SamplingContext: @unchecked Sendable {
         return BlockedThread(backtrace: named, samples: samples, activities: activities)
     }
 
-    /// Finds the thread that runs the target's job, naming nothing in full. When
-    /// the watched serial queue is known (`queue`, from the probes' answers),
-    /// libdispatch's drain lock names its thread (``QueueDrainer``), whatever the
-    /// number of threads: that thread is taken; when it says no thread drains the
-    /// queue, only the likely threads below are looked at. Otherwise: the
-    /// main thread for the main run loop; for a custom executor, see
-    /// `findCustomExecutorThread`; for the pool, every thread running a Swift
-    /// job; otherwise the first thread seen running a job of the watched queue,
+    /// Finds the thread that runs the target's job, naming nothing in full. For
+    /// the pool, every dispatch worker running a Swift job. When the watched
+    /// serial queue is known (`queue`, from the probes' answers), libdispatch's
+    /// drain lock names its thread (``QueueDrainer``), whatever the number of
+    /// threads: that thread is taken; when it says no thread drains the queue,
+    /// none is (the failure says so). Otherwise (no queue, or a drain lock that
+    /// cannot be read): the main thread for the main run loop; for a custom
+    /// executor, see `findCustomExecutorThread`; otherwise the first thread seen running a job of the watched queue,
     /// among the candidates in order (the main thread for the main queue, the
-    /// thread that answered the last probe, then, only where the drain lock
-    /// cannot be read, every other thread). A thread
+    /// thread that answered the last probe, then every other thread). A thread
     /// running another queue's job (a worker that answered this queue's probe
     /// earlier) is never taken: `queue`, the watched queue's address, tells them
     /// apart. When none is found, `failure` says why: never another thread's
@@ -300,11 +299,18 @@ final class SamplingContext: @unchecked Sendable {
     func find(target: StallDetector.Target, lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool) -> Search {
         guard SamplingSupport.isAvailable else { return Search(found: nil, failure: SamplingSupport.unavailable) }
         if case .cooperativePool = target { return findPoolThreads() }
-        let drained = queue.map(QueueDrainer.answer(for:)) ?? .unknown
-        if case .thread(let drainer) = drained { return sampleDrainer(drainer, queue: queue) }
+        switch queue.map(QueueDrainer.answer(for:)) ?? .unknown {
+        case .thread(let drainer):
+            return sampleDrainer(drainer, queue: queue)
+        case .noThread:
+            // libdispatch says no thread runs the queue's job: any thread's stack
+            // would be another target's.
+            return Search(found: nil, failure: Self.noJobFound(firstFailure: nil, otherJobs: 0))
+        case .unknown:
+            break
+        }
         if case .custom = target {
-            return findCustomExecutorThread(
-                lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly || drained == .noThread)
+            return findCustomExecutorThread(lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly)
         }
         let mainThread = ProcessFacts.mainThreadID
         var candidates: [Int32] = []
@@ -338,9 +344,7 @@ final class SamplingContext: @unchecked Sendable {
         if let raw = look(candidates, alone: alone, candidates: true) {
             return Search(found: raw, failure: .unavailable(""))
         }
-        // Other threads are looked at only when the queue's drain lock cannot be
-        // read: when it can, no thread drains the queue now.
-        if target.usesHeartbeat && !candidatesOnly && drained == .unknown,
+        if target.usesHeartbeat && !candidatesOnly,
             let raw = look(otherThreads(excluding: candidates), alone: false, candidates: false)
         {
             return Search(found: raw, failure: .unavailable(""))
