@@ -11,7 +11,8 @@ import Darwin
 ///     stalldetection sample <cost µs> <naming µs> <kept 0|1> <next in µs> <taken at µs>
 ///
 /// its CPU cost on the sampling thread (capture and unwinding, and the part
-/// of it spent naming functions by their symbols for the first time), whether it
+/// of it done once: naming functions by their symbols for the first time, the
+/// sampler's first sample), whether it
 /// joined the profile, when the next sample is due, and when this one was taken
 /// (monotonic clock), from which gaps between samples are read. The stall probe's
 /// `first-stall` scenario and `Benchmarks/stall-rates.sh` read these lines.

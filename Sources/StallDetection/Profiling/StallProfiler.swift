@@ -70,7 +70,8 @@ final class StallProfiler: Sendable {
         /// pushes it back.
         var earlyLook: DelayedWork?
         var stopped = false
-        /// CPU time for naming new code that is not charged to the pace.
+        /// CPU time for work done once (naming new code, the first sample) that
+        /// is not charged to the pace.
         var namingAllowance = StallProfiler.namingAllowance
     }
 
@@ -325,11 +326,11 @@ final class StallProfiler: Sendable {
         guard let (known, reported, misses) = look else { return }
         let start = Monotonic.now()
         let cpuBefore = Self.threadCPU()
-        let namingBefore = capture.namingCost
+        let namingBefore = capture.oneTimeCost
         // Every other search after the likely threads missed tries every thread.
         let (frames, found) = take(known: known, everyThread: reported || misses % 2 == 1)
         let cost = Self.threadCPU() - cpuBefore
-        let naming = max(0, min(cost, capture.namingCost - namingBefore))
+        let naming = max(0, min(cost, capture.oneTimeCost - namingBefore))
         let taken = Monotonic.now()
         var refresh: Gathered?
         // The labels of a thread the profile follows for the first time: a stall
@@ -352,9 +353,10 @@ final class StallProfiler: Sendable {
             state.session?.searchesWithoutThread = found == nil ? misses + 1 : 0
             let stride = state.session?.recorder.stride ?? 1
             if let frames { Self.add(frames, at: taken, interval: state.pace.interval(stride: stride), to: &state) }
-            // Naming functions never seen before by their symbols (tens of
-            // microseconds each, then cached for good) is paid from a one-time
-            // allowance first, and charged only beyond it.
+            // Work done once (naming functions never seen before by their
+            // symbols, tens of microseconds each, then cached for good; the
+            // context's first sample) is paid from a one-time allowance first,
+            // and charged only beyond it.
             let forgiven = min(naming, state.namingAllowance)
             state.namingAllowance -= forgiven
             let charged = cost - forgiven + Self.overheadPerSample

@@ -26,9 +26,12 @@ final class SamplingContext: @unchecked Sendable {
     private var codeGeneration = 0
     /// What the function at each address says about its thread.
     private var kinds: [Symbolicator.Key: FrameKind] = [:]
-    /// CPU nanoseconds this context spent naming addresses seen for the first
-    /// time (in full, or by their symbols).
-    private(set) var namingCost: Int64 = 0
+    /// CPU nanoseconds this context spent on work done once: naming addresses
+    /// seen for the first time (in full, or by their symbols), and its first
+    /// sample (the sampler set up, the stack's calls decoded for the first time:
+    /// 4–18 ms in a debug build, which would otherwise empty the sampling budget
+    /// and pause the first stall's profile for a quarter of a second).
+    private(set) var oneTimeCost: Int64 = 0
 
     init(symbolicator: Symbolicator = .shared) {
         self.symbolicator = symbolicator
@@ -106,6 +109,8 @@ final class SamplingContext: @unchecked Sendable {
     func sample(_ thread: Int32, queue: UInt? = nil) -> ThreadSample {
         guard SamplingSupport.isAvailable else { return .failed(SamplingSupport.unavailable) }
         guard let mark = DetectorThreads.quietMark(thread) else { return .detectorWork }
+        let firstSample = sampler == nil ? StallProfiler.threadCPU() : nil
+        defer { if let firstSample { oneTimeCost += StallProfiler.threadCPU() - firstSample } }
         let sample = sampleAnyThread(thread, queue: queue)
         return DetectorThreads.stayedQuiet(thread, since: mark) ? sample : .detectorWork
     }
@@ -167,7 +172,7 @@ final class SamplingContext: @unchecked Sendable {
     func name(_ raw: RawStack) -> StallBacktrace {
         let before = StallProfiler.threadCPU()
         let frames = StackShape.prune(Self.markSignalFrames(symbolicator.symbolicate(raw.frames), raw: raw.frames))
-        namingCost += StallProfiler.threadCPU() - before
+        oneTimeCost += StallProfiler.threadCPU() - before
         return StallBacktrace(
             frames: frames, threadID: Self.reportedID(raw.thread), unavailableReason: nil,
             isTruncated: raw.copyTruncated && !StackShape.reachesRoot(frames))
@@ -184,7 +189,7 @@ final class SamplingContext: @unchecked Sendable {
     func names(_ stacks: [[RawFrame]]) -> [[StackFrame]] {
         let before = StallProfiler.threadCPU()
         let named = stacks.map { StackShape.prune(Self.markSignalFrames(symbolicator.symbolicate($0), raw: $0)) }
-        namingCost += StallProfiler.threadCPU() - before
+        oneTimeCost += StallProfiler.threadCPU() - before
         return named
     }
 
@@ -235,7 +240,7 @@ final class SamplingContext: @unchecked Sendable {
         if !missing.isEmpty {
             let before = StallProfiler.threadCPU()
             let names = symbolicator.functionNames(missing)
-            namingCost += StallProfiler.threadCPU() - before
+            oneTimeCost += StallProfiler.threadCPU() - before
             if kinds.count > 100_000 { kinds.removeAll() }
             for (key, name) in zip(missing, names) { kinds[key] = FrameKind(name: name) }
         }
