@@ -15,3 +15,14 @@ extension stat {
         #endif
     }
 }
+
+/// File facts read with `lstat`, spelled once per platform.
+enum FileStatus {
+    /// When the file at `path` last changed, in seconds since 1970; nil when it
+    /// cannot be read.
+    static func modificationTime(atPath path: String) -> time_t? {
+        var status = stat()
+        guard lstat(path, &status) == 0 else { return nil }
+        return status.modificationTime
+    }
+}
