@@ -191,8 +191,10 @@ public final class StallDetector: Sendable {
     ///     stalled executor could not do). A slow handler delays only the events
     ///     after it. Once ``stop()`` has returned the handler is not running and is
     ///     not called again (``stop()`` waits for a call in progress, unless called
-    ///     from the handler, and drops calls not begun: the stream still yields
-    ///     those events). Default: nil.
+    ///     from this detector's handler, and drops calls not begun: the stream
+    ///     still yields those events). Called from another detector's handler,
+    ///     ``stop()`` waits for this handler like any caller, so two handlers that
+    ///     stop each other's detectors can wait for each other. Default: nil.
     public convenience init(
         target: Target,
         threshold: Duration = .milliseconds(250),

@@ -12,16 +12,20 @@ final class StallEventOutlet: Sendable {
     /// Set by ``finish()``: a call handed over before it and not begun is dropped.
     private let finished = Atomic<Bool>(false)
 
-    /// Marks the handler's queue, so that ``finish()`` called from a handler does
-    /// not wait for itself.
-    private static let onHandlerQueue = DispatchSpecificKey<Bool>()
+    /// Marks this outlet's handler queue, so that ``finish()`` called from this
+    /// outlet's handler does not wait for itself (and called from another
+    /// detector's handler, does wait).
+    private let mark: HandlerQueueMark
+    private static let handlerQueueMark = DispatchSpecificKey<HandlerQueueMark>()
 
     init(continuation: AsyncStream<StallEvent>.Continuation, handler: (@Sendable (StallEvent) -> Void)?) {
         self.continuation = continuation
         self.handler = handler
+        let mark = HandlerQueueMark()
+        self.mark = mark
         handlerQueue = handler.map { _ in
             let queue = DispatchQueue(label: "StallDetector.onEvent", qos: .userInitiated)
-            queue.setSpecific(key: Self.onHandlerQueue, value: true)
+            queue.setSpecific(key: Self.handlerQueueMark, value: mark)
             return queue
         }
     }
@@ -36,14 +40,19 @@ final class StallEventOutlet: Sendable {
     }
 
     /// Ends the stream; calls handed to the handler and not begun are dropped,
-    /// and a call in progress is waited for (unless this is called from the
-    /// handler): once it returns, the handler is not running (on another thread)
-    /// and is not called again. Called once nothing more is published.
+    /// and a call in progress is waited for (unless this is called from this
+    /// outlet's handler; from another detector's handler it waits): once it
+    /// returns, the handler is not running (on another thread) and is not called
+    /// again. Called once nothing more is published.
     func finish() {
         continuation.finish()
         finished.store(true, ordering: .releasing)
-        if let handlerQueue, DispatchQueue.getSpecific(key: Self.onHandlerQueue) != true {
+        if let handlerQueue, DispatchQueue.getSpecific(key: Self.handlerQueueMark) !== mark {
             handlerQueue.sync {}
         }
     }
 }
+
+/// The value that marks one outlet's handler queue: compared by identity, so
+/// each detector's queue is told from every other's.
+private final class HandlerQueueMark: Sendable {}
