@@ -52,6 +52,29 @@ struct EventOutletTests {
         a.finish()
     }
 
+    @Test("finish() drops calls not begun, except an .ended whose .started the handler got, which it makes first")
+    func finishKeepsTheEndOfAStallTheHandlerSaw() {
+        let entered = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        let handled = Locked<[String]>([])
+        let outlet = Self.outlet { event in
+            if event.id == 1 && event.phase == .started {
+                entered.signal()
+                release.wait()
+            }
+            handled.withLock { $0.append("\(event.id) \(event.phase)") }
+        }
+        outlet.publish(Self.event(1, .started))
+        #expect(entered.wait(timeout: .now() + 10) == .success)
+        // Handed over while the handler is busy with 1's .started, not begun at finish():
+        outlet.publish(Self.event(1, .ended))
+        outlet.publish(Self.event(2, .started))
+        outlet.publish(Self.event(2, .ended))
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(50)) { release.signal() }
+        outlet.finish()
+        #expect(handled.withLock { $0 } == ["1 started", "1 ended"])
+    }
+
     @Test("finish() called from the outlet's own handler returns, and the handler is not called again")
     func finishFromOwnHandlerReturns() {
         let calls = Locked(0)
