@@ -57,7 +57,7 @@ public final class StallTracer: Sendable {
     /// same way at `.ended`.
     ///
     /// A detector stopped during a stall ends it with an `.ended` event marked
-    /// ``StallDetection/StallEvent/endedByStop`` (the time blocked until the stop): the stall's
+    /// `StallEvent.endedByStop` (the time blocked until the stop): the stall's
     /// span and the "stall ended" events then end there, with the attribute
     /// `stall.ended_by_stop` set to true, and later requests on that target (on a
     /// detector started again with the same target too) see no stall going on.
