@@ -55,6 +55,12 @@ public final class StallTracer: Sendable {
     /// "stall ended" event, and a span for the whole stall is recorded. A
     /// detector that saw a stall only at its end (no `.started`) is recorded the
     /// same way at `.ended`.
+    ///
+    /// A detector stopped during a stall ends it with an `.ended` event marked
+    /// `StallEvent.endedByStop` (the time blocked until the stop): the stall's
+    /// span and the "stall ended" events then end there, with the attribute
+    /// `stall.ended_by_stop` set to true, and later requests on that target (on a
+    /// detector started again with the same target too) see no stall going on.
     public func record(_ event: StallEvent) {
         let now = DefaultTracerClock.now.nanosecondsSinceEpoch
         // A `.started` event is handed over once the stack is sampled, that long
@@ -137,6 +143,7 @@ public final class StallTracer: Sendable {
             "\($0.name) (\($0.samples) samples)"
         }
         if !event.activities.isEmpty { span.attributes["stall.activities"] = event.activities }
+        if event.endedByStop { span.attributes["stall.ended_by_stop"] = true }
         span.end(at: Instant(endNanoseconds))
     }
 
@@ -147,6 +154,7 @@ public final class StallTracer: Sendable {
         attributes[event.phase == .ended ? "stall.duration_ms" : "stall.blocked_ms"] =
             Int(self.nanoseconds(event.duration) / 1_000_000)
         if !event.activities.isEmpty { attributes["stall.activities"] = event.activities }
+        if event.endedByStop { attributes["stall.ended_by_stop"] = true }
         return SpanEvent(name: name, at: Instant(nanoseconds), attributes: attributes)
     }
 

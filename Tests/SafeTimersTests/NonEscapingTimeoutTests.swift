@@ -11,10 +11,12 @@ private final class RequestState {
 }
 
 /// A middleware shaped like a server framework's: `next` is non-escaping and not
-/// `@Sendable`, and captures non-`Sendable` state.
+/// `@Sendable`, and captures non-`Sendable` state. It is `nonisolated(nonsending)`,
+/// as the operation is: a plain nonisolated async `next` (which runs on the global
+/// executor) could not be handed the caller's non-`Sendable` state from it.
 private func guarded(
     timeout: Duration, scheduler: any TimerScheduler, state: RequestState,
-    next: (RequestState) async throws -> String
+    next: nonisolated(nonsending) (RequestState) async throws -> String
 ) async throws -> String {
     try await withTimeout(timeout, scheduler: scheduler) {
         state.steps.append("before")

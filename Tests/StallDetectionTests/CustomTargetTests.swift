@@ -164,7 +164,9 @@ extension StallDetectorInProcessTests {
             detector.stop()
             let elapsed = ContinuousClock.now - began
             let events = await collector.finish()
-            #expect(events.map(\.phase) == [.started], "\(events)")
+            // The stop ends the stall it cut short.
+            #expect(events.map(\.phase) == [.started, .ended], "\(events)")
+            #expect(events.last?.endedByStop == true)
             #expect(events.first?.backtrace.unavailableReason?.contains("no probe has run yet") == true)
             // One post a heartbeat (40 in 400 ms), not a flood; a loaded machine
             // samples the first stall late, so the bound follows the time it ran.
@@ -190,7 +192,9 @@ extension StallDetectorInProcessTests {
                 usleep(100_000)
                 detector.stop()
                 let events = await collector.finish()
-                #expect(events.map(\.phase) == [.started], "\(events)")
+                // The stop ends the stall it cut short.
+                #expect(events.map(\.phase) == [.started, .ended], "\(events)")
+                #expect(events.last?.endedByStop == true)
             }
             #expect(weakDetector == nil)
             #expect(kept.withLock { $0.count } == 1, "one probe outstanding at a time")
@@ -219,7 +223,9 @@ extension StallDetectorInProcessTests {
             #expect(Monotonic.now() - stopped < 200_000_000, "stop did not wait for `post`")
             gate.signal()
             let events = await collector.finish()
-            #expect(events.map(\.phase) == [.started], "\(events)")
+            // The stop ends the stall it cut short.
+            #expect(events.map(\.phase) == [.started, .ended], "\(events)")
+            #expect(events.last?.endedByStop == true)
         }
 
         @Test("a `post` that stops the detector from inside: no deadlock, the stream ends")

@@ -242,10 +242,11 @@ struct DetectorMachineTests {
             Issue.record("owed from the continue on: a stall 300 ms later")
             return
         }
-        let wasRunning = machine.stop()
-        #expect(wasRunning)
-        let stoppedTwice = machine.stop()
-        #expect(!stoppedTwice)
+        let stopped = machine.stop(at: 1_350 * ms)
+        #expect(stopped.wasRunning)
+        #expect(stopped.cutShort == nil, "a stall being sampled emitted nothing, and ends with nothing")
+        let stoppedTwice = machine.stop(at: 1_360 * ms)
+        #expect(!stoppedTwice.wasRunning)
         let answer = machine.answered(at: 1_400 * ms, thread: 7, queue: 1)
         #expect(answer == nil)
         let activity = machine.activity(at: 1_400 * ms, idle: false)
@@ -255,6 +256,41 @@ struct DetectorMachineTests {
         let slot = machine.claimPostSlot()
         #expect(!slot)
         #expect(!machine.owesAnswer)
+    }
+
+    @Test("a stop during a reported stall ends it: the time blocked until the stop, the stack .started showed")
+    func stopEndsAReportedStall() throws {
+        var machine = running()
+        guard case (.sample(let decision), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        _ = machine.sampled(
+            decision, reported: sample, samples: [7: sample], samplingTime: ms, confirmed: true, suppressed: false)
+        let stopped = machine.stop(at: 900 * ms)
+        #expect(stopped.wasRunning)
+        guard case .ended(let id, let duration, let backtrace, let sampling)? = stopped.cutShort else {
+            Issue.record("expected the stall cut short, got \(String(describing: stopped.cutShort))")
+            return
+        }
+        #expect(id == decision.id)
+        #expect(duration == 900 * ms - (300 * ms - decision.duration), "from the stall's start to the stop")
+        #expect(backtrace.threadID == 7 && sampling == ms)
+        let again = machine.stop(at: 1_000 * ms)
+        #expect(!again.wasRunning && again.cutShort == nil, "ended once")
+    }
+
+    @Test("a stop during a stall reported to nobody (a debugger attached) ends nothing")
+    func stopDuringASuppressedStall() {
+        var machine = running()
+        guard case (.sample(let decision), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        _ = machine.sampled(
+            decision, reported: sample, samples: [:], samplingTime: ms, confirmed: true, suppressed: true)
+        let stopped = machine.stop(at: 900 * ms)
+        #expect(stopped.wasRunning && stopped.cutShort == nil)
     }
 
     @Test("the run loop: started inside a pass, the pass is watched; asleep, nothing is owed")
@@ -370,7 +406,7 @@ private struct RandomRun {
             }
             if !settled { problems.append("\(at): still open after its answer") }
         }
-        _ = machine.stop()
+        if case .ended(let id, _, _, _)? = machine.stop(at: now).cutShort { ended.insert(id) }
         if !started.isSubset(of: ended) { problems.append("started, never ended: \(started.subtracting(ended))") }
     }
 

@@ -87,6 +87,41 @@ extension StallDetectorInProcessTests {
             #expect(run.handledAfterStop == 0)
         }
 
+        @Test(
+            "stop() during a stall ends it with .ended marked endedByStop, last in the stream, to the handler before stop() returns"
+        )
+        func stopDuringAStall() async {
+            let queue = DispatchQueue(label: "test.onEvent.cutShort")
+            let release = Locked(false)
+            let handled = Locked<[StallEvent]>([])
+            let detector = StallDetector(
+                target: .custom(name: "onEvent cut short") { probe in queue.async(execute: probe) },
+                threshold: .milliseconds(100), heartbeat: .milliseconds(10),
+                onEvent: { event in handled.withLock { $0.append(event) } })
+            let collector = StallDetectorInProcessTests.CustomTargetTests.Collector(detector)
+            detector.start()
+            usleep(50_000)
+            queue.async {
+                while !release.withLock({ $0 }) { usleep(1_000) }
+            }
+            await waitUntil { handled.withLock { $0.contains { $0.phase == .started } } }
+            detector.stop()
+            let atStop = handled.withLock { $0 }
+            release.withLock { $0 = true }
+            let streamed = await collector.finish()
+            try? await Task.sleep(for: .milliseconds(100))
+            let started = atStop.first { $0.phase == .started }
+            #expect(started != nil, "\(atStop)")
+            let last = atStop.last
+            #expect(last?.phase == .ended && last?.endedByStop == true, "\(atStop)")
+            #expect(last?.id == started?.id)
+            #expect((last?.duration ?? .zero) >= .milliseconds(100), "blocked at least the threshold until the stop")
+            #expect(atStop.filter(\.endedByStop).count == 1)
+            #expect(streamed.map(\.id) == atStop.map(\.id))
+            #expect(streamed.last?.endedByStop == true)
+            #expect(handled.withLock { $0.count } == atStop.count, "nothing after stop()")
+        }
+
         @Test("stop() called from the handler returns, and the handler is not called again")
         func stopFromTheHandler() async {
             let queue = DispatchQueue(label: "test.onEvent.stop")

@@ -1,4 +1,5 @@
 import Dispatch
+import Foundation
 import InMemoryTracing
 import Testing
 import Tracing
@@ -33,6 +34,7 @@ struct StallTracerTests {
     func attribute(_ attributes: SpanAttributes, _ key: String) -> String? {
         switch attributes[key]?.toSpanAttribute() {
         case .int64(let value): return "\(value)"
+        case .bool(let value): return "\(value)"
         case .string(let value): return value
         case .stringArray(let values): return values.joined(separator: "; ")
         case let other?: return "\(other)"
@@ -127,5 +129,52 @@ struct StallTracerTests {
         #expect(spans.first { $0.operationName == "GET /a" }?.events.map(\.name) == ["stall ended"])
         #expect(spans.first { $0.operationName == "GET /b" }?.events.isEmpty == true)
         #expect(spans.contains { $0.operationName == "stall: event loop 0" })
+    }
+
+    @Test(
+        "a detector stopped mid-stall closes the stall: its span ends cut short, later requests on the target see no stall"
+    )
+    func detectorStoppedDuringAStall() async throws {
+        let tracer = InMemoryTracer()
+        let stalls = StallTracer(tracer: tracer)
+        let queue = DispatchQueue(label: "test.tracer.cutShort")
+        let release = Locked(false)
+        let started = Locked(false)
+        let detector = StallDetector(
+            target: .custom(name: "event loop 7") { probe in queue.async(execute: probe) },
+            threshold: .milliseconds(100), heartbeat: .milliseconds(10),
+            onEvent: { event in
+                stalls.record(event)
+                if event.phase == .started { started.withLock { $0 = true } }
+            })
+        let request = tracer.startSpan("GET /during")
+        try await stalls.withSpan(request, inFlightOn: detector) {
+            detector.start()
+            try await Task.sleep(for: .milliseconds(50))
+            queue.async {
+                while !release.withLock({ $0 }) { usleep(1_000) }
+            }
+            let deadline = ContinuousClock.now + .seconds(20)
+            while !started.withLock({ $0 }) && ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(10))
+            }
+            detector.stop()
+        }
+        request.end()
+        release.withLock { $0 = true }
+        // The same target, later (a detector started again under the same name).
+        let later = tracer.startSpan("GET /after")
+        await stalls.withSpan(later, inFlightOn: "event loop 7") {}
+        later.end()
+
+        let spans = tracer.finishedSpans
+        #expect(started.withLock { $0 }, "no stall was reported")
+        let during = try #require(spans.first { $0.operationName == "GET /during" })
+        #expect(during.events.map(\.name) == ["stall started", "stall ended"])
+        #expect(during.events.last.map { attribute($0.attributes, "stall.ended_by_stop") } == "true")
+        #expect(spans.first { $0.operationName == "GET /after" }?.events.isEmpty == true)
+        let stallSpan = try #require(spans.first { $0.operationName == "stall: event loop 7" })
+        #expect(attribute(stallSpan.attributes, "stall.ended_by_stop") == "true")
+        #expect(attribute(stallSpan.attributes, "stall.duration_ms").flatMap { Int($0) }.map { $0 >= 100 } == true)
     }
 }

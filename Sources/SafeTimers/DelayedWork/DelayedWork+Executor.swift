@@ -17,7 +17,9 @@ extension DelayedWork {
     /// object share a task per 16, enqueued in deadline order (so they run in that order on an executor that
     /// runs its jobs in the order they come, as event loops and actors do). Under a `ManualTimerScheduler`
     /// `work` runs inside `advance(by:)` instead. The primitive keeps `executor` alive for as long as it
-    /// exists, as it keeps a queue.
+    /// exists, as it keeps a queue. An executor that never runs its jobs (a
+    /// SwiftNIO event loop that has shut down) is covered in
+    /// <doc:ChoosingATimer#Where-handlers-run>: no crash, and `cancel()` returns.
     ///
     /// Everything else is as in ``schedule(after:on:scheduler:_:)``.
     public static func schedule(

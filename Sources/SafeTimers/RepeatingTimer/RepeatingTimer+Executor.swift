@@ -15,7 +15,9 @@ extension RepeatingTimer {
     /// object share a task per 16, enqueued in deadline order (so they run in that order on an executor that
     /// runs its jobs in the order they come, as event loops and actors do). Under a `ManualTimerScheduler`
     /// the handler runs inside `advance(by:)` instead. The primitive keeps `executor` alive for as long as it
-    /// exists, as it keeps a queue.
+    /// exists, as it keeps a queue. An executor that never runs its jobs (a
+    /// SwiftNIO event loop that has shut down) is covered in
+    /// <doc:ChoosingATimer#Where-handlers-run>: no crash, and `cancel()` returns.
     ///
     /// Everything else is as in
     /// ``init(interval:leeway:repetitions:firesImmediately:missedTicks:queue:scheduler:handler:)``.

@@ -65,10 +65,15 @@ public struct TimeoutError: Error, Sendable, Hashable, CustomStringConvertible {
 /// }
 /// ```
 ///
-/// That is safe because the caller is suspended in `withTimeout` for as long
-/// as the operation runs (nothing else touches what it captures), and an
-/// operation written in an actor's method runs on that actor, as it would
-/// inline (an isolated async closure switches to its actor when called).
+/// The operation runs in the caller's isolation, as it would inline: it is
+/// `nonisolated(nonsending)`, and its child task runs it on `isolation`. In an
+/// actor's method it runs on that actor (on the actor's executor, a custom one
+/// too) whether or not it names `self`, so it may touch what the actor's code
+/// may touch; in a nonisolated function it runs on the global executor. That is
+/// safe because the caller is suspended in `withTimeout` for as long as the
+/// operation runs, and the operation runs where the caller's own code would.
+/// An operation that must not run on the caller's actor says so:
+/// `withTimeout(.seconds(1)) { @concurrent in try await crunch() }`.
 ///
 /// The deadline is kept by `scheduler`, so under a `ManualTimerScheduler` the
 /// timeout happens exactly when the test advances past it (once the deadline is
@@ -77,15 +82,15 @@ public struct TimeoutError: Error, Sendable, Hashable, CustomStringConvertible {
 /// - Parameters:
 ///   - timeout: The time limit.
 ///   - scheduler: The scheduler that keeps the deadline.
-///   - isolation: The caller's isolation, inherited by the task group, so
+///   - isolation: The caller's isolation: the operation runs there, and
 ///     calling `withTimeout` does not hop away from the caller's actor.
-///   - operation: The work to limit; it runs in a child task, and need not be
-///     escaping or `Sendable`.
+///   - operation: The work to limit; it runs in a child task, in the caller's
+///     isolation, and need not be escaping or `Sendable`.
 public func withTimeout<Result: Sendable>(
     _ timeout: Duration,
     scheduler: any TimerScheduler = SystemTimerScheduler.shared,
     isolation: isolated (any Actor)? = #isolation,
-    operation: () async throws -> Result
+    operation: nonisolated(nonsending) () async throws -> Result
 ) async throws -> Result {
     let engine = scheduler.engine
     let deadline = DeadlineArithmetic.deadline(now: engine.nowTicks, after: timeout)
@@ -106,7 +111,7 @@ public func withTimeout<Result: Sendable>(
     until deadline: TimerClock.Instant,
     scheduler: any TimerScheduler = SystemTimerScheduler.shared,
     isolation: isolated (any Actor)? = #isolation,
-    operation: () async throws -> Result
+    operation: nonisolated(nonsending) () async throws -> Result
 ) async throws -> Result {
     let engine = scheduler.engine
     let timeout = Duration.nanoseconds(max(0, Int128(deadline.ticks) - Int128(engine.nowTicks)))
@@ -115,13 +120,14 @@ public func withTimeout<Result: Sendable>(
 
 /// The body of both `withTimeout` forms: `deadline` in engine ticks. The
 /// non-escaping `operation` is handed to the child task through an
-/// ``OperationHandoff``, emptied before this returns.
+/// ``OperationHandoff``, emptied before this returns; the child task runs it on
+/// `isolation`.
 private func withDeadline<Result: Sendable>(
     _ deadline: Int64,
     timeout: Duration,
     engine: TimerEngine,
     isolation: isolated (any Actor)? = #isolation,
-    operation: () async throws -> Result
+    operation: nonisolated(nonsending) () async throws -> Result
 ) async throws -> Result {
     try await withoutActuallyEscaping(operation) { escapable in
         _ = isolation  // this closure runs where the caller runs
@@ -130,7 +136,8 @@ private func withDeadline<Result: Sendable>(
         // may release what its closure captured a little later: emptying the
         // handoff is what leaves the closure unescaped.
         defer { handoff.empty() }
-        return try await race(deadline, timeout: timeout, engine: engine) { try await handoff.run() }
+        let caller = isolation
+        return try await race(deadline, timeout: timeout, engine: engine) { try await handoff.run(on: caller) }
     }
 }
 
@@ -246,22 +253,25 @@ private final class TimeoutDeadline: TimerEntry, @unchecked Sendable {
 }
 
 /// The operation of a `withTimeout` call, handed from the caller to the child
-/// task that runs it.
+/// task that runs it, in the caller's isolation.
 ///
 /// `@unchecked Sendable` invariant: the closure is called once, by the child
-/// task, while the caller is suspended in `withTimeout` awaiting that task, so
-/// nothing else touches what it captures meanwhile; the caller empties the
-/// handoff only after the child task has returned. A closure isolated to an
-/// actor (one written in an actor's method) still runs on that actor: an
-/// isolated async closure switches to its actor when called, from any task.
+/// task, on the caller's actor (``run(on:)`` is isolated to it) or, for a
+/// nonisolated caller, on the global executor, while the caller is suspended in
+/// `withTimeout` awaiting that task; so nothing else touches what it captures
+/// meanwhile, and what it captures is touched only where the caller's own code
+/// would touch it. The caller empties the handoff only after the child task has
+/// returned.
 private final class OperationHandoff<Result>: @unchecked Sendable {
-    private var operation: (() async throws -> Result)?
+    private var operation: (nonisolated(nonsending) () async throws -> Result)?
 
-    init(_ operation: @escaping () async throws -> Result) {
+    init(_ operation: nonisolated(nonsending) @escaping () async throws -> Result) {
         self.operation = operation
     }
 
-    func run() async throws -> Result {
+    /// Runs the operation on `caller`: a `nonisolated(nonsending)` closure runs
+    /// in the isolation of the function that calls it, this one.
+    func run(on caller: isolated (any Actor)?) async throws -> Result {
         guard let operation else { preconditionFailure("the operation of a withTimeout call ran twice") }
         return try await operation()
     }

@@ -139,20 +139,40 @@ final class DetectorCore: Sendable {
         if target.usesHeartbeat || inRunLoopPass { profiler.answered() }
     }
 
+    /// Stops, and ends a reported stall the stop cuts short with an `.ended`
+    /// event marked ``StallEvent/endedByStop``: published before the outlet
+    /// finishes, so the stream yields it last and the handler gets it before this
+    /// returns (see ``StallEventOutlet/finish()``).
     func stop() {
-        let taken = state.withLock { state -> (RepeatingTimer?, DelayedWork?, RunLoopObserverHandle?, Bool) in
-            (state.probe.take(), state.look.take(), state.observer.take(), state.machine.stop())
+        let now = Monotonic.now()
+        let taken = state.withLock { state in
+            (state.probe.take(), state.look.take(), state.observer.take(), state.machine.stop(at: now))
         }
-        let (probe, look, observer, wasRunning) = taken
+        let (probe, look, observer, (wasRunning, cutShort)) = taken
         probe?.cancel()
         look?.cancel()
         observer?.remove()
+        let gathered = cutShort == nil ? nil : profiler.end()
         profiler.stop()
         if wasRunning {
-            detectorQueue.sync {}  // a sample in progress finishes and emits nothing more
+            // A sample in progress finishes and emits nothing more; then the
+            // stall the stop cut short ends, after any event emitted before.
+            detectorQueue.sync {
+                if let cutShort { DetectorThreads.work { endCutShort(cutShort, gathered: gathered) } }
+            }
             StopWitness.release()
         }
         outlet.finish()
+    }
+
+    /// Publishes the `.ended` event of a stall that ``stop()`` cut short.
+    private func endCutShort(_ outcome: DetectorMachine.Outcome, gathered: StallProfiler.Gathered?) {
+        guard case .ended(let id, let duration, let backtrace, let sampling) = outcome else { return }
+        let profile = gathered.map { (profiler.profile(of: $0), $0.activities) } ?? (.empty, [])
+        var event = makeEvent(
+            id: id, phase: .ended, duration: duration, backtrace: backtrace, sampling: sampling, profile: profile)
+        event.endedByStop = true
+        outlet.publish(event)
     }
 
     // MARK: Timers (called with the lock held; they only arm, never release)

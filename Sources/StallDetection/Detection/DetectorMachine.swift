@@ -164,11 +164,22 @@ struct DetectorMachine: Sendable {
         return usesHeartbeat || inRunLoopPass ? .arm(timeout: healthyLookTimeout) : .keep
     }
 
-    /// Running to stopped; whether it was running.
-    mutating func stop() -> Bool {
+    /// Running to stopped at `now`: whether it was running, and the `.ended` of
+    /// the stall the stop cuts short, if one is reported (its `.started` was
+    /// emitted) and has not ended: `duration` is the time the target had been
+    /// blocked until `now`. A stall not yet reported (being sampled, or awaiting
+    /// its second look) emitted nothing, and ends with nothing.
+    mutating func stop(at now: Int64) -> (wasRunning: Bool, cutShort: Outcome?) {
         let wasRunning = lifecycle == .running
         lifecycle = .stopped
-        return wasRunning
+        let stall = open
+        open = nil
+        guard wasRunning, let stall, stall.phase == .reported, !stall.suppressed,
+            let tracked = tracker.stall, tracked.id == stall.id
+        else { return (wasRunning, nil) }
+        let ended = Outcome.ended(
+            id: stall.id, duration: max(0, now - tracked.start), backtrace: stall.reported, sampling: stall.sampling)
+        return (true, ended)
     }
 
     // MARK: Posted probes

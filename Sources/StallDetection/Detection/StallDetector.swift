@@ -161,8 +161,9 @@ public final class StallDetector: Sendable {
     }
 
     /// The stall events: `.started` and `.ended` for each stall. The stream ends at
-    /// ``stop()``. Iterate it from one task; the newest 100 events are kept for a
-    /// slow reader.
+    /// ``stop()``; a stall going on then (one whose `.started` was yielded) ends
+    /// first, with an `.ended` event marked ``StallEvent/endedByStop``. Iterate it
+    /// from one task; the newest 100 events are kept for a slow reader.
     public let events: AsyncStream<StallEvent>
 
     private let core: DetectorCore
@@ -191,8 +192,14 @@ public final class StallDetector: Sendable {
     ///     stalled executor could not do). A slow handler delays only the events
     ///     after it. Once ``stop()`` has returned the handler is not running and is
     ///     not called again (``stop()`` waits for a call in progress, unless called
-    ///     from the handler, and drops calls not begun: the stream still yields
-    ///     those events). Default: nil.
+    ///     from this detector's handler, and drops calls not begun, except an
+    ///     `.ended` event whose `.started` the handler was called with: the stream
+    ///     still yields those events). So a handler that was told a stall started
+    ///     is told it ended, also when ``stop()`` cuts it short
+    ///     (``StallEvent/endedByStop``), unless ``stop()`` is called from this
+    ///     detector's handler. Called from another detector's handler,
+    ///     ``stop()`` waits for this handler like any caller, so two handlers that
+    ///     stop each other's detectors can wait for each other. Default: nil.
     public convenience init(
         target: Target,
         threshold: Duration = .milliseconds(250),
@@ -248,6 +255,13 @@ public final class StallDetector: Sendable {
     /// detector's timers are cancelled (no probe is posted and no sample taken
     /// afterwards), its run-loop observer is removed and its fatal report file,
     /// if any, is deleted. The detector has no thread of its own to wait for.
+    ///
+    /// A stall reported `.started` and still going on is ended by the stop: an
+    /// `.ended` event marked ``StallEvent/endedByStop``, its duration the time
+    /// the target had been blocked until the stop, is the last event of
+    /// ``events``, and the `onEvent` handler is called with it before this
+    /// returns (unless this is called from that handler). A stall not reported
+    /// yet (being sampled) ends with nothing, as it began with nothing.
     public func stop() { core.stop() }
 
     /// What this detector watches; its `description` is the ``StallEvent/target``

@@ -20,7 +20,9 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     public enum Phase: String, Sendable, Hashable {
         /// The target has been blocked for at least the threshold and still is.
         case started
-        /// The target answered again; ``StallEvent/duration`` is the whole stall.
+        /// The target answered again, and ``StallEvent/duration`` is the whole
+        /// stall; or the detector was stopped during the stall
+        /// (``StallEvent/endedByStop``), and it is the time blocked until the stop.
         case ended
     }
 
@@ -52,6 +54,14 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// The labels of ``StallDetector/withActivity(_:_:)`` active on the blocked
     /// thread when the stall was detected, outermost first; empty when none.
     public internal(set) var activities: [String] = []
+    /// True for the `.ended` event of a stall that ``StallDetector/stop()`` cut
+    /// short: the target had not answered when the detector stopped, and
+    /// ``duration`` is how long it had been blocked by then (it may be blocked
+    /// still). A detector stopped during a stall it reported `.started` for ends
+    /// the stall with this event, the last the ``StallDetector/events`` stream
+    /// yields; the `onEvent` handler gets it too, before `stop()` returns, unless
+    /// `stop()` was called from that handler. False for every other event.
+    public internal(set) var endedByStop = false
     /// True for a report of a stall the process did not survive, as
     /// ``StallDetector/takeFatalStallReport(at:)`` reads it: ``duration`` and
     /// ``profile`` are as last written before the process ended.
@@ -73,6 +83,9 @@ public struct StallEvent: Sendable, CustomStringConvertible {
                 "Stall #\(id) never ended: \(target) was blocked for at least \(format(duration)) when the "
                 + "process ended (threshold \(format(threshold)))"
         case .started: text += "blocked for \(format(duration)) when detected (threshold \(format(threshold)))"
+        case .ended where endedByStop:
+            text +=
+                "was blocked for at least \(format(duration)) when the detector stopped (threshold \(format(threshold)))"
         case .ended: text += "was blocked for \(format(duration)) (threshold \(format(threshold)))"
         }
         if !activities.isEmpty { text += "\n  activities: " + activities.joined(separator: " › ") }
