@@ -403,7 +403,7 @@ final class StallProfiler: Sendable {
     /// its job.
     private func take(known: Int32?, everyThread: Bool) -> (frames: [RawFrame]?, thread: Int32?) {
         let (answering, queue) = lastAnswering()
-        if let queue, let drained = takeFromDrainer(of: queue) { return drained }
+        if let queue, target.ownsProbeQueue, let drained = takeFromDrainer(of: queue) { return drained }
         guard let known else {
             let search = capture.find(
                 target: target, lastAnswering: answering, queue: queue, candidatesOnly: !everyThread)
@@ -484,6 +484,12 @@ final class StallProfiler: Sendable {
         default: break
         }
         switch target {
+        case .custom where raw.queue == nil:
+            // An executor with a thread of its own (an event loop): waiting for
+            // work when the kernel says it sleeps in `epoll_wait`; any other
+            // state is its job's time. No names are read: a sample never waits
+            // for the naming of code seen for the first time.
+            return !ThreadState.isInEventWait(thread: raw.thread)
         case .custom: return !capture.isIdle(raw)
         case .mainRunLoop: return true
         case .cooperativePool: return capture.summary(raw).runsSwiftJob

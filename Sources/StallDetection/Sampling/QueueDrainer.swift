@@ -29,3 +29,18 @@ enum QueueDrainer {
         }
     }
 }
+
+extension StallDetector.Target {
+    /// Whether the serial queue the probes run on is the target's own, kept
+    /// alive by the detector: the main queue and a watched queue. Only its
+    /// drain lock may be read. A `.custom` target's probes may run on a queue
+    /// made for one connection and freed since (its memory read as a drain lock
+    /// gave thread ids that never existed), or on another queue than the one
+    /// that stalls (a `post` that hops through two queues).
+    var ownsProbeQueue: Bool {
+        switch self {
+        case .mainQueue, .queue: true
+        case .mainRunLoop, .cooperativePool, .custom: false
+        }
+    }
+}

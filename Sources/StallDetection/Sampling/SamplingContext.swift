@@ -254,6 +254,8 @@ final class SamplingContext: @unchecked Sendable {
         var found: RawStack?
         var failure: StallBacktrace
         var others: [RawStack] = []
+        /// The found thread's activities, when read before its capture.
+        var activities: [String]? = nil
     }
 
     /// What ``sampleBlockedThread(target:lastAnswering:queue:candidatesOnly:)`` found.
@@ -278,7 +280,7 @@ final class SamplingContext: @unchecked Sendable {
         guard let found = search.found else {
             return BlockedThread(backtrace: search.failure, samples: [:], activities: [])
         }
-        let activities = ActivityRecord.activities(ofThread: Self.reportedID(found.thread))
+        let activities = search.activities ?? ActivityRecord.activities(ofThread: Self.reportedID(found.thread))
         let named = name(found)
         var samples = [found.thread: named]
         for other in search.others where other.thread != found.thread { samples[other.thread] = name(other) }
@@ -286,8 +288,8 @@ final class SamplingContext: @unchecked Sendable {
     }
 
     /// Finds the thread that runs the target's job, naming nothing in full. For
-    /// the pool, every dispatch worker running a Swift job. When the watched
-    /// serial queue is known (`queue`, from the probes' answers), libdispatch's
+    /// the pool, every dispatch worker running a Swift job. For a watched queue
+    /// or the main queue (`queue`, from the probes' answers), libdispatch's
     /// drain lock names its thread (``QueueDrainer``), whatever the number of
     /// threads: that thread is taken; when it says no thread drains the queue,
     /// none is (the failure says so). Otherwise (no queue, or a drain lock that
@@ -304,7 +306,7 @@ final class SamplingContext: @unchecked Sendable {
     func find(target: StallDetector.Target, lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool) -> Search {
         guard SamplingSupport.isAvailable else { return Search(found: nil, failure: SamplingSupport.unavailable) }
         if case .cooperativePool = target { return findPoolThreads() }
-        switch queue.map(QueueDrainer.answer(for:)) ?? .unknown {
+        switch target.ownsProbeQueue ? queue.map(QueueDrainer.answer(for:)) ?? .unknown : .unknown {
         case .thread(let drainer):
             return sampleDrainer(drainer, queue: queue)
         case .noThread:
@@ -363,9 +365,12 @@ final class SamplingContext: @unchecked Sendable {
         guard drainer != stallcapture_current_tid() else {
             return Search(found: nil, failure: .unavailable("the queue is drained by the detector's own thread"))
         }
+        // Labels read before the capture: read after it, they may be those of
+        // what the thread did once the stall was over.
+        let activities = ActivityRecord.activities(ofThread: Self.reportedID(drainer))
         switch sample(drainer, queue: queue) {
         case .stack(let raw):
-            return Search(found: raw, failure: .unavailable(""))
+            return Search(found: raw, failure: .unavailable(""), activities: activities)
         case .failed(let backtrace):
             return Search(found: nil, failure: backtrace)
         case .detectorWork:
@@ -405,7 +410,8 @@ final class SamplingContext: @unchecked Sendable {
     /// A custom executor's thread is the one that last ran a probe (an event
     /// loop's thread): it is sampled first, and taken unless it waits for work
     /// or runs another queue's job. Failing that, for an executor that posts to a
-    /// dispatch queue whose drain lock cannot be read, the first other thread
+    /// dispatch queue (whose drain lock is not read: see
+    /// ``StallDetector/Target/ownsProbeQueue``), the first other thread
     /// running that queue's job is taken (a dispatch queue's jobs move from
     /// worker to worker); an executor with a thread of its own (no queue) is
     /// never looked for elsewhere: any other thread's job would be another
