@@ -29,8 +29,8 @@ enum ThreadState {
     /// Whether the thread sleeps in `epoll_wait` (an event loop parked), by the
     /// system call number in `/proc/self/task/TID/syscall`; false when unknown
     /// (and on other platforms).
-    static func isInEventWait(thread: Int32) -> Bool {
-        syscallNumber(thread: thread, files: ProcTaskFiles()).flatMap(isEpollWait) ?? false
+    static func isInEventWait(thread: Int32, files: ProcTaskFiles = ProcTaskFiles()) -> Bool {
+        syscallNumber(thread: thread, files: files).flatMap(isEpollWait) ?? false
     }
 
     /// Whether the thread sleeps in `epoll_wait` (not, say, on a lock): the system

@@ -489,7 +489,7 @@ final class StallProfiler: Sendable {
             // work when the kernel says it sleeps in `epoll_wait`; any other
             // state is its job's time. No names are read: a sample never waits
             // for the naming of code seen for the first time.
-            return !ThreadState.isInEventWait(thread: raw.thread)
+            return !capture.isInEventWait(raw.thread)
         case .custom: return !capture.isIdle(raw)
         case .mainRunLoop: return true
         case .cooperativePool: return capture.summary(raw).runsSwiftJob

@@ -472,6 +472,13 @@ final class SamplingContext: @unchecked Sendable {
             found: running.first, failure: .unavailable("no thread was running a Swift job"), others: running)
     }
 
+    /// Whether the kernel says thread `thread` sleeps in `epoll_wait` (an event
+    /// loop parked), read through the files this context keeps open.
+    func isInEventWait(_ thread: Int32) -> Bool {
+        sampler.map { ThreadState.isInEventWait(thread: thread, files: $0.files) }
+            ?? ThreadState.isInEventWait(thread: thread)
+    }
+
     /// Whether a sampled thread waits for work: its stack says so, or (Linux) the
     /// kernel says it sleeps in `epoll_wait` with no job on its stack (an event
     /// loop parked; the C library's frames may have no names).
