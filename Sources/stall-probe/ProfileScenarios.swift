@@ -45,12 +45,17 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
         dispatchMain()
 
     case "profile-cost":
-        // A stall of `number` ms asleep: every CPU millisecond the process spends
-        // meanwhile, beyond the sleeping thread's, is the detector's.
+        // A stall of `number` ms asleep (stall 2): every CPU millisecond the
+        // process spends meanwhile, beyond the sleeping thread's, is the
+        // detector's. Before it, once the symbol warm-up that `start()` begins
+        // (once per process, 100-700 ms of CPU on its own thread) is over, a
+        // 400 ms stall of the same function (stall 1) names its code for the
+        // first time: what is measured is what sampling a stall costs.
         let queue = DispatchQueue(label: "probe.cost")
         let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
-        watch(detector, endedCount: 1, then: finishAndExit(detector))
-        queue.asyncAfter(deadline: .now() + 0.3) { measuredStall { profileStepB(number) } }
+        watch(detector, endedCount: 2, then: finishAndExit(detector))
+        queue.asyncAfter(deadline: .now() + 1.5) { profileStepB(400) }
+        queue.asyncAfter(deadline: .now() + 2.5) { measuredStall { profileStepB(number) } }
         dispatchMain()
 
     case "activities":

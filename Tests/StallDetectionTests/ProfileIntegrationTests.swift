@@ -108,25 +108,30 @@ extension StallDetectorIntegrationTests {
             // Up to three runs while one took few samples or too much CPU: the
             // machine is shared, and under others' load every wake-up costs more
             // (a debug run beside a compiler measured 6.2 % twice in a row).
-            let budget = ProbeRun.probeIsRelease ? 3.0 : 6.0
+            let budget = ProbeRun.probeIsRelease ? 3.0 : 4.0
             var run = try ProbeRun.run(["profile-cost", "3000"])
             for _ in 0..<2 {
-                let over = (run.value("STALLCPU").first ?? 0) / 3_000 * 100 > budget + 2.0
-                guard over || (ProbeRun.probeIsRelease && (Self.profile(run)?.count ?? 0) < 30) else { break }
+                let over = (run.value("STALLCPU").first ?? 0) / 3_000 * 100 > budget + 3.0
+                guard over || (ProbeRun.probeIsRelease && (Self.profile(run, id: 2)?.count ?? 0) < 30) else { break }
                 print("3 s stall, taken again: \(run.value("STALLCPU").first ?? 0) ms of CPU")
                 run = try ProbeRun.run(["profile-cost", "3000"])
             }
             #expect(run.exitStatus == 0)
             let cpu = try #require(run.value("STALLCPU").first, "\(run.lines)")
-            let profile = try #require(Self.profile(run), "\(run.lines)")
+            let profile = try #require(Self.profile(run, id: 2), "\(run.lines)")
             let percent = cpu / 3_000 * 100
             let rate = Double(profile.count) / (profile.span / 1000)
             print("3 s stall: \(percent) % of a core, \(profile.count) samples, \(rate) per second")
             // Everything the process did besides the sleeping thread: the samples
-            // (3 % of a core in a release build, 6 % in a debug one), naming the
-            // stack for the first time (once per process), the detector's looks,
-            // the event stream, this helper's printing.
-            #expect(percent <= budget + 2.0, "\(cpu) ms of CPU over 3 s")
+            // (3 % of a core in a release build, 4 % in a debug one), the wake-ups
+            // that schedule them, the detector's looks, the event stream, this
+            // helper's printing. (Naming the stack for the first time, once per
+            // process, was paid in the stall before.)
+            // 3 points over the budget: on the 2-core VM of 2026-11-27 the wake-ups
+            // alone (the engine's thread and a worker per sample and per look) took
+            // 1–2.6 %, and the commit before this budget (2 %) measured 4.7–6.6 %
+            // in all over its first stall.
+            #expect(percent <= budget + 3.0, "\(cpu) ms of CPU over 3 s")
             #expect(profile.count <= StallProfile.maximumSampleCount)
             #expect(rate <= 1000.0 / 5.0 + 1, "at most one sample per minimum interval")
             // 68 samples, or 34 when the first stall's naming outran its allowance

@@ -13,9 +13,9 @@ import Testing
 struct RealConditionTests {
     /// The promised rates for a detector's first stall: samples per second of
     /// stall in a release and a debug build of the helper.
-    static var promisedRate: Double { ProbeRun.probeIsRelease ? 50 : 20 }
+    static var promisedRate: Double { ProbeRun.probeIsRelease ? 80 : 20 }
     /// The sampling budget, as a share of one core.
-    static var budget: Double { ProbeRun.probeIsRelease ? 0.03 : 0.06 }
+    static var budget: Double { ProbeRun.probeIsRelease ? 0.03 : 0.04 }
 
     /// The rate promised for a run: ``promisedRate``, unless the samples this run
     /// took cost more than the budget allows at that rate (their median, from the

@@ -31,7 +31,7 @@
 ///
 /// Sampling is bounded: at most ``maximumSampleCount`` samples (a long stall keeps
 /// every second sample and halves the rate, so the samples stay spread over the
-/// whole stall), and at most 3 % of one core (6 % in a debug build): a token
+/// whole stall), and at most 3 % of one core (4 % in a debug build): a token
 /// bucket of CPU time refills at that rate and each sample spends what it cost;
 /// samples are at least ``minimumInterval`` apart.
 public struct StallProfile: Sendable, Hashable, CustomStringConvertible {

@@ -15,15 +15,16 @@
 /// CPU, whatever a sample costs. The bucket outlives a stall: stalls in a row
 /// share it.
 struct SamplingPace: Sendable {
-    /// The share of one core sampling may use: 3 %, and 6 % in a debug build of
+    /// The share of one core sampling may use: 3 %, and 4 % in a debug build of
     /// this package, whose unoptimized unwinder makes a sample about 5 times
     /// costlier. A sample (a capture and an unwind, naming nothing) costs
-    /// 200–300 µs of CPU in release on a 2-core VM: at 3 % that is one every
-    /// 10 ms, about 90 a second, and a debug
-    /// build still samples about 50 times a second.
+    /// 150–300 µs of CPU in release on a 2-core VM: at 3 % that is one every
+    /// 10 ms, about 90 a second. In debug (about 1 ms a sample) it is one every
+    /// 20 or 40 ms: a higher debug budget, with the symbol warm-up of a fresh
+    /// debug process, took 10.6 % of a core over a first stall.
     static let defaultBudget: Double = {
         #if DEBUG
-        return 0.06
+        return 0.04
         #else
         return 0.03
         #endif
