@@ -389,7 +389,7 @@ final class DetectorCore: Sendable {
             let (lastAnswering, queue) = state.withLock {
                 ($0.machine.lastAnsweringThread, $0.machine.lastAnsweringQueue)
             }
-            let blocked = sampling.sampleBlockedThread(target: target, lastAnswering: lastAnswering, queue: queue)
+            let blocked = sampling.named(profiler.findBlockedThread(lastAnswering: lastAnswering, queue: queue))
             (reported, samples) = (blocked.backtrace, blocked.samples)
             profiler.stallStarted(
                 backtrace: reported, activities: blocked.activities, start: now - decision.duration, at: sampleStart)

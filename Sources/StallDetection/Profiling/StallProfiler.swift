@@ -424,6 +424,17 @@ final class StallProfiler: Sendable {
         }
     }
 
+    /// Looks for the target's blocked thread for the detector's `.started`
+    /// report, with the profile's own sampler, on its queue (waiting for a sample
+    /// under way): one thread never gets two detectors' worth of signals at once
+    /// from one detector, and the report's unwind finds the calls the profile's
+    /// samples have decoded already. Names nothing; called on the detector queue.
+    func findBlockedThread(lastAnswering: Int32?, queue: UInt?) -> SamplingContext.Search {
+        samplingQueue.sync { [capture, target] in
+            capture.find(target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: false)
+        }
+    }
+
     /// A sample of the thread that drains the watched serial queue, as
     /// libdispatch records it (``QueueDrainer``): the thread is neither searched
     /// for nor judged by its frames, so a sample costs one capture and no naming.

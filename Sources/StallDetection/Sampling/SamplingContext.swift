@@ -276,7 +276,15 @@ final class SamplingContext: @unchecked Sendable {
     func sampleBlockedThread(
         target: StallDetector.Target, lastAnswering: Int32?, queue: UInt? = nil, candidatesOnly: Bool = false
     ) -> BlockedThread {
-        let search = find(target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly)
+        named(find(target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly))
+    }
+
+    /// What a search found, named: the chosen backtrace, the named samples of
+    /// the threads that ran the job, and the chosen thread's activities (read
+    /// before naming, if the search did not read them before its capture). The
+    /// search may have been made by another context: naming reads no sampler
+    /// state.
+    func named(_ search: Search) -> BlockedThread {
         guard let found = search.found else {
             return BlockedThread(backtrace: search.failure, samples: [:], activities: [])
         }
