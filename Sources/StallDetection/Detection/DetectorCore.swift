@@ -389,7 +389,16 @@ final class DetectorCore: Sendable {
             let (lastAnswering, queue) = state.withLock {
                 ($0.machine.lastAnsweringThread, $0.machine.lastAnsweringQueue)
             }
-            let blocked = sampling.named(profiler.findBlockedThread(lastAnswering: lastAnswering, queue: queue))
+            // A watched queue's or the main queue's drainer is found with the
+            // profiler's sampler (its unwinds share the calls the profile decoded);
+            // other targets are searched with this context (the profiler's queue,
+            // entered with `sync` from here, lost a `.custom` target's blocked thread
+            // in a fresh process: not traced yet).
+            let search =
+                target.ownsProbeQueue
+                ? profiler.findBlockedThread(lastAnswering: lastAnswering, queue: queue)
+                : sampling.find(target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: false)
+            let blocked = sampling.named(search)
             (reported, samples) = (blocked.backtrace, blocked.samples)
             profiler.stallStarted(
                 backtrace: reported, activities: blocked.activities, start: now - decision.duration, at: sampleStart)

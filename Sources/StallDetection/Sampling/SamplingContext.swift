@@ -258,7 +258,7 @@ final class SamplingContext: @unchecked Sendable {
         var activities: [String]? = nil
     }
 
-    /// What ``sampleBlockedThread(target:lastAnswering:queue:candidatesOnly:)`` found.
+    /// A search's result, named (``named(_:)``), for a `.started` report.
     struct BlockedThread {
         /// The chosen thread's backtrace, or why there is none.
         var backtrace: StallBacktrace
@@ -267,16 +267,6 @@ final class SamplingContext: @unchecked Sendable {
         /// The chosen thread's activities, read right after its stack (before
         /// naming, which may outlast the stall).
         var activities: [String]
-    }
-
-    /// Samples the thread that is most likely blocked (see ``find(target:lastAnswering:queue:candidatesOnly:)``)
-    /// and names it. Returns the chosen backtrace and the named samples of the
-    /// threads that ran the job (keyed by thread), so the `.ended` event can use
-    /// the one of the thread that finally answered.
-    func sampleBlockedThread(
-        target: StallDetector.Target, lastAnswering: Int32?, queue: UInt? = nil, candidatesOnly: Bool = false
-    ) -> BlockedThread {
-        named(find(target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly))
     }
 
     /// What a search found, named: the chosen backtrace, the named samples of
