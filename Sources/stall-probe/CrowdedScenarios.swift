@@ -70,6 +70,7 @@ private func watchCrowded(_ detector: StallDetector, stalls: Int) {
             let named = event.backtrace.frames.contains { $0.function?.contains("crowdedBlocker") ?? false }
             let reason = event.backtrace.unavailableReason.map { $0.replacingOccurrences(of: " ", with: "_") } ?? "-"
             emit("CROWDED \(ended) \(event.phase.rawValue) \(named ? 1 : 0) \(event.profile.sampleCount) \(reason)")
+            if !named { emit("\(event)".split(separator: "\n").map { "  | \($0)" }.joined(separator: "\n")) }
             guard event.phase == .ended else { continue }
             ended += 1
             if ended == stalls { finishAndExit(detector)() }

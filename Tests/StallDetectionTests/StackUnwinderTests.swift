@@ -19,7 +19,8 @@ struct StackUnwinderTests {
 
     func unwind(
         _ stack: Stack, pc: UInt, fp: UInt?, calls: [UInt: CallSite.Target],
-        jumps: [UInt: CallSite.TailJumps] = [:], exactStarts: [UInt: UInt] = [:], copied: Int? = nil
+        jumps: [UInt: CallSite.TailJumps] = [:], exactStarts: [UInt: UInt] = [:], copied: Int? = nil,
+        code: [UInt: UInt] = [:]
     ) -> [RawFrame] {
         // With `copied`, only the first `copied` words are in the copy; the rest
         // can be read from "memory".
@@ -29,6 +30,7 @@ struct StackUnwinderTests {
         let unwinder = StackUnwinder(
             copy: copy, isText: Self.isText,
             readWord: { address in
+                if let word = code[address] { return word }
                 guard copied != nil, address >= Self.sp, (address - Self.sp) % 8 == 0 else { return nil }
                 let index = Int((address - Self.sp) / 8)
                 return index < memory.count ? memory[index] : nil
@@ -90,6 +92,37 @@ struct StackUnwinderTests {
         calls[returns[0]] = .known(0x1800_0000)
         let own = unwind(stack, pc: pc, fp: fp, calls: calls)
         #expect(own.map(\.address) == [pc] + returns)
+    }
+
+    @Test(
+        "a sample at a frameless function's entry, its second instruction or its ret: the caller called through a register is a frame",
+        arguments: [
+            // (the 8 code bytes from pc - 1, little-endian; the slot of the return address)
+            (UInt(0x90_90_E5_89_48_55_C3_CC), 0),  // pc at push %rbp
+            (UInt(0x90_90_90_5D_E5_89_48_55), 1),  // pc at mov %rsp,%rbp, after push %rbp
+            (UInt(0x90_90_90_90_90_90_C3_5D), 0),  // pc at ret
+            (UInt(0x90_90_55_FA_1E_0F_F3_CC), 0),  // pc at endbr64
+        ])
+    func interruptedAtEntryOrReturn(code: UInt, slot: Int) {
+        // pc in a value witness (0x1800_0000) called through a register from the
+        // user's spinning loop (returns at 0x1000_0100); the register still names
+        // the loop's record, whose return address (0x1000_0200) is its caller's.
+        let pc: UInt = 0x1800_0000
+        let inLoop: UInt = 0x1000_0100
+        var stack = Stack()
+        if slot == 1 { stack.push(0x7000_0100) }  // the saved frame pointer just pushed
+        stack.push(inLoop)
+        stack.push(0x42)
+        let returns: [UInt] = [0x1000_0200, 0x1000_0300, 0x1000_0400]
+        let fp = pushChain(&stack, returns: returns)
+        var calls: [UInt: CallSite.Target] = [inLoop: .unknown]
+        for address in returns { calls[address] = .known(0x1000_0080) }
+        let frames = unwind(stack, pc: pc, fp: fp, calls: calls, code: [pc - 1: code])
+        #expect(frames.map(\.address) == [pc, inLoop] + returns)
+        #expect(frames.allSatisfy { !$0.isUncertain })
+        // Elsewhere in the function (a nop), an unprovable word is no frame.
+        let inside = unwind(stack, pc: pc, fp: fp, calls: calls, code: [pc - 1: 0x90_90_90_90_90_90_90_90])
+        #expect(inside.map(\.address) == [pc] + returns)
     }
 
     @Test("a frame-pointer register holding data (libc built without frame pointers): the chain is found by the scan")

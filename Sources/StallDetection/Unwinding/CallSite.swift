@@ -100,6 +100,37 @@ enum CallSite {
         var indirect = false
     }
 
+    /// Where the return address of a function interrupted at `pc` lies, in words
+    /// above the stack pointer, when the instruction at `pc` shows that the
+    /// function has no frame record yet or no longer has one (x86-64): at its
+    /// entry (`endbr64`, `push %rbp`) or at a `ret`, the return address is the
+    /// word at the stack pointer; at `mov %rsp,%rbp` right after `push %rbp`, it
+    /// is the word above. Nil elsewhere (the function's record is in place, or it
+    /// keeps none and its caller's frame must be proven by its call). Bytes are
+    /// read through `readWord`, so unmapped code yields nil.
+    static func returnAddressSlot(interruptedAt pc: UInt, readWord: (UInt) -> UInt?) -> Int? {
+        #if arch(x86_64)
+        // byte(0) is the byte at pc - 1; the instruction at pc starts at byte(1).
+        let word = pc > 0 ? readWord(pc - 1) : nil
+        guard let word = word ?? readWord(pc).map({ $0 << 8 }) else { return nil }
+        func byte(_ k: Int) -> UInt8 { UInt8(truncatingIfNeeded: word >> UInt(8 * k)) }
+        switch byte(1) {
+        case 0x55, 0xC3: return 0  // push %rbp; ret
+        case 0xF3:
+            // endbr64 (F3 0F 1E FA) at an entry; rep ret (F3 C3)
+            if byte(2) == 0xC3 || (byte(2) == 0x0F && byte(3) == 0x1E && byte(4) == 0xFA) { return 0 }
+            return nil
+        case 0x48:
+            // mov %rsp,%rbp (48 89 E5) right after push %rbp (55)
+            return byte(0) == 0x55 && byte(2) == 0x89 && byte(3) == 0xE5 ? 1 : nil
+        default:
+            return nil
+        }
+        #else
+        return nil
+        #endif
+    }
+
     /// The jumps in the first 256 bytes of the code at `function` (x86-64): every
     /// `jmp rel32` (`E9`), `jmp *disp32(%rip)` (`FF 25`) and other `jmp r/m64`
     /// (`FF /4`) at any offset. Bytes are read through `readWord`, so code that

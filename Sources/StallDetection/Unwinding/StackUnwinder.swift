@@ -88,6 +88,20 @@ struct StackUnwinder {
         private(set) var jumps: [UInt: CallSite.TailJumps] = [:]
         private(set) var calls: [UInt: CallSite.Target] = [:]
         private(set) var signalReturns: [UInt: Bool] = [:]
+        /// By interrupted address: where the return address lies, -1 for nowhere known.
+        private(set) var returnSlots: [UInt: Int8] = [:]
+
+        /// Where the return address of a function interrupted at `pc` lies:
+        /// `.some(nil)` when the instruction there shows nothing, nil when not decoded yet.
+        func returnSlot(at pc: UInt) -> Int?? {
+            guard let known = returnSlots[pc] else { return nil }
+            return .some(known < 0 ? nil : Int(known))
+        }
+
+        func remember(returnSlot: Int?, at pc: UInt) {
+            if returnSlots.count >= Self.limit { returnSlots.removeAll(keepingCapacity: true) }
+            returnSlots[pc] = Int8(returnSlot ?? -1)
+        }
 
         func isSignalReturn(_ address: UInt) -> Bool? { signalReturns[address] }
 
@@ -114,6 +128,7 @@ struct StackUnwinder {
             jumps.removeAll()
             calls.removeAll()
             signalReturns.removeAll()
+            returnSlots.removeAll()
         }
     }
 
@@ -304,6 +319,7 @@ struct StackUnwinder {
     func unwind() -> [RawFrame] {
         scratch.signalFrame = nil
         var walk = Walk(inner: copy.pc)
+        placeInterruptedCaller(&walk)
         // 1 and 2, segment by segment: a frame-pointer chain, and above its
         // records the validated return addresses; where a chain breaks off (a
         // function without frame pointer, such as libc's qsort calling back into
@@ -324,6 +340,25 @@ struct StackUnwinder {
         var frames = [RawFrame(address: copy.pc, isUncertain: false)]
         for slot in walk.bySlot.keys.sorted() { frames.append(walk.bySlot[slot]!) }
         return frames
+    }
+
+    /// 0. A function interrupted at its entry or at its `ret` has no frame
+    /// record: its return address lies at a slot its instruction tells
+    /// (``CallSite/returnAddressSlot(interruptedAt:readWord:)``), and is its
+    /// caller's frame even when the call cannot be proven (through a register:
+    /// a value witness such as `__swift_noop_void_return`, a closure). Without
+    /// it the frame-pointer register, still the caller's, would skip the caller.
+    private func placeInterruptedCaller(_ walk: inout Walk) {
+        let slot: Int?
+        if let known = codeCache.returnSlot(at: copy.pc) {
+            slot = known
+        } else {
+            slot = CallSite.returnAddressSlot(interruptedAt: copy.pc, readWord: readWord)
+            codeCache.remember(returnSlot: slot, at: copy.pc)
+        }
+        guard let slot, slot < copy.words.count, isReturnAddress(copy.words[slot]) else { return }
+        walk.bySlot[slot] = RawFrame(address: copy.words[slot], isUncertain: false)
+        walk.inner = copy.words[slot]
     }
 
     /// The frame record the first chain starts from, and whether frames may lie
