@@ -267,6 +267,10 @@ case _ where unwindAttackScenarios.contains(scenario):
 case _ where realConditionScenarios.contains(scenario):
     runRealConditionScenario(scenario, number)
 
+case "async-chain":
+    let target = arguments.dropFirst().first ?? "queue"
+    runAsyncChain(target: target, depth: arguments.dropFirst(2).first.flatMap { Int($0) } ?? 1)
+
 case _ where degradedScenarios.contains(scenario):
     runDegradedScenario(scenario, number)
 

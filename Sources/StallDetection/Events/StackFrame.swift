@@ -25,10 +25,17 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
     /// 0x<offset>`, or `atos` with a dSYM on Apple platforms, where the report
     /// carries raw addresses with image names and offsets).
     public let imageOffset: UInt?
+    /// True for an async function awaiting the call of the frame before it in
+    /// the list: a caller that is not on the thread's stack (an `await` is a
+    /// tail call) but in the task's chain of async contexts. ``address`` is then
+    /// where the caller resumes when that call returns, and ``line`` that
+    /// point's line (the `await`, where the debug information says). Shown as
+    /// `[await]` in text.
+    public let isAwaiting: Bool
 
     init(
         address: UInt, function: String?, file: String?, line: Int?, image: String?, isUncertain: Bool,
-        isInlined: Bool = false, imageOffset: UInt? = nil
+        isInlined: Bool = false, imageOffset: UInt? = nil, isAwaiting: Bool = false
     ) {
         self.address = address
         self.function = function
@@ -38,9 +45,11 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
         self.isUncertain = isUncertain
         self.isInlined = isInlined
         self.imageOffset = imageOffset
+        self.isAwaiting = isAwaiting
     }
 
-    /// `0x… function at file:line (image)`, `[inlined]` for an inlined frame, `?`
+    /// `0x… function at file:line (image)`, `[inlined]` for an inlined frame,
+    /// `[await]` for an awaiting caller, `?`
     /// for an uncertain one; a frame without a name shows its image offset,
     /// `0x… <unknown> (image + 0x1f2c)`.
     public var description: String {
@@ -58,6 +67,7 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
             }
         }
         if isInlined { text += " [inlined]" }
+        if isAwaiting { text += " [await]" }
         if isUncertain { text += " ?" }
         return text
     }
@@ -65,6 +75,6 @@ public struct StackFrame: Sendable, Hashable, CustomStringConvertible {
     /// The same call site: a recursion's repeated frame.
     func sameCall(as other: StackFrame) -> Bool {
         address == other.address && function == other.function && line == other.line
-            && isInlined == other.isInlined && isUncertain == other.isUncertain
+            && isInlined == other.isInlined && isUncertain == other.isUncertain && isAwaiting == other.isAwaiting
     }
 }

@@ -26,6 +26,12 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     /// Whether the stack copy ended before the thread's outermost frames, so that
     /// an unknown number of outer frames is missing.
     public let isTruncated: Bool
+    /// Why the awaiting callers (``StackFrame/isAwaiting``) stop before the
+    /// task's entry: a context that could not be read, a chain deeper than
+    /// 1,024 awaits, or a thread that resumed other code before its awaits
+    /// were read. Nil when they reach the task's entry, or the thread ran no
+    /// async function.
+    public let awaitsCut: String?
 
     /// The most frames a backtrace keeps: the innermost 768 and the outermost 256.
     public static let maximumFrameCount = 1024
@@ -36,9 +42,11 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     var whileRunning = false
 
     init(
-        frames: [StackFrame], threadID: UInt64?, unavailableReason: String?, isTruncated: Bool = false
+        frames: [StackFrame], threadID: UInt64?, unavailableReason: String?, isTruncated: Bool = false,
+        awaitsCut: String? = nil
     ) {
         self.threadID = threadID
+        self.awaitsCut = awaitsCut
         self.unavailableReason = unavailableReason
         self.isTruncated = isTruncated
         if frames.count > Self.maximumFrameCount {
@@ -93,6 +101,7 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
             }
         }
         if isTruncated { lines.append("  … outer frames not shown (the stack is deeper than the copy taken)") }
+        if let awaitsCut { lines.append("  … awaiting callers not all shown: \(awaitsCut)") }
         return lines.joined(separator: "\n")
     }
 

@@ -29,6 +29,8 @@ struct FatalReportFile: Codable {
         var image: String?
         var uncertain: Bool
         var inlined: Bool
+        /// Absent in files written before awaiting callers were reported.
+        var awaiting: Bool?
     }
 
     struct Backtrace: Codable {
@@ -38,6 +40,7 @@ struct FatalReportFile: Codable {
         var omittedFrameCount: Int
         var omittedIndex: Int?
         var truncated: Bool
+        var awaitsCut: String?
     }
 
     struct Function: Codable {
@@ -90,9 +93,10 @@ struct FatalReportFile: Codable {
             frames: trace.frames.map {
                 Frame(
                     address: UInt64($0.address), function: $0.function, file: $0.file, line: $0.line, image: $0.image,
-                    uncertain: $0.isUncertain, inlined: $0.isInlined)
+                    uncertain: $0.isUncertain, inlined: $0.isInlined, awaiting: $0.isAwaiting ? true : nil)
             }, threadID: trace.threadID, unavailableReason: trace.unavailableReason,
-            omittedFrameCount: trace.omittedFrameCount, omittedIndex: trace.omittedIndex, truncated: trace.isTruncated)
+            omittedFrameCount: trace.omittedFrameCount, omittedIndex: trace.omittedIndex, truncated: trace.isTruncated,
+            awaitsCut: trace.awaitsCut)
         profile = Profile(
             sampleCount: event.profile.sampleCount,
             intervalNanoseconds: Monotonic.nanoseconds(event.profile.interval),
@@ -209,12 +213,12 @@ struct FatalReportFile: Codable {
         let frames = backtrace.frames.map {
             StackFrame(
                 address: UInt(truncatingIfNeeded: $0.address), function: $0.function, file: $0.file, line: $0.line,
-                image: $0.image, isUncertain: $0.uncertain, isInlined: $0.inlined)
+                image: $0.image, isUncertain: $0.uncertain, isInlined: $0.inlined, isAwaiting: $0.awaiting ?? false)
         }
         let trace = StallBacktrace(
             restoring: frames, threadID: backtrace.threadID, unavailableReason: backtrace.unavailableReason,
             omittedFrameCount: backtrace.omittedFrameCount, omittedIndex: backtrace.omittedIndex,
-            isTruncated: backtrace.truncated)
+            isTruncated: backtrace.truncated, awaitsCut: backtrace.awaitsCut)
         let restored = StallProfile(
             sampleCount: profile.sampleCount,
             functions: profile.functions.map {
@@ -235,7 +239,7 @@ extension StallBacktrace {
     /// A backtrace exactly as it was written (no cap applied again).
     init(
         restoring frames: [StackFrame], threadID: UInt64?, unavailableReason: String?, omittedFrameCount: Int,
-        omittedIndex: Int?, isTruncated: Bool
+        omittedIndex: Int?, isTruncated: Bool, awaitsCut: String?
     ) {
         self.frames = frames
         self.threadID = threadID
@@ -243,5 +247,6 @@ extension StallBacktrace {
         self.omittedFrameCount = omittedFrameCount
         self.omittedIndex = omittedIndex
         self.isTruncated = isTruncated
+        self.awaitsCut = awaitsCut
     }
 }

@@ -21,4 +21,8 @@ struct RawStack: Sendable {
     /// beyond the words copied (through a signal frame to the thread's own
     /// stack, or past the copy's end), so the copy cannot tell.
     var wordsHoldQueue: Bool?
+    /// Why the awaits above the running async function stop before the task's
+    /// entry (``AsyncContextChain/Cut``); nil when they reach it, or the thread
+    /// runs no async function.
+    var awaitsCut: AsyncContextChain.Cut?
 }

@@ -159,12 +159,13 @@ final class SamplingContext: @unchecked Sendable {
                 guard ranges.isInExecutable(candidate), ranges.isInExecutable(inner) else { return nil }
                 return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
             }, codeCache: code)
-        let frames = unwinder.unwind()
+        let (frames, awaits) = unwinder.insertingAwaits(into: unwinder.unwind())
         let held = queue.map { copy.words.contains($0) } ?? false
-        let raw = RawStack(
+        var raw = RawStack(
             thread: thread, frames: frames, copyTruncated: copy.truncated || unwinder.signalContextUnread, queue: queue,
             currentQueue: copy.queue ?? (queue == nil ? nil : ThreadPointers.currentQueue(of: thread)),
             wordsHoldQueue: held || !(unwinder.wentBeyondCopy || frames.contains { $0.isSignalReturn }) ? held : nil)
+        raw.awaitsCut = awaits?.cut
         return (raw, unwinder.wentBeyondCopy)
     }
 
@@ -175,7 +176,7 @@ final class SamplingContext: @unchecked Sendable {
         oneTimeCost += StallProfiler.threadCPU() - before
         return StallBacktrace(
             frames: frames, threadID: Self.reportedID(raw.thread), unavailableReason: nil,
-            isTruncated: raw.copyTruncated && !StackShape.reachesRoot(frames))
+            isTruncated: raw.copyTruncated && !StackShape.reachesRoot(frames), awaitsCut: raw.awaitsCut?.reason)
     }
 
     /// Starts naming a sampled stack in full in the background (see
@@ -234,7 +235,7 @@ final class SamplingContext: @unchecked Sendable {
     /// symbol tables, each address judged once).
     func summary(_ raw: RawStack) -> StackSummary {
         let keys = raw.frames.enumerated().map {
-            Symbolicator.Key(address: $0.element.address, isReturnAddress: $0.offset > 0)
+            Symbolicator.Key(address: $0.element.address, isReturnAddress: $0.element.isReturnAddress(at: $0.offset))
         }
         let missing = keys.filter { kinds[$0] == nil }
         if !missing.isEmpty {

@@ -187,7 +187,9 @@ final class Symbolicator: Sendable {
     /// the interrupted instruction, the others return addresses.
     func symbolicate(_ raw: [RawFrame]) -> [StackFrame] {
         guard !raw.isEmpty else { return [] }
-        let keys = raw.enumerated().map { Key(address: $0.element.address, isReturnAddress: $0.offset > 0) }
+        let keys = raw.enumerated().map {
+            Key(address: $0.element.address, isReturnAddress: $0.element.isReturnAddress(at: $0.offset))
+        }
         let missing = state.withLock { state in
             var seen = Set<Key>()
             return keys.filter { state.cache[$0] == nil && seen.insert($0).inserted }
@@ -198,7 +200,7 @@ final class Symbolicator: Sendable {
             frames.reserveCapacity(raw.count)
             for (frame, key) in zip(raw, keys) {
                 for named in state.cache[key] ?? [Self.unnamedFrame(frame.address, state)] {
-                    frames.append(named.with(isUncertain: frame.isUncertain))
+                    frames.append(named.with(isUncertain: frame.isUncertain, isAwaitResume: frame.isAwaitResume))
                 }
             }
             return frames
@@ -212,7 +214,9 @@ final class Symbolicator: Sendable {
     /// information for the first time. Unique addresses only; nothing is done
     /// when every address is cached.
     func prefetch(_ raw: [RawFrame]) {
-        let keys = raw.enumerated().map { Key(address: $0.element.address, isReturnAddress: $0.offset > 0) }
+        let keys = raw.enumerated().map {
+            Key(address: $0.element.address, isReturnAddress: $0.element.isReturnAddress(at: $0.offset))
+        }
         guard state.withLock({ state in keys.contains { state.cache[$0] == nil } }) else { return }
         DispatchQueue.global(qos: .utility).async { [self] in _ = symbolicate(raw) }
     }
@@ -481,12 +485,16 @@ extension StackFrame {
     func with(address: UInt, imageOffset: UInt?) -> StackFrame {
         StackFrame(
             address: address, function: function, file: file, line: line, image: image, isUncertain: isUncertain,
-            isInlined: isInlined, imageOffset: imageOffset)
+            isInlined: isInlined, imageOffset: imageOffset, isAwaiting: isAwaiting)
     }
 
-    func with(isUncertain: Bool) -> StackFrame {
+    /// The same frame, uncertain or not, and awaiting (a partial function an
+    /// awaiting caller resumes in, ``RawFrame/isAwaitResume``) or not. Frames
+    /// the compiler inlined into an awaiting caller's resume function are
+    /// awaiting too.
+    func with(isUncertain: Bool, isAwaitResume: Bool = false) -> StackFrame {
         StackFrame(
             address: address, function: function, file: file, line: line, image: image, isUncertain: isUncertain,
-            isInlined: isInlined, imageOffset: imageOffset)
+            isInlined: isInlined, imageOffset: imageOffset, isAwaiting: isAwaitResume)
     }
 }

@@ -46,6 +46,9 @@ struct StackUnwinder {
     /// ``copyStack(from:)``: for the interrupted code of a handler that runs on
     /// an alternate signal stack.
     var copyStack: ((UInt) -> (words: [UInt], truncated: Bool))?
+    /// Reads words of the live stack again (tests inject one); by default
+    /// through the kernel (``insertingAwaits(into:isJobRunner:)``).
+    var liveWords: ((UInt, Int) -> [UInt]?)?
     /// How many signal frames were followed to reach this copy.
     let signalDepth: Int
     /// What the code at an address decodes to, from earlier unwinds when the
@@ -141,6 +144,11 @@ struct StackUnwinder {
         var signalFrame: (slot: Int, context: SignalContext)?
         /// The installed signal handlers, read once an unwind needs them.
         var signalHandlers: [UInt]?
+        /// The copy's slots of return addresses read from frame records.
+        var recordSlots: Set<Int> = []
+        /// The slot of each frame ``unwind()`` returned (-1 for the interrupted
+        /// instruction); empty when the frames came through a signal frame.
+        var frameSlots: [Int] = []
     }
 
     /// Whether the last ``unwind()`` followed the frame chain beyond the copy
@@ -318,6 +326,8 @@ struct StackUnwinder {
 
     func unwind() -> [RawFrame] {
         scratch.signalFrame = nil
+        scratch.recordSlots = []
+        scratch.frameSlots = []
         var walk = Walk(inner: copy.pc)
         placeInterruptedCaller(&walk)
         // 1 and 2, segment by segment: a frame-pointer chain, and above its
@@ -338,7 +348,11 @@ struct StackUnwinder {
         }
         addUncertainFrames(beyondChainIn: &walk.bySlot)
         var frames = [RawFrame(address: copy.pc, isUncertain: false)]
-        for slot in walk.bySlot.keys.sorted() { frames.append(walk.bySlot[slot]!) }
+        scratch.frameSlots = [-1]
+        for slot in walk.bySlot.keys.sorted() {
+            frames.append(walk.bySlot[slot]!)
+            scratch.frameSlots.append(slot)
+        }
         return frames
     }
 
@@ -424,6 +438,7 @@ struct StackUnwinder {
             if walk.bySlot[returnSlot] == nil {
                 walk.bySlot[returnSlot] = RawFrame(address: returnAddress, isUncertain: false)
             }
+            scratch.recordSlots.insert(returnSlot)
             walk.inner = returnAddress
             lastSlot = returnSlot
             if saved == 0 { return (lastSlot, true) }

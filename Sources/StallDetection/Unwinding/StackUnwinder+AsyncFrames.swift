@@ -1,0 +1,51 @@
+extension StackUnwinder {
+    /// The awaits above the async function the thread runs, inserted after its
+    /// frame: the frames ``unwind()`` returned, with the resume addresses of
+    /// its ``AsyncContextChain`` placed before the job runner's frame (marked
+    /// ``RawFrame/isAwaitResume``), and the chain itself (nil when no frame runs
+    /// async code, or the chain could not be read as it was).
+    ///
+    /// The async frame is the one whose record's return address lies in the
+    /// runtime's job runner (``AsyncJobRunner``); its context is the word
+    /// below that record. Contexts are read after the copy, while the thread
+    /// may run on: the record's words are read again from the live stack
+    /// after the chain, and when they changed the thread had left that
+    /// function, so no await is shown (``AsyncContextChain/Cut/movedOn``).
+    func insertingAwaits(
+        into frames: [RawFrame], isJobRunner: (UInt) -> Bool = AsyncJobRunner.contains(returnAddress:)
+    ) -> (frames: [RawFrame], chain: AsyncContextChain?) {
+        let slots = scratch.frameSlots
+        guard slots.count == frames.count else { return (frames, nil) }
+        for index in frames.indices.dropFirst() {
+            let returnSlot = slots[index]
+            guard returnSlot >= 2, scratch.recordSlots.contains(returnSlot), isJobRunner(frames[index].address)
+            else { continue }
+            let contextSlot = returnSlot - 1 - Int(AsyncContextChain.contextOffsetBelowRecord) / 8
+            guard contextSlot >= 0, contextSlot < copy.words.count else { return (frames, nil) }
+            let context = copy.words[contextSlot]
+            guard context != 0 else { return (frames, nil) }
+            var chain = AsyncContextChain.follow(from: context, readWord: readWord, isText: isText)
+            if !stackStillHolds(from: contextSlot, through: returnSlot) {
+                chain = AsyncContextChain(resumeAddresses: [], cut: .movedOn)
+            }
+            let awaits = chain.resumeAddresses.map { RawFrame(address: $0, isUncertain: false, isAwaitResume: true) }
+            return (Array(frames[..<index] + awaits + frames[index...]), chain)
+        }
+        return (frames, nil)
+    }
+
+    /// Whether the live stack still holds the copy's words in `first...last`.
+    private func stackStillHolds(from first: Int, through last: Int) -> Bool {
+        let count = last - first + 1
+        let address = copy.sp + UInt(first) * UInt(MemoryLayout<UInt>.size)
+        guard let live = liveWords?(address, count) ?? Self.readLive(address, count) else { return false }
+        return live == Array(copy.words[first...last])
+    }
+
+    /// `count` words from `address`, read now through the kernel.
+    private static func readLive(_ address: UInt, _ count: Int) -> [UInt]? {
+        var words = [UInt](repeating: 0, count: count)
+        let copied = words.withUnsafeMutableBytes { StackSampler.copyMemory(from: address, into: $0) }
+        return copied == count ? words : nil
+    }
+}
