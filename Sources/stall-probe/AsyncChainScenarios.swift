@@ -3,8 +3,8 @@ import Foundation
 import StallDetection
 
 // Stalls inside async code: `async-chain <target> [depth]` blocks 600 ms at the
-// end of a chain of awaits, route → middleware → `depth` levels (default 1) →
-// handler → blocker, where every level first awaits `Task.yield()` (so each
+// end of a chain of awaits, asyncRoute → asyncMiddleware → `depth` asyncLevels
+// (default 1) → asyncHandler → asyncChainBlocker, where every level first awaits `Task.yield()` (so each
 // runs as a resumed partial function) and then awaits the next. Targets:
 //   queue    an actor whose executor is a serial dispatch queue, watched as `.queue`
 //   custom   the same actor, watched as `.custom` through its queue
@@ -13,8 +13,11 @@ import StallDetection
 //   group    a task group's child task on the actor
 //   asynclet an `async let` child task on the actor
 //   actors   the actor awaits a second actor (on its own queue) that blocks
-// Extra output line, one per event:
+//   deep     as queue, with `depth` levels (200 in the tests)
+// Extra output lines, per event:
 //   ASYNC <phase> <task name or -> <the report's frames, one name each, `|`-separated>
+//   ASYNCPOOL <phase> <index> <frames>   each pool thread's stack (pool)
+//   ASYNCPROFILE <phase> <samples> <samples whose stack holds asyncRoute>
 
 /// Where an async chain's blocker runs: a serial dispatch queue as an actor's executor.
 final class QueueExecutor: SerialExecutor {
@@ -36,65 +39,129 @@ func asyncChainBlocker(_ milliseconds: Int) {
     while ContinuousClock.now < end { usleep(5_000) }
 }
 
+/// The chain's levels run on their caller's actor (none: the global executor).
+@inline(never)
+func asyncRoute(depth: Int, hop: ChainActor?, isolation: isolated (any Actor)? = #isolation) async -> Int {
+    await Task.yield()
+    return await asyncMiddleware(depth: depth, hop: hop) + 1
+}
+
+@inline(never)
+func asyncMiddleware(depth: Int, hop: ChainActor?, isolation: isolated (any Actor)? = #isolation) async -> Int {
+    await Task.yield()
+    return await asyncLevel(depth, hop: hop) + 1
+}
+
+@inline(never)
+func asyncLevel(_ remaining: Int, hop: ChainActor?, isolation: isolated (any Actor)? = #isolation) async -> Int {
+    await Task.yield()
+    if remaining > 1 { return await asyncLevel(remaining - 1, hop: hop) + 1 }
+    return await asyncHandler(hop: hop) + 1
+}
+
+@inline(never)
+func asyncHandler(hop: ChainActor?, isolation: isolated (any Actor)? = #isolation) async -> Int {
+    await Task.yield()
+    if let hop { return await hop.blockingHandler() + 1 }
+    asyncChainBlocker(600)
+    return 1
+}
+
+/// An actor whose executor is a serial dispatch queue.
 actor ChainActor {
     let executor: QueueExecutor
-    let next: ChainActor?
 
-    init(label: String, next: ChainActor? = nil) {
-        executor = QueueExecutor(label: label)
-        self.next = next
-    }
+    init(label: String) { executor = QueueExecutor(label: label) }
 
     nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
 
     @inline(never)
-    func asyncRoute(depth: Int) async -> Int {
-        await Task.yield()
-        return await asyncMiddleware(depth: depth) + 1
+    func run(depth: Int, hop: ChainActor? = nil) async -> Int {
+        await asyncRoute(depth: depth, hop: hop)
     }
 
     @inline(never)
-    func asyncMiddleware(depth: Int) async -> Int {
+    func blockingHandler() async -> Int {
         await Task.yield()
-        return await asyncLevel(depth) + 1
-    }
-
-    @inline(never)
-    func asyncLevel(_ remaining: Int) async -> Int {
-        await Task.yield()
-        if remaining > 1 { return await asyncLevel(remaining - 1) + 1 }
-        return await asyncHandler() + 1
-    }
-
-    @inline(never)
-    func asyncHandler() async -> Int {
-        await Task.yield()
-        if let next { return await next.asyncHandler() + 1 }
         asyncChainBlocker(600)
         return 1
     }
 }
 
 func runAsyncChain(target: String, depth: Int) {
+    let first = ChainActor(label: "probe.async")
     let second = ChainActor(label: "probe.async.second")
-    let actor = ChainActor(label: "probe.async", next: target == "actors" ? second : nil)
-    let detector = StallDetector(target: .queue(actor.executor.queue), threshold: .milliseconds(250))
-    watchAsync(detector, queue: actor.executor.queue)
-    Task(name: "request 42") {
-        try? await Task.sleep(for: .milliseconds(300))
-        _ = await actor.asyncRoute(depth: depth)
+    let watched = target == "actors" ? second.executor.queue : first.executor.queue
+    let detector: StallDetector
+    switch target {
+    case "custom":
+        detector = StallDetector(
+            target: .custom(name: "async custom") { probe in watched.async(execute: probe) },
+            threshold: .milliseconds(250))
+    case "pool": detector = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+    case "main": detector = StallDetector(target: .mainQueue, threshold: .milliseconds(250))
+    default: detector = StallDetector(target: .queue(watched), threshold: .milliseconds(250))
     }
+    watchAsync(detector, priority: target == "pool" ? .high : nil)
+    startAsyncChain(target: target, depth: depth, first: first, second: second)
     dispatchMain()
 }
 
-private func watchAsync(_ detector: StallDetector, queue: DispatchQueue) {
+private func startAsyncChain(target: String, depth: Int, first: ChainActor, second: ChainActor) {
+    switch target {
+    case "pool":
+        let width = ProcessInfo.processInfo.activeProcessorCount
+        emit("WIDTH \(width)")
+        for index in 0..<width {
+            Task.detached(name: "pool request \(index)", priority: .medium) {
+                try? await Task.sleep(for: .milliseconds(300))
+                _ = await asyncRoute(depth: depth, hop: nil)
+            }
+        }
+    case "main":
+        Task(name: "request 42") { @MainActor in
+            try? await Task.sleep(for: .milliseconds(300))
+            _ = await asyncRoute(depth: depth, hop: nil)
+        }
+    case "group":
+        Task(name: "request 42") {
+            try? await Task.sleep(for: .milliseconds(300))
+            await withTaskGroup(of: Int.self) { group in
+                group.addTask { await first.run(depth: depth) }
+                await group.waitForAll()
+            }
+        }
+    case "asynclet":
+        Task(name: "request 42") {
+            try? await Task.sleep(for: .milliseconds(300))
+            async let result = first.run(depth: depth)
+            _ = await result
+        }
+    default:
+        Task(name: "request 42") {
+            try? await Task.sleep(for: .milliseconds(300))
+            _ = await first.run(depth: depth, hop: target == "actors" ? second : nil)
+        }
+    }
+}
+
+private func watchAsync(_ detector: StallDetector, priority: TaskPriority?) {
     detector.start()
-    Task.detached {
+    Task.detached(priority: priority) {
         for await event in detector.events {
             report(event)
-            let names = event.backtrace.frames.map { $0.function ?? "?" }
-            emit("ASYNC \(event.phase.rawValue) - \(names.joined(separator: "|"))")
+            emit("ASYNC \(event.phase.rawValue) - \(names(event.backtrace))")
+            for (index, pool) in event.poolBacktraces.enumerated() {
+                emit("ASYNCPOOL \(event.phase.rawValue) \(index) \(names(pool))")
+            }
+            let routed = event.profile.functions.first { $0.name.hasPrefix("asyncRoute(") }?.samples ?? 0
+            emit("ASYNCPROFILE \(event.phase.rawValue) \(event.profile.sampleCount) \(routed)")
             if event.phase == .ended { finishAndExit(detector)() }
         }
     }
+}
+
+/// The frames' names, `|`-separated, an awaiting caller's ending in ` [await]`.
+private func names(_ backtrace: StallBacktrace) -> String {
+    backtrace.frames.map { ($0.function ?? "?") + ($0.isAwaiting ? " [await]" : "") }.joined(separator: "|")
 }

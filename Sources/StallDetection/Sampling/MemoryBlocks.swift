@@ -6,10 +6,18 @@
 /// wholly readable or not at all. Kept for one unwind only: stacks and GOT slots
 /// change between samples, and a page mapped now may be gone by the next.
 final class MemoryBlocks {
-    static let blockWords = 32
+    /// Words a block holds: 32 for stacks and code (a page's worth would copy
+    /// far more than an unwind reads), 512 (a page) for async contexts, which
+    /// the task allocator packs next to each other.
+    let blockWords: Int
     private var blocks: [UInt: [UInt]?] = [:]
     /// System calls made (tests).
     private(set) var reads = 0
+
+    init(blockWords: Int = 32) {
+        precondition(blockWords > 0 && blockWords & (blockWords - 1) == 0 && blockWords <= 512)
+        self.blockWords = blockWords
+    }
 
     /// The word at `address` (any alignment: a function may start anywhere), nil
     /// where any of its bytes is unreadable.
@@ -28,16 +36,16 @@ final class MemoryBlocks {
 
     private func alignedWord(at address: UInt) -> UInt? {
         let wordSize = UInt(MemoryLayout<UInt>.size)
-        let blockBytes = UInt(Self.blockWords) * wordSize
+        let blockBytes = UInt(blockWords) * wordSize
         let base = address & ~(blockBytes - 1)
         let block: [UInt]?
         if let known = blocks[base] {
             block = known
         } else {
             reads += 1
-            var words = [UInt](repeating: 0, count: Self.blockWords)
+            var words = [UInt](repeating: 0, count: blockWords)
             let copied = words.withUnsafeMutableBytes { StackSampler.copyMemory(from: base, into: $0) }
-            block = copied == Self.blockWords ? words : nil
+            block = copied == blockWords ? words : nil
             blocks[base] = .some(block)
         }
         return block?[Int((address - base) / wordSize)]

@@ -159,7 +159,11 @@ final class SamplingContext: @unchecked Sendable {
                 guard ranges.isInExecutable(candidate), ranges.isInExecutable(inner) else { return nil }
                 return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
             }, codeCache: code)
-        let (frames, awaits) = unwinder.insertingAwaits(into: unwinder.unwind())
+        // Async contexts lie next to each other in the task allocator's slabs:
+        // a page a read (a 50-await chain in two or three system calls).
+        let contexts = MemoryBlocks(blockWords: 512)
+        let (frames, awaits) = unwinder.insertingAwaits(
+            into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) })
         let held = queue.map { copy.words.contains($0) } ?? false
         var raw = RawStack(
             thread: thread, frames: frames, copyTruncated: copy.truncated || unwinder.signalContextUnread, queue: queue,

@@ -154,7 +154,8 @@ final class Symbolicator: Sendable {
 
     /// Names the symbolication thread's own stack and a function of each library
     /// a stalled thread's stack passes through (the C library, libdispatch, the
-    /// Swift runtime and its concurrency library), so that the first real stall
+    /// Swift runtime and its concurrency library), and finds the concurrency
+    /// runtime's job runners (``AsyncJobRunner``), so that the first real stall
     /// does not pay for loading their symbol tables and debug information.
     /// Once per process.
     func warmUp() {
@@ -176,6 +177,9 @@ final class Symbolicator: Sendable {
         }
         _ = ElfSymbolTable.executable
         _ = ElfSymbolTable.vdso
+        // The concurrency library's symbol table, read for its job runners
+        // (about 11 ms): not on a first stall's first sample.
+        _ = AsyncJobRunner.ranges
     }
 
     /// One exported function of each library the warm-up reads.

@@ -1,0 +1,87 @@
+import Foundation
+import Testing
+
+/// Stalls inside async code, in the `stall-probe` helper (`async-chain`): a
+/// chain of awaits asyncRoute → asyncMiddleware → asyncLevel × depth →
+/// asyncHandler → asyncChainBlocker, each level first awaiting
+/// `Task.yield()`, so that each runs as a resumed partial function. The report
+/// must show every level the code wrote, in order, the awaiting ones marked,
+/// up to the task's entry closure; and so must every profile sample. CI runs
+/// it against the release build too (`STALL_PROBE`). No retry: a report that
+/// misses a level is a wrong report.
+extension StallDetectorIntegrationTests {
+    @Suite("Async call stacks (stall-probe, real time)")
+    struct AsyncCallStacks {
+        /// The frames the report must show from the blocker on: a name prefix,
+        /// and whether the frame is an awaiting caller.
+        static func expected(target: String, depth: Int) -> [(String, Bool)] {
+            var frames: [(String, Bool)] = [("asyncChainBlocker(", false)]
+            if target == "actors" { frames.append(("ChainActor.blockingHandler()", false)) }
+            frames.append(("asyncHandler(", target == "actors"))
+            frames += Array(repeating: ("asyncLevel(", true), count: depth)
+            frames += [("asyncMiddleware(", true), ("asyncRoute(", true)]
+            if !["pool", "main"].contains(target) { frames.append(("ChainActor.run(", true)) }
+            // The task's entry: `async let` makes an implicit closure of its expression.
+            frames.append((target == "asynclet" ? "implicit closure #" : "closure #", true))
+            return frames
+        }
+
+        /// The frames from the blocker on that differ from `expected`, as text
+        /// (empty when they match).
+        static func mismatch(_ frames: [String], _ expected: [(String, Bool)]) -> String {
+            guard let start = frames.firstIndex(where: { $0.hasPrefix("asyncChainBlocker(") }) else {
+                return "no asyncChainBlocker frame in \(frames)"
+            }
+            let shown = Array(frames[start...])
+            for (index, (prefix, awaiting)) in expected.enumerated() {
+                guard index < shown.count else { return "only \(shown.count) frames from the blocker: \(shown)" }
+                let frame = shown[index]
+                if !frame.hasPrefix(prefix) || frame.hasSuffix(" [await]") != awaiting {
+                    return "frame \(index) from the blocker is \(frame), expected \(prefix)…\(awaiting ? " [await]" : "")"
+                }
+            }
+            return ""
+        }
+
+        static func frames(_ line: String, dropping fields: Int) -> [String] {
+            line.split(separator: " ", maxSplits: fields).last.map {
+                $0.split(separator: "|").map(String.init)
+            } ?? []
+        }
+
+        @Test(
+            "a stall at the end of a chain of awaits names every awaiting caller, in order, to the task's entry",
+            arguments: ["queue", "custom", "actors", "group", "asynclet", "main", "pool"])
+        func everyTarget(target: String) throws {
+            let run = try ProbeRun.run(["async-chain", target, "2"], timeLimit: 60)
+            #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
+            let expected = Self.expected(target: target, depth: 2)
+            let reports = run.lines.filter { $0.hasPrefix("ASYNC ") }
+            #expect(reports.count == 2, "\(run.lines)")
+            for line in reports {
+                let problem = Self.mismatch(Self.frames(line, dropping: 2), expected)
+                #expect(problem.isEmpty, "\(line.prefix(20)): \(problem)")
+            }
+            for line in run.lines where line.hasPrefix("ASYNCPOOL started ") {
+                let problem = Self.mismatch(Self.frames(line, dropping: 3), expected)
+                #expect(problem.isEmpty, "\(line.prefix(24)): \(problem)")
+            }
+            if target == "pool" { #expect(run.lines.contains { $0.hasPrefix("ASYNCPOOL started ") }) }
+            // Every sample of the profile passes through the route.
+            for line in run.lines where line.hasPrefix("ASYNCPROFILE ended ") {
+                let fields = line.split(separator: " ").compactMap { Int($0) }
+                #expect(fields.count == 2 && fields[0] > 0 && fields[1] == fields[0], "\(line)")
+            }
+        }
+
+        @Test("a chain of 200 awaits keeps all 200 levels, in order")
+        func deepChain() throws {
+            let run = try ProbeRun.run(["async-chain", "deep", "200"], timeLimit: 60)
+            #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
+            let started = try #require(run.lines.first { $0.hasPrefix("ASYNC started ") })
+            let problem = Self.mismatch(Self.frames(started, dropping: 2), Self.expected(target: "deep", depth: 200))
+            #expect(problem.isEmpty, "\(problem)")
+            #expect(!(run.started.first?.report.contains("awaiting callers not all shown") ?? true))
+        }
+    }
+}

@@ -1,0 +1,130 @@
+import Testing
+
+@testable import StallDetection
+
+/// The awaiting callers of a running async function, over synthetic stacks and
+/// contexts: text is [0x1000_0000, 0x2000_0000), the job runner returns at
+/// 0x1200_0010, contexts lie at 0x5000_0000 and up.
+@Suite("Awaiting callers: the async context chain (synthetic stacks)")
+struct AwaitingCallerTests {
+    static let sp: UInt = 0x7000_0000
+    static let pc: UInt = 0x1800_0040
+    static let inPartial: UInt = 0x1000_0100
+    static let runner: UInt = 0x1200_0010
+    static let outer: UInt = 0x1000_0300
+
+    /// The blocker's record (slot 1), the partial function's context (slot 3)
+    /// below its record (slot 4, returning into the runner), the runner's
+    /// record (slot 6): the stack a thread blocked in async code has.
+    static func stackWords(context: UInt) -> [UInt] {
+        let record = { (slot: Int) in sp + UInt(slot * 8) }
+        return [0x42, record(4), inPartial, context, record(6), runner, 0, outer]
+    }
+
+    /// Contexts at 0x5000_0000 + 0x40 × i, each resuming its caller at
+    /// 0x1000_0000 + 0x1000 × (i + 1), the last one the root.
+    static func contexts(_ count: Int) -> [UInt: UInt] {
+        var memory: [UInt: UInt] = [:]
+        for index in 0..<count {
+            let context: UInt = 0x5000_0000 + UInt(index) * 0x40
+            memory[context] = index == count - 1 ? 0 : context + 0x40
+            memory[context + 8] = 0x1000_0000 + 0x1000 * UInt(index + 1)
+        }
+        return memory
+    }
+
+    func unwind(
+        words: [UInt], memory: [UInt: UInt], live: (([UInt]) -> [UInt]?)? = nil, runnerFromRecord: Bool = true
+    ) -> (frames: [RawFrame], chain: AsyncContextChain?) {
+        let copy = StackCopy(pc: Self.pc, sp: Self.sp, fp: Self.sp + 8, words: words, truncated: false)
+        var unwinder = StackUnwinder(
+            copy: copy, isText: { $0 >= 0x1000_0000 && $0 < 0x2000_0000 }, readWord: { memory[$0] },
+            callTarget: { _ in .unknown }, tailJumps: { _ in CallSite.TailJumps() })
+        unwinder.liveWords = { address, count in
+            let first = Int((address - Self.sp) / 8)
+            let now = Array(words[first..<(first + count)])
+            return live?(now) ?? now
+        }
+        let frames = unwinder.unwind()
+        return unwinder.insertingAwaits(into: frames, isJobRunner: { $0 == Self.runner })
+    }
+
+    @Test("each awaiting caller's resume point follows the running partial function, before the job runner, marked")
+    func chainIsInserted() throws {
+        let (frames, chain) = unwind(words: Self.stackWords(context: 0x5000_0000), memory: Self.contexts(3))
+        #expect(
+            frames.map(\.address) == [
+                Self.pc, Self.inPartial, 0x1000_1000, 0x1000_2000, 0x1000_3000, Self.runner, Self.outer,
+            ])
+        #expect(frames.map(\.isAwaitResume) == [false, false, true, true, true, false, false])
+        #expect(frames.allSatisfy { !$0.isUncertain })
+        // Resume points are named as instructions, not as return addresses.
+        #expect(frames.enumerated().map { $0.element.isReturnAddress(at: $0.offset) } == [
+            false, true, false, false, false, true, true,
+        ])
+        #expect(try #require(chain).cut == nil)
+    }
+
+    @Test("a context that cannot be read ends the chain there, with the reason; nothing after it is guessed")
+    func unreadableContext() throws {
+        var memory = Self.contexts(4)
+        memory[0x5000_0080] = nil
+        memory[0x5000_0088] = nil
+        let (frames, chain) = unwind(words: Self.stackWords(context: 0x5000_0000), memory: memory)
+        #expect(frames.filter(\.isAwaitResume).map(\.address) == [0x1000_1000, 0x1000_2000])
+        #expect(try #require(chain).cut == .unreadable(0x5000_0080))
+        #expect(try #require(chain?.cut).reason.contains("0x50000080"))
+    }
+
+    @Test("a resume address that is not code, or a misaligned parent: what was read is no context, the chain stops")
+    func garbageStopsTheChain() throws {
+        var memory = Self.contexts(3)
+        memory[0x5000_0048] = 0x3000_0000  // not text
+        let (frames, chain) = unwind(words: Self.stackWords(context: 0x5000_0000), memory: memory)
+        #expect(frames.filter(\.isAwaitResume).map(\.address) == [0x1000_1000])
+        #expect(try #require(chain).cut == .notCode(0x3000_0000))
+
+        var skewed = Self.contexts(3)
+        skewed[0x5000_0000] = 0x5000_0044
+        let (misaligned, cut) = unwind(words: Self.stackWords(context: 0x5000_0000), memory: skewed)
+        #expect(misaligned.filter(\.isAwaitResume).map(\.address) == [0x1000_1000])
+        #expect(try #require(cut).cut == .misaligned(0x5000_0044))
+    }
+
+    @Test("a thread that left the partial function before its contexts were read shows no awaiting caller")
+    func threadMovedOn() throws {
+        let (frames, chain) = unwind(
+            words: Self.stackWords(context: 0x5000_0000), memory: Self.contexts(3),
+            live: { words in [0x5000_0100] + words.dropFirst() })
+        #expect(!frames.contains { $0.isAwaitResume })
+        #expect(frames.map(\.address) == [Self.pc, Self.inPartial, Self.runner, Self.outer])
+        #expect(try #require(chain).cut == .movedOn)
+    }
+
+    @Test("a chain that loops is cut at the depth limit, said as such")
+    func loopingChainIsCut() throws {
+        let memory: [UInt: UInt] = [0x5000_0000: 0x5000_0040, 0x5000_0008: 0x1000_1000, 0x5000_0040: 0x5000_0000, 0x5000_0048: 0x1000_2000]
+        let (frames, chain) = unwind(words: Self.stackWords(context: 0x5000_0000), memory: memory)
+        #expect(frames.filter(\.isAwaitResume).count == AsyncContextChain.depthLimit)
+        #expect(try #require(chain).cut == .depthLimit)
+    }
+
+    @Test("a 200-await chain keeps all 200 callers, innermost first")
+    func deepChain() throws {
+        let (frames, chain) = unwind(words: Self.stackWords(context: 0x5000_0000), memory: Self.contexts(200))
+        let awaits = frames.filter(\.isAwaitResume).map(\.address)
+        #expect(awaits == (1...200).map { 0x1000_0000 + 0x1000 * UInt($0) })
+        #expect(try #require(chain).cut == nil)
+    }
+
+    @Test("no frame returns into the job runner from a frame record: no context is read, nothing is added")
+    func synchronousCodeIsUntouched() {
+        // The runner's return address found without a record (a stale word):
+        // the word below it is no context.
+        var words = Self.stackWords(context: 0x5000_0000)
+        words[4] = 0x99
+        let (frames, chain) = unwind(words: words, memory: Self.contexts(3))
+        #expect(!frames.contains { $0.isAwaitResume })
+        #expect(chain == nil)
+    }
+}
