@@ -8,8 +8,11 @@
 ///   `period_type` `wall`/`nanoseconds`, `period` the wall time one sample
 ///   stands for (``StallProfile/sampleWallNanoseconds``).
 /// - one `Function` per ``StallProfile/functions`` entry, ids 1… in that order:
-///   name (and system name), file; `start_line` 0, as the profile knows the
-///   lines its samples were at and not where a function begins.
+///   name, file; `start_line` 0, as the profile knows the lines its samples
+///   were at and not where a function begins. `system_name` is left out: the
+///   profile has no mangled names, and without one `go tool pprof` shows the
+///   name as it is instead of cutting what it takes for C++ parameter lists
+///   and templates out of it.
 /// - one `Location` per function, ids 1… in the same order, with one `Line`:
 ///   the function and the line seen in most of its samples (0 when unknown); the
 ///   profile keeps no addresses, so `address` is 0.
@@ -122,7 +125,7 @@ struct PprofEncoder: Sendable {
         }
     }
 
-    /// `Function`s: id, name, system name, file name.
+    /// `Function`s: id, name, file name.
     private func writeFunctions(into writer: inout ProtobufWriter, _ strings: inout PprofStringTable) {
         for (index, function) in profile.functions.enumerated() {
             let name = strings.index(function.name)
@@ -130,7 +133,6 @@ struct PprofEncoder: Sendable {
             writer.message(field: Field.function) { entry in
                 entry.varint(field: 1, UInt64(index + 1))
                 entry.varint(field: 2, name)
-                entry.varint(field: 3, name)
                 entry.varint(field: 4, file)
             }
         }

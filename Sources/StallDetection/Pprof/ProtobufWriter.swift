@@ -6,13 +6,6 @@
 /// asked for: proto3 readers take it as the default either way, and the pprof
 /// builder leaves out what it has no value for by not calling the method.
 ///
-/// ```swift
-/// var writer = ProtobufWriter()
-/// writer.varint(field: 1, 42)
-/// writer.string(field: 2, "wall")
-/// writer.message(field: 3) { $0.packedVarints(field: 1, [1, 2, 3]) }
-/// ```
-///
 /// A pure value; not thread-safe to share while writing.
 struct ProtobufWriter: Sendable {
     /// The wire types this writer emits.
