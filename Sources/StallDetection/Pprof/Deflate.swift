@@ -3,9 +3,9 @@
 /// chain of at most ``maximumChainLength`` earlier positions in the 32 KB window.
 ///
 /// Fixed codes need no code tables in the stream, which keeps this short; they
-/// compress less than the dynamic codes of `gzip -6` (a pprof profile of a
-/// stall, mostly repeated function names and small integers, comes out at about
-/// a third of its size). Any inflater reads it.
+/// compress less than the dynamic codes of `gzip -6`: a stall's pprof profile
+/// of 2.3–2.8 KB comes out at 60–62 % of its size, about 10 % larger than
+/// `gzip -6` makes it. Any inflater reads it.
 ///
 /// - Complexity: O(n × ``maximumChainLength``) for n bytes.
 enum Deflate {
