@@ -259,11 +259,11 @@ func stallSection() {
             + "threshold passed (blaming whatever ran then), do not say which screen was on, and do not run on Linux.")
     let detector = StallDetector(target: .mainRunLoop, threshold: .milliseconds(250))
     detector.start()
-    let ended = Shared<StallProfile?>(nil)
+    let ended = Shared<StallEvent?>(nil)
     Task.detached {
         for await event in detector.events {
             sayReport(event, frames: event.phase == .started ? 6 : 0)
-            if event.phase == .ended { ended.update { $0 = event.profile } }
+            if event.phase == .ended { ended.update { $0 = event } }
         }
     }
     say("  the main thread runs RunLoop.main; on the \"Photo Gallery\" screen, a main-queue block now computes")
@@ -279,20 +279,23 @@ func stallSection() {
     }
     detector.stop()
     say("SafeTimers: .started named the function with file and line while it was still blocking, and the screen;")
-    say("            " + profileNarration(ended.get()))
-    if let profile = ended.get(), profile.sampleCount > 0 { writeProfileFiles(profile) }
+    say("            " + profileNarration(ended.get()?.profile))
+    if let event = ended.get(), event.profile.sampleCount > 0 { writeProfileFiles(event) }
 }
 
 /// Writes the stall's call tree for profilers: folded stacks (flame graph
-/// tools) and speedscope's JSON, in the system's temporary directory.
-func writeProfileFiles(_ profile: StallProfile) {
+/// tools), speedscope's JSON and pprof, in the system's temporary directory.
+func writeProfileFiles(_ event: StallEvent) {
+    let profile = event.profile
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent("safetimers-demo")
     try? FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     let folded = directory.appendingPathComponent("stall.folded")
     let speedscope = directory.appendingPathComponent("stall.speedscope.json")
+    let pprof = directory.appendingPathComponent("stall.pb.gz")
     do {
         try Data(profile.foldedStacks().utf8).write(to: folded)
         try Data(profile.speedscopeJSON(title: "safetimers-demo: Photo Gallery stall").utf8).write(to: speedscope)
+        try Data(event.pprof()).write(to: pprof)
     } catch {
         say("            (could not write the call tree to \(directory.path): \(error))")
         return
@@ -300,6 +303,8 @@ func writeProfileFiles(_ profile: StallProfile) {
     say("            The call tree (\(profile.stacks.count) distinct stacks) is in \(folded.path)")
     say("            and \(speedscope.path): open the second at https://www.speedscope.app, or draw")
     say("            a flame graph: swift run stall-flamegraph \(folded.path) > stall.svg")
+    say("            As pprof, labelled with the stall and its activities: \(pprof.path); open it with")
+    say("            go tool pprof -http=: \(pprof.path), or upload it to Pyroscope or speedscope.")
 }
 
 /// What this run's profile showed of the two steps, in its own numbers: never

@@ -10,7 +10,9 @@ import StallDetection
 //   THREADCPU <ms>                                           the blocked thread's own CPU over it
 
 /// The scenarios this file runs.
-let profileScenarios: Set<String> = ["profile-ab", "profile-ab-main", "backlog", "fatal", "profile-cost", "activities"]
+let profileScenarios: Set<String> = [
+    "profile-ab", "profile-ab-main", "backlog", "fatal", "profile-cost", "activities", "pprof",
+]
 
 func reportProfile(_ event: StallEvent) {
     let profile = event.profile
@@ -63,6 +65,9 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
 
     case "fatal":
         runFatalScenario()
+
+    case "pprof":
+        runPprofScenario()
 
     default:
         print("unknown scenario \(scenario)")

@@ -34,6 +34,7 @@ guard let scenario = arguments.first else {
     print("       stall-probe matrix <case> queue|main|mainqueue [ms]   cases: \(matrixCases.keys.sorted())")
     print("       stall-probe repeat <count> [ms]")
     print("       stall-probe profile-ab|profile-ab-main|backlog|activities|profile-cost [ms]|fatal <path>")
+    print("       stall-probe pprof <path>")
     exit(2)
 }
 let number = arguments.dropFirst().first.flatMap { Int($0) } ?? 600

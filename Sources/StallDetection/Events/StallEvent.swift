@@ -71,6 +71,10 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// then its least-sampled functions), or nil when nothing was. Only a report read by
     /// ``StallDetector/takeFatalStallReport(at:)`` can have one.
     public internal(set) var truncationNote: String?
+    /// The name of the Swift task running on the blocked thread, when the report
+    /// knows it: the pprof export labels samples `task_name` with it. Nothing
+    /// reads task names yet, so it is nil in every report today.
+    var taskName: String?
 
     /// A readable multi-line report: the phase and duration, the activities, the
     /// blocked thread's stack, and on `.ended` (or for a stall the process did not

@@ -103,10 +103,10 @@ extension StallProfile {
     /// https://www.speedscope.app or with `speedscope file.json`): one sampled
     /// profile named `title`, a frame per function with its file and line, and
     /// each distinct stack weighted by the time its samples stand for, in
-    /// milliseconds (the span over the samples, shared evenly).
+    /// milliseconds (the span over the samples, shared evenly), as in
+    /// ``pprof(labels:endedAt:)``.
     public func speedscopeJSON(title: String = "stall") -> String {
-        let weight = sampleCount > 1 ? Double(Monotonic.nanoseconds(span)) / Double(sampleCount - 1) / 1e6 : 0
-        let perSample = weight > 0 ? weight : Double(Monotonic.nanoseconds(interval)) / 1e6
+        let perSample = sampleWallNanoseconds / 1e6
         let weights = stacks.map { Double($0.samples) * perSample }
         let file = SpeedscopeFile(
             shared: .init(frames: functions.map { .init(name: $0.name, file: $0.file, line: $0.line) }),

@@ -49,6 +49,10 @@ final class Symbolicator: Sendable {
 
     var cachedCount: Int { cache.withLock { $0.count } }
 
+    /// No image list is read on these platforms: a pprof export's mappings carry
+    /// the image names alone.
+    var loadedImages: [LoadedImage] { [] }
+
     func isTextAddress(_ address: UInt) -> Bool { image(of: address) != nil }
 
     /// No names without debug symbols: every function is unnamed.

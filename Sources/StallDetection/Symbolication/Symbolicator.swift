@@ -133,6 +133,18 @@ final class Symbolicator: Sendable {
     /// The number of cached addresses.
     var cachedCount: Int { state.withLock { $0.cache.count } }
 
+    /// The images of the image map: name, path, build id (which `Runtime` reads
+    /// from each image's `NT_GNU_BUILD_ID` note) and where each is loaded.
+    var loadedImages: [LoadedImage] {
+        state.withLock { state in
+            state.images.compactMap { image in
+                guard let name = image.name, let start = UInt(image.baseAddress), let end = UInt(image.endOfText)
+                else { return nil }
+                return LoadedImage(name: name, path: image.path, buildID: image.uniqueID, start: start, end: end)
+            }
+        }
+    }
+
     private static let executablePath: String = {
         var buffer = [CChar](repeating: 0, count: 4096)
         let count = readlink("/proc/self/exe", &buffer, buffer.count - 1)
