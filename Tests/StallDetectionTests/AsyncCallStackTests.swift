@@ -37,7 +37,8 @@ extension StallDetectorIntegrationTests {
                 guard index < shown.count else { return "only \(shown.count) frames from the blocker: \(shown)" }
                 let frame = shown[index]
                 if !frame.hasPrefix(prefix) || frame.hasSuffix(" [await]") != awaiting {
-                    return "frame \(index) from the blocker is \(frame), expected \(prefix)…\(awaiting ? " [await]" : "")"
+                    return
+                        "frame \(index) from the blocker is \(frame), expected \(prefix)…\(awaiting ? " [await]" : "")"
                 }
             }
             return ""

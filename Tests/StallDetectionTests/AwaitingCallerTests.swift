@@ -59,9 +59,10 @@ struct AwaitingCallerTests {
         #expect(frames.map(\.isAwaitResume) == [false, false, true, true, true, false, false])
         #expect(frames.allSatisfy { !$0.isUncertain })
         // Resume points are named as instructions, not as return addresses.
-        #expect(frames.enumerated().map { $0.element.isReturnAddress(at: $0.offset) } == [
-            false, true, false, false, false, true, true,
-        ])
+        #expect(
+            frames.enumerated().map { $0.element.isReturnAddress(at: $0.offset) } == [
+                false, true, false, false, false, true, true,
+            ])
         #expect(try #require(chain).cut == nil)
     }
 
@@ -103,7 +104,9 @@ struct AwaitingCallerTests {
 
     @Test("a chain that loops is cut at the depth limit, said as such")
     func loopingChainIsCut() throws {
-        let memory: [UInt: UInt] = [0x5000_0000: 0x5000_0040, 0x5000_0008: 0x1000_1000, 0x5000_0040: 0x5000_0000, 0x5000_0048: 0x1000_2000]
+        let memory: [UInt: UInt] = [
+            0x5000_0000: 0x5000_0040, 0x5000_0008: 0x1000_1000, 0x5000_0040: 0x5000_0000, 0x5000_0048: 0x1000_2000,
+        ]
         let (frames, chain) = unwind(words: Self.stackWords(context: 0x5000_0000), memory: memory)
         #expect(frames.filter(\.isAwaitResume).count == AsyncContextChain.depthLimit)
         #expect(try #require(chain).cut == .depthLimit)
@@ -126,5 +129,45 @@ struct AwaitingCallerTests {
         let (frames, chain) = unwind(words: words, memory: Self.contexts(3))
         #expect(!frames.contains { $0.isAwaitResume })
         #expect(chain == nil)
+    }
+
+    @Test("a remembered chain stands only when every context reads the same again; else it is followed afresh")
+    func rememberedChain() throws {
+        let isText = { (address: UInt) in address >= 0x1000_0000 && address < 0x2000_0000 }
+        let memory = Self.contexts(3)
+        let first = AsyncContextChain.follow(from: 0x5000_0000, readWord: { memory[$0] }, isText: isText)
+        #expect(first.contexts == [0x5000_0000, 0x5000_0040, 0x5000_0080])
+        func reader(_ memory: [UInt: UInt]) -> ([UInt]) -> [UInt]? {
+            { addresses in
+                var words: [UInt] = []
+                for address in addresses {
+                    guard let parent = memory[address], let resume = memory[address + 8] else { return nil }
+                    words += [parent, resume]
+                }
+                return words
+            }
+        }
+        #expect(AsyncContextChain.confirming(first, from: 0x5000_0000, readPairs: reader(memory)) == first)
+        var resumedElsewhere = memory
+        resumedElsewhere[0x5000_0088] = 0x1000_9000
+        #expect(AsyncContextChain.confirming(first, from: 0x5000_0000, readPairs: reader(resumedElsewhere)) == nil)
+        var relinked = memory
+        relinked[0x5000_0040] = 0x5000_00C0
+        #expect(AsyncContextChain.confirming(first, from: 0x5000_0000, readPairs: reader(relinked)) == nil)
+        #expect(AsyncContextChain.confirming(first, from: 0x5000_0040, readPairs: reader(memory)) == nil)
+        // Through the unwinder: a changed chain is read afresh, not remembered.
+        let words = Self.stackWords(context: 0x5000_0000)
+        let copy = StackCopy(pc: Self.pc, sp: Self.sp, fp: Self.sp + 8, words: words, truncated: false)
+        var unwinder = StackUnwinder(
+            copy: copy, isText: isText, readWord: { resumedElsewhere[$0] }, callTarget: { _ in .unknown },
+            tailJumps: { _ in CallSite.TailJumps() })
+        unwinder.liveWords = { address, count in
+            let slot = Int((address - Self.sp) / 8)
+            return Array(words[slot..<(slot + count)])
+        }
+        let (_, chain) = unwinder.insertingAwaits(
+            into: unwinder.unwind(), remembered: first, readPairs: reader(resumedElsewhere),
+            isJobRunner: { $0 == Self.runner })
+        #expect(try #require(chain).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_9000])
     }
 }

@@ -32,6 +32,9 @@ final class SamplingContext: @unchecked Sendable {
     /// 4–18 ms in a debug build, which would otherwise empty the sampling budget
     /// and pause the first stall's profile for a quarter of a second).
     private(set) var oneTimeCost: Int64 = 0
+    /// The awaiting callers the last sample read in full: a stalled thread's
+    /// next samples confirm them with one batch read.
+    private var lastAwaits: AsyncContextChain?
 
     init(symbolicator: Symbolicator = .shared) {
         self.symbolicator = symbolicator
@@ -163,7 +166,9 @@ final class SamplingContext: @unchecked Sendable {
         // a page a read (a 50-await chain in two or three system calls).
         let contexts = MemoryBlocks(blockWords: 512)
         let (frames, awaits) = unwinder.insertingAwaits(
-            into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) })
+            into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) }, remembered: lastAwaits,
+            readPairs: StackSampler.readPairs(at:))
+        if let awaits, awaits.cut == nil { lastAwaits = awaits }
         let held = queue.map { copy.words.contains($0) } ?? false
         var raw = RawStack(
             thread: thread, frames: frames, copyTruncated: copy.truncated || unwinder.signalContextUnread, queue: queue,

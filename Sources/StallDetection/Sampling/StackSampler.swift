@@ -210,6 +210,53 @@ final class StackSampler {
         return (sp, pc)
     }
 
+    /// The two words at each address (`result[2i]`, `result[2i + 1]`), read
+    /// through the kernel; nil when any is unreadable. Consecutive addresses
+    /// near each other (async contexts, which the task allocator packs into
+    /// slabs) are read as one range: the kernel's cost is per range (about
+    /// 2 µs, 3.4 µs for 20 KB), not per byte.
+    static func readPairs(at addresses: [UInt]) -> [UInt]? {
+        let wordSize = UInt(MemoryLayout<UInt>.size)
+        var pairs = [UInt](repeating: 0, count: addresses.count * 2)
+        var first = 0
+        while first < addresses.count {
+            // One range: the next addresses within a page of it, at most 64 KB.
+            guard addresses[first] % wordSize == 0, addresses[first] <= UInt.max - 2 * wordSize else { return nil }
+            var low = addresses[first]
+            var high = low + 2 * wordSize
+            var last = first
+            while last + 1 < addresses.count {
+                let next = addresses[last + 1]
+                guard next % wordSize == 0, next <= UInt.max - 2 * wordSize else { return nil }
+                let newLow = min(low, next)
+                let newHigh = max(high, next + 2 * wordSize)
+                guard next + 4_096 > low, next < high + 4_096, newHigh - newLow <= 65_536 else { break }
+                (low, high, last) = (newLow, newHigh, last + 1)
+            }
+            var buffer = [UInt](repeating: 0, count: Int((high - low) / wordSize))
+            guard buffer.withUnsafeMutableBytes({ readAtOnce(from: low, into: $0) }) else { return nil }
+            for position in first...last {
+                let index = Int((addresses[position] - low) / wordSize)
+                pairs[2 * position] = buffer[index]
+                pairs[2 * position + 1] = buffer[index + 1]
+            }
+            first = last + 1
+        }
+        return pairs
+    }
+
+    /// Copies `bytes.count` bytes from `address` in one system call; false when
+    /// any of them is unreadable.
+    private static func readAtOnce(from address: UInt, into bytes: UnsafeMutableRawBufferPointer) -> Bool {
+        #if os(Linux)
+        var local = iovec(iov_base: bytes.baseAddress, iov_len: bytes.count)
+        var remote = iovec(iov_base: UnsafeMutableRawPointer(bitPattern: address), iov_len: bytes.count)
+        return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == bytes.count
+        #else
+        return false
+        #endif
+    }
+
     /// Copies memory of this process through the kernel, stopping at the first
     /// unmapped page instead of faulting. Returns the number of words copied.
     static func copyMemory(from address: UInt, into bytes: UnsafeMutableRawBufferPointer) -> Int {

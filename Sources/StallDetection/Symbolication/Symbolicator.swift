@@ -341,6 +341,15 @@ final class Symbolicator: Sendable {
         }
     }
 
+    /// A demangled name as a person reads it: a closure in top-level code
+    /// demangles to "closure #8 in " (its context has no name), named here
+    /// after its file, "closure #8 in top-level code (main.swift)".
+    static func readableName(_ name: String, file: String?) -> String {
+        guard name.hasSuffix(" in ") else { return name }
+        let base = file.map { $0.split(separator: "/").last.map(String.init) ?? $0 }
+        return name + "top-level code" + (base.map { " (\($0))" } ?? "")
+    }
+
     /// Caches the frames `symbolicated` gives for `keys`; returns the keys named.
     private static func store(
         _ symbolicated: SymbolicatedBacktrace?, for keys: [Key], in state: inout State
@@ -350,11 +359,12 @@ final class Symbolicator: Sendable {
         for frame in symbolicated?.frames ?? [] {
             let original = UInt(frame.captured.originalProgramCounter) ?? 0
             let symbol = frame.symbol
+            let file = symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.path : nil }
             group.append(
                 StackFrame(
                     address: original,
-                    function: symbol.map { $0.name },
-                    file: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.path : nil },
+                    function: symbol.map { readableName($0.name, file: file) },
+                    file: file,
                     line: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.line : nil },
                     image: symbol?.imageName,
                     isUncertain: false,

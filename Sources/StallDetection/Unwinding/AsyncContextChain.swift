@@ -32,6 +32,10 @@ struct AsyncContextChain: Sendable, Equatable {
     var resumeAddresses: [UInt]
     /// Why the chain stops before its root, or nil when it reached it.
     var cut: Cut?
+    /// The contexts read, innermost first: `contexts[i]` holds
+    /// `resumeAddresses[i]` and links to `contexts[i + 1]` (the last to null
+    /// when the chain reached its root).
+    var contexts: [UInt] = []
 
     enum Cut: Sendable, Equatable {
         /// A context could not be read (freed, or never one).
@@ -95,8 +99,32 @@ struct AsyncContextChain: Sendable, Equatable {
                 break
             }
             chain.resumeAddresses.append(resume)
+            chain.contexts.append(current)
             current = parent
         }
         return chain
+    }
+
+    /// The chain again from `context`, when it is `remembered`'s: every
+    /// context's parent and resume address read afresh at once
+    /// (`readPairs`: the two words at each address, one after the other; nil
+    /// when any is unreadable) and equal to what was read before. A stalled thread's chain
+    /// stays the same from sample to sample; reading it link by link costs a
+    /// system call per page of contexts, this one for them all. Nil when
+    /// anything differs: the caller follows the chain afresh.
+    static func confirming(
+        _ remembered: AsyncContextChain, from context: UInt, readPairs: ([UInt]) -> [UInt]?
+    ) -> AsyncContextChain? {
+        let contexts = remembered.contexts
+        guard remembered.cut == nil, contexts.first == context, contexts.count == remembered.resumeAddresses.count,
+            let pairs = readPairs(contexts), pairs.count == 2 * contexts.count
+        else { return nil }
+        for index in contexts.indices {
+            let expectedParent = index + 1 < contexts.count ? contexts[index + 1] : 0
+            guard pairs[2 * index] == expectedParent, pairs[2 * index + 1] == remembered.resumeAddresses[index] else {
+                return nil
+            }
+        }
+        return remembered
     }
 }

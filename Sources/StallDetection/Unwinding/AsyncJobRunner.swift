@@ -1,10 +1,10 @@
+import CStallCapture
+
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-
-import CStallCapture
 
 /// Where Swift's concurrency runtime calls a job's partial function: a frame
 /// whose return address lies here is a running async function, with its async

@@ -1,11 +1,11 @@
-import Glibc
 extension StackUnwinder {
     /// The awaits above the async function the thread runs, inserted after its
     /// frame: the frames ``unwind()`` returned, with the resume addresses of
     /// its ``AsyncContextChain`` placed before the job runner's frame (marked
     /// ``RawFrame/isAwaitResume``), and the chain itself (nil when no frame runs
     /// async code). Contexts are read through `readContextWord` (by default
-    /// ``readWord``).
+    /// ``readWord``); a `remembered` chain (the last sample's) is confirmed
+    /// with one batch read instead (``AsyncContextChain/confirming(_:from:readPairs:)``).
     ///
     /// The async frame is the one whose record's return address lies in the
     /// runtime's job runner (``AsyncJobRunner``); its context is the word
@@ -15,10 +15,10 @@ extension StackUnwinder {
     /// function, so no await is shown (``AsyncContextChain/Cut/movedOn``).
     func insertingAwaits(
         into frames: [RawFrame], readContextWord: ((UInt) -> UInt?)? = nil,
+        remembered: AsyncContextChain? = nil, readPairs: (([UInt]) -> [UInt]?)? = nil,
         isJobRunner: (UInt) -> Bool = AsyncJobRunner.contains(returnAddress:)
     ) -> (frames: [RawFrame], chain: AsyncContextChain?) {
         let slots = scratch.frameSlots
-        if getenv("TMP_NO_AWAITS") != nil { return (frames, nil) }
         guard slots.count == frames.count else { return (frames, nil) }
         for index in frames.indices.dropFirst() {
             let returnSlot = slots[index]
@@ -28,7 +28,10 @@ extension StackUnwinder {
             guard contextSlot >= 0, contextSlot < copy.words.count else { return (frames, nil) }
             let context = copy.words[contextSlot]
             guard context != 0 else { return (frames, nil) }
-            var chain = AsyncContextChain.follow(from: context, readWord: readContextWord ?? readWord, isText: isText)
+            var chain =
+                remembered.flatMap { remembered in
+                    readPairs.flatMap { AsyncContextChain.confirming(remembered, from: context, readPairs: $0) }
+                } ?? AsyncContextChain.follow(from: context, readWord: readContextWord ?? readWord, isText: isText)
             if !stackStillHolds(from: contextSlot, through: returnSlot) {
                 chain = AsyncContextChain(resumeAddresses: [], cut: .movedOn)
             }
