@@ -9,6 +9,7 @@ let sections: [(name: String, summary: String, run: () -> Void)] = [
     ("delayed", "DelayedWork cancelled: captures released before cancel() returns", delayedWorkSection),
     ("owner", "an owner-bound timer stopping when its owner goes away", ownerSection),
     ("stall", "a real main-thread stall: the blocking function, the screen, where the time went", stallSection),
+    ("async", "a stall on an actor: the callers that awaited their way to it", asyncStallSection),
     ("fatal", "a stall that ends in a kill, read back by the next run", fatalSection),
 ]
 
