@@ -170,10 +170,17 @@ struct StallTracerTests {
         let spans = tracer.finishedSpans
         #expect(started.withLock { $0 }, "no stall was reported")
         let during = try #require(spans.first { $0.operationName == "GET /during" })
-        #expect(during.events.map(\.name) == ["stall started", "stall ended"])
+        // On a loaded machine the queue may also have been late for 100 ms before
+        // the block (a stall too, started and ended): the block's stall comes last.
+        let names = during.events.map(\.name)
+        #expect(names.count >= 2 && names.count % 2 == 0, "\(names)")
+        #expect(
+            stride(from: 0, to: names.count - 1, by: 2).allSatisfy {
+                names[$0] == "stall started" && names[$0 + 1] == "stall ended"
+            }, "\(names)")
         #expect(during.events.last.map { attribute($0.attributes, "stall.ended_by_stop") } == "true")
         #expect(spans.first { $0.operationName == "GET /after" }?.events.isEmpty == true)
-        let stallSpan = try #require(spans.first { $0.operationName == "stall: event loop 7" })
+        let stallSpan = try #require(spans.last { $0.operationName == "stall: event loop 7" })
         #expect(attribute(stallSpan.attributes, "stall.ended_by_stop") == "true")
         #expect(attribute(stallSpan.attributes, "stall.duration_ms").flatMap { Int($0) }.map { $0 >= 100 } == true)
     }
