@@ -7,22 +7,23 @@ extension StallDetectorIntegrationTests {
     /// for the shape (the cache makes repeated stalls cheaper than the first).
     @Suite("Cost (stall-probe, real time)")
     struct Cost {
-        @Test("a repeated stall costs at most 2 ms from sample to .started (release): the symbolication cache")
+        @Test("a repeated stall costs look-ups from sample to .started, not the first one's naming: the symbolication cache")
         func repeatedStallIsCheap() throws {
             let run = try ProbeRun.run(["repeat", "5"])
             #expect(run.exitStatus == 0)
             #expect(run.samplingMilliseconds.count == 5, "\(run.lines)")
             guard run.samplingMilliseconds.count == 5 else { return }
+            let first = run.samplingMilliseconds[0]
             let repeated = run.samplingMilliseconds.dropFirst().sorted()
             let median = repeated[repeated.count / 2]
-            if ProbeRun.probeIsRelease {
-                #expect(median <= 2.0, "repeated: \(repeated) ms; first \(run.samplingMilliseconds[0]) ms")
-            } else {
-                // The shape: the cache makes a repeated stall far cheaper than the
-                // first (10 ms, or a quarter of the first's time on a loaded machine).
-                let bound = max(10.0, run.samplingMilliseconds[0] / 4)
-                #expect(median <= bound, "repeated: \(repeated) ms; first \(run.samplingMilliseconds[0]) ms")
-            }
+            // What the cache promises: a repeated stall costs look-ups, far less than
+            // the first (whose .started may also find its names prefetched: 0 ms).
+            // Bound: half the first's time, or a floor of 2 ms (release) and 10 ms
+            // (debug); beside two busy processes the medians were 0.03–0.7 ms
+            // (release) and 0.5–1.4 ms (debug), 6 runs each. Printed for the record.
+            print("repeated stall: \(median) ms from sample to .started, the first \(first) ms")
+            let floor = ProbeRun.probeIsRelease ? 2.0 : 10.0
+            #expect(median <= max(first / 2, floor), "repeated: \(repeated) ms; first \(first) ms")
         }
 
         /// Goal 0.1 % of a core; see "How stall reports are made" ("What it costs"). The bound
