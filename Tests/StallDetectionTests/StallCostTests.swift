@@ -7,7 +7,9 @@ extension StallDetectorIntegrationTests {
     /// for the shape (the cache makes repeated stalls cheaper than the first).
     @Suite("Cost (stall-probe, real time)")
     struct Cost {
-        @Test("a repeated stall costs look-ups from sample to .started, not the first one's naming: the symbolication cache")
+        @Test(
+            "a repeated stall costs look-ups from sample to .started, not the first one's naming: the symbolication cache"
+        )
         func repeatedStallIsCheap() throws {
             let run = try ProbeRun.run(["repeat", "5"])
             #expect(run.exitStatus == 0)
