@@ -398,7 +398,9 @@ final class DetectorCore: Sendable {
                 target.ownsProbeQueue
                 ? profiler.findBlockedThread(lastAnswering: lastAnswering, queue: queue)
                 : sampling.find(target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: false)
-            let blocked = sampling.named(search)
+            // Awaiting callers not named yet are named from their symbols: the
+            // report is not held up by reading their modules' debug information.
+            let blocked = sampling.named(search, awaitsInFull: false)
             (reported, samples) = (blocked.backtrace, blocked.samples)
             profiler.stallStarted(
                 backtrace: reported, activities: blocked.activities, start: now - decision.duration, at: sampleStart)
@@ -419,7 +421,8 @@ final class DetectorCore: Sendable {
         case .missed(let outcome):
             emit(outcome, gathered: gathered)
         case .events(let ended):
-            let profile = gathered.map { (profiler.profile(of: $0), $0.activities) } ?? profiler.snapshot()
+            let profile =
+                gathered.map { (profiler.profile(of: $0), $0.activities) } ?? profiler.snapshot(awaitsInFull: false)
             var started = makeEvent(
                 id: decision.id, phase: .started, duration: decision.duration, backtrace: reported,
                 sampling: samplingTime, profile: profile)

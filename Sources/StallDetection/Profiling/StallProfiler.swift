@@ -232,9 +232,9 @@ final class StallProfiler: Sendable {
 
     /// The profile and activities so far (for an event), its samples named now:
     /// on the detector queue only. Empty when no session is open.
-    func snapshot() -> (profile: StallProfile, activities: [String]) {
+    func snapshot(awaitsInFull: Bool = true) -> (profile: StallProfile, activities: [String]) {
         guard let gathered = gathered() else { return (.empty, []) }
-        return (profile(of: gathered), gathered.activities)
+        return (profile(of: gathered, awaitsInFull: awaitsInFull), gathered.activities)
     }
 
     /// What the open session gathered so far, if one is open.
@@ -249,9 +249,9 @@ final class StallProfiler: Sendable {
     /// The profile of gathered samples, each distinct stack named in full (on
     /// the detector queue: naming code for the first time reads debug
     /// information).
-    func profile(of gathered: Gathered) -> StallProfile {
+    func profile(of gathered: Gathered, awaitsInFull: Bool = true) -> StallProfile {
         gathered.recorder.profile(interval: gathered.interval) { [naming] stacks in
-            let named = naming.names(stacks.map { $0 == Self.unsampledRaw ? [] : $0 })
+            let named = naming.names(stacks.map { $0 == Self.unsampledRaw ? [] : $0 }, awaitsInFull: awaitsInFull)
             return zip(stacks, named).map { $0 == Self.unsampledRaw ? Self.unsampledRunning.frames : $1 }
         }
     }

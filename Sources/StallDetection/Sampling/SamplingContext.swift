@@ -178,10 +178,12 @@ final class SamplingContext: @unchecked Sendable {
         return (raw, unwinder.wentBeyondCopy)
     }
 
-    /// Names a sampled stack in full.
-    func name(_ raw: RawStack) -> StallBacktrace {
+    /// Names a sampled stack in full (awaiting callers not named yet from their
+    /// symbols alone when `awaitsInFull` is false: ``Symbolicator/symbolicate(_:awaitsInFull:)``).
+    func name(_ raw: RawStack, awaitsInFull: Bool = true) -> StallBacktrace {
         let before = StallProfiler.threadCPU()
-        let frames = StackShape.prune(Self.markSignalFrames(symbolicator.symbolicate(raw.frames), raw: raw.frames))
+        let frames = StackShape.prune(
+            Self.markSignalFrames(symbolicator.symbolicate(raw.frames, awaitsInFull: awaitsInFull), raw: raw.frames))
         oneTimeCost += StallProfiler.threadCPU() - before
         return StallBacktrace(
             frames: frames, threadID: Self.reportedID(raw.thread), unavailableReason: nil,
@@ -196,9 +198,12 @@ final class SamplingContext: @unchecked Sendable {
 
     /// Names sampled stacks in full, for a profile: the frames found only by a
     /// scan go first unless the chain does not reach the root (as in a report).
-    func names(_ stacks: [[RawFrame]]) -> [[StackFrame]] {
+    func names(_ stacks: [[RawFrame]], awaitsInFull: Bool = true) -> [[StackFrame]] {
         let before = StallProfiler.threadCPU()
-        let named = stacks.map { StackShape.prune(Self.markSignalFrames(symbolicator.symbolicate($0), raw: $0)) }
+        let named = stacks.map {
+            StackShape.prune(
+                Self.markSignalFrames(symbolicator.symbolicate($0, awaitsInFull: awaitsInFull), raw: $0))
+        }
         oneTimeCost += StallProfiler.threadCPU() - before
         return named
     }
@@ -284,14 +289,16 @@ final class SamplingContext: @unchecked Sendable {
     /// before naming, if the search did not read them before its capture). The
     /// search may have been made by another context: naming reads no sampler
     /// state.
-    func named(_ search: Search) -> BlockedThread {
+    func named(_ search: Search, awaitsInFull: Bool = true) -> BlockedThread {
         guard let found = search.found else {
             return BlockedThread(backtrace: search.failure, samples: [:], activities: [])
         }
         let activities = search.activities ?? ActivityRecord.activities(ofThread: Self.reportedID(found.thread))
-        let named = name(found)
+        let named = name(found, awaitsInFull: awaitsInFull)
         var samples = [found.thread: named]
-        for other in search.others where other.thread != found.thread { samples[other.thread] = name(other) }
+        for other in search.others where other.thread != found.thread {
+            samples[other.thread] = name(other, awaitsInFull: awaitsInFull)
+        }
         return BlockedThread(backtrace: named, samples: samples, activities: activities)
     }
 

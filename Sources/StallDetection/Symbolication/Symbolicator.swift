@@ -200,22 +200,40 @@ final class Symbolicator: Sendable {
     private static let warmedUp = Locked(false)
 
     /// Names the frames; unknown ones keep only their address. The first frame is
-    /// the interrupted instruction, the others return addresses.
-    func symbolicate(_ raw: [RawFrame]) -> [StackFrame] {
+    /// the interrupted instruction, the others return addresses (but awaiting
+    /// callers' resume points).
+    ///
+    /// With `awaitsInFull` false, an awaiting caller not named in full yet is
+    /// named from its symbol table alone (no file or line): a first stall's
+    /// `.started` in a debug build would otherwise wait for the debug
+    /// information of every module the awaits pass through (1.6 s for a
+    /// Hummingbird route's 25 awaiting frames); `.ended` names them in full.
+    func symbolicate(_ raw: [RawFrame], awaitsInFull: Bool = true) -> [StackFrame] {
         guard !raw.isEmpty else { return [] }
         let keys = raw.enumerated().map {
             Key(address: $0.element.address, isReturnAddress: $0.element.isReturnAddress(at: $0.offset))
         }
-        let missing = state.withLock { state in
+        let awaits = Set(zip(raw, keys).filter { $0.0.isAwaitResume }.map(\.1))
+        let (missing, quick) = state.withLock { state in
             var seen = Set<Key>()
-            return keys.filter { state.cache[$0] == nil && seen.insert($0).inserted }
+            let missing = keys.filter { state.cache[$0] == nil && seen.insert($0).inserted }
+            return awaitsInFull
+                ? (missing, []) : (missing.filter { !awaits.contains($0) }, missing.filter(awaits.contains))
         }
         if !missing.isEmpty { resolve(missing) }
+        let shortNames = Dictionary(zip(quick, functionNames(quick)), uniquingKeysWith: { first, _ in first })
         return state.withLock { state in
             var frames: [StackFrame] = []
             frames.reserveCapacity(raw.count)
             for (frame, key) in zip(raw, keys) {
-                for named in state.cache[key] ?? [Self.unnamedFrame(frame.address, state)] {
+                let short = shortNames[key].flatMap { $0 }.map {
+                    [
+                        StackFrame(
+                            address: key.address, function: Self.readableName($0, file: nil), file: nil, line: nil,
+                            image: nil, isUncertain: false)
+                    ]
+                }
+                for named in state.cache[key] ?? short ?? [Self.unnamedFrame(frame.address, state)] {
                     frames.append(named.with(isUncertain: frame.isUncertain, isAwaitResume: frame.isAwaitResume))
                 }
             }
@@ -228,8 +246,13 @@ final class Symbolicator: Sendable {
     /// first samples are named while it lasts, before its `.started` report needs
     /// the same functions, so that the report is not held up by reading debug
     /// information for the first time. Unique addresses only; nothing is done
-    /// when every address is cached.
-    func prefetch(_ raw: [RawFrame]) {
+    /// when every address is cached. Awaiting callers are left out: `.started`
+    /// names them from their symbols (``symbolicate(_:awaitsInFull:)``), and
+    /// reading their modules' debug information here would hold up the
+    /// symbolication thread the report needs (0.6 s more for a Hummingbird
+    /// route's first stall, debug build).
+    func prefetch(_ frames: [RawFrame]) {
+        let raw = frames.filter { !$0.isAwaitResume }
         let keys = raw.enumerated().map {
             Key(address: $0.element.address, isReturnAddress: $0.element.isReturnAddress(at: $0.offset))
         }
