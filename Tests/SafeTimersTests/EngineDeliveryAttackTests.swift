@@ -580,15 +580,10 @@ struct EngineDeliveryAttackTests {
         _ = (debouncers, throttlers)
     }
 
-    final class ModelEntry: TimerEntry {
+    final class ModelEntry: TimerEntry, @unchecked Sendable {
         let id: Int
-        private let slot = Atomic<Int>(-1)
         init(id: Int) { self.id = id }
-        var timerSlot: Int {
-            get { slot.load(ordering: .relaxed) }
-            set { slot.store(newValue, ordering: .relaxed) }
-        }
-        func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
+        override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
     }
 
     /// Random arm/move/disarm/pop/earliest sequences against a model, with

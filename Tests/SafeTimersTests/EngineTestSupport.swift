@@ -6,9 +6,8 @@ import Testing
 
 /// A minimal entry for driving the engine directly: records each firing and
 /// holds a payload that weak probes can watch.
-final class RecordingEntry: TimerEntry {
+final class RecordingEntry: TimerEntry, @unchecked Sendable {
     let name: String
-    private let index = Atomic<Int>(-1)
     /// The arming this entry answers to; held while arming so a firing cannot
     /// overtake the bookkeeping (the same discipline the primitives follow).
     private let armedSequence = StateLock<UInt64>(0)
@@ -19,11 +18,6 @@ final class RecordingEntry: TimerEntry {
         self.name = name
         self.payload = StateLock(payload)
         self.onFire = onFire
-    }
-
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
     }
 
     func arm(_ engine: TimerEngine, at deadline: Int64) {
@@ -39,7 +33,7 @@ final class RecordingEntry: TimerEntry {
         return removed
     }
 
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         guard armedSequence.withLock({ $0 }) == sequence else { return }
         onFire(name, deadline)
     }

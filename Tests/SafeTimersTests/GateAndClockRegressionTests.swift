@@ -93,7 +93,7 @@ struct InvocationGateRegressionTests {
         let manual = ManualTimerScheduler()
         let fired = Counter()
         let recorder = DeliveryRecorder()
-        let dog = WatchdogCore(
+        let dog = WatchdogCore.armed(
             timeout: .milliseconds(100), executor: .recorder(recorder), engine: EngineReference(manual)
         ) {
             fired.increment()

@@ -187,15 +187,11 @@ struct TimerWheelTests {
 }
 
 /// An entry that may fire up to `leeway` nanoseconds late.
-final class LeewayEntry: TimerEntry {
-    private let slot = Atomic<Int>(-1)
-    let leewayTicks: Int64
-    init(leeway: Int64) { leewayTicks = leeway }
-    var timerSlot: Int {
-        get { slot.load(ordering: .relaxed) }
-        set { slot.store(newValue, ordering: .relaxed) }
-    }
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
+final class LeewayEntry: TimerEntry, @unchecked Sendable {
+    let leeway: Int64
+    init(leeway: Int64) { self.leeway = leeway }
+    override var leewayTicks: Int64 { leeway }
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
 }
 
 /// A small deterministic generator for property tests (reproducible by seed).

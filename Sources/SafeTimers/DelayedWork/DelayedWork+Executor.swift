@@ -40,8 +40,8 @@ extension DelayedWork {
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        DelayedWork(
-            executor: .onExecutor(executor), engine: EngineReference(scheduler.engine), work: work,
+        DelayedWork.scheduled(
+            executor: .onExecutor(executor), engine: EngineReference(scheduler), work: work,
             at: deadline.ticks)
     }
 }

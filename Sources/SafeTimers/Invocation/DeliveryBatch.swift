@@ -222,24 +222,21 @@ final class DeliveryHop: Sendable {
 }
 
 /// The engine entry that wakes the scheduler thread to send helper blocks.
-final class HopRescue: TimerEntry {
+/// `@unchecked Sendable` invariant (the base class ``TimerEntry`` makes the
+/// compiler leave it to us): every stored property is a `let` of a `Sendable`
+/// type (the lock that guards the machine, atomics, the executor, the engine).
+final class HopRescue: TimerEntry, @unchecked Sendable {
     /// The batch that owns this entry (and outlives it), unretained; set once,
     /// before the entry is first armed.
     private let batch = Atomic<UInt>(0)
-    private let slot = Atomic<Int>(-1)
 
-    init() {}
+    override init() {}
 
     func attach(to owner: DeliveryBatch) {
         batch.store(UInt(bitPattern: Unmanaged.passUnretained(owner).toOpaque()), ordering: .releasing)
     }
 
-    var timerSlot: Int {
-        get { slot.load(ordering: .relaxed) }
-        set { slot.store(newValue, ordering: .relaxed) }
-    }
-
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         let address = batch.load(ordering: .acquiring)
         guard let pointer = UnsafeRawPointer(bitPattern: address) else { return }
         Unmanaged<DeliveryBatch>.fromOpaque(pointer).takeUnretainedValue().rescueHops(engine: engine)

@@ -22,7 +22,7 @@ extension TimerEngine {
         state.pointee.deliveryHead = 0
         lock.signal()
         lock.unlock()
-        var dropped: [any TimerEntry] = []
+        var dropped: [TimerEntry] = []
         for shard in shards {
             shard.lock()
             dropped += shard.state.pointee.wheel.removeAll()

@@ -183,9 +183,11 @@ public final class TimerEngine: @unchecked Sendable {
     let shards: UnsafeMutableBufferPointer<Shard>
     /// What the shards point to (their locks are kept alive here).
     private let shardMemory: [ShardMemory]
-    /// The calling thread's shard (see ``ThreadShard``).
+    /// The calling thread's shard: each thread is given a number at its first
+    /// arming, round-robin (``ThreadIdentity/shard()``), so that threads spread
+    /// over the shards evenly.
     @inline(__always)
-    private var threadShard: Shard { shards[ThreadShard.current() & (shards.count &- 1)] }
+    private var threadShard: Shard { shards[ThreadIdentity.shard() & (shards.count &- 1)] }
 
     /// What the scheduler thread waits for: `Int64.min` while it is awake (it
     /// will look at every shard again before sleeping, so nobody needs to wake
@@ -247,7 +249,7 @@ public final class TimerEngine: @unchecked Sendable {
     deinit {
         // A real engine ends once its scheduler is gone, nothing is armed and its
         // thread has ended; a manual one once nothing refers to it.
-        var entries: [any TimerEntry] = []
+        var entries: [TimerEntry] = []
         for shard in shards { entries += shard.state.pointee.wheel.removeAll() }
         _ = shards.deinitialize()
         shards.deallocate()
@@ -303,7 +305,7 @@ public final class TimerEngine: @unchecked Sendable {
     /// its primitive serializes) puts it into a shard, so once the lock is held
     /// and the slot still names the shard, it stays there.
     @inline(__always)
-    private func lockedShard<Entry: TimerEntry>(for entry: Entry) -> (Shard, Int32) {
+    private func lockedShard(for entry: TimerEntry) -> (Shard, Int32) {
         while true {
             let slot = entry.timerSlot
             let shard = slot >= 0 ? shards[slot &>> Self.shardShift] : threadShard
@@ -331,7 +333,7 @@ public final class TimerEngine: @unchecked Sendable {
     ///   takes the lock of one shard only, and wakes the scheduler thread only
     ///   when `deadline` is earlier than the time it sleeps until.
     @discardableResult
-    func arm<Entry: TimerEntry>(_ entry: Entry, at deadline: Int64) -> UInt64 {
+    func arm(_ entry: TimerEntry, at deadline: Int64) -> UInt64 {
         if isVirtual { return armVirtual(entry, at: deadline) }
         let (shard, node) = lockedShard(for: entry)
         let sequence = shard.nextSequence()
@@ -375,7 +377,7 @@ public final class TimerEngine: @unchecked Sendable {
     }
 
     /// A manual engine's arming: one shard, whose lock is `lock`.
-    private func armVirtual(_ entry: any TimerEntry, at deadline: Int64) -> UInt64 {
+    private func armVirtual(_ entry: TimerEntry, at deadline: Int64) -> UInt64 {
         lock.lock()
         let shard = shards[0]
         let sequence = shard.nextSequence()
@@ -406,14 +408,10 @@ public final class TimerEngine: @unchecked Sendable {
     /// - Complexity: O(1) in the number of armed entries; takes the lock of the
     ///   shard that holds the entry only.
     @discardableResult
-    func disarm<Entry: TimerEntry>(_ entry: Entry) -> Bool {
+    func disarm(_ entry: TimerEntry) -> Bool {
         guard entry.timerSlot >= 0 else { return false }
         let (shard, node) = lockedShard(for: entry)
-        var removed = TimerEntryReference.none
-        if node >= 0 {
-            removed = shard.state.pointee.wheel.removeKeepingSlot(node: node)
-            entry.timerSlot = -1
-        }
+        let removed = node >= 0 ? shard.state.pointee.wheel.remove(node: node) : nil
         let emptied = shard.state.pointee.wheel.count == 0
         shard.unlock()
         if emptied && !isVirtual && retired.load(ordering: .relaxed) {
@@ -421,18 +419,6 @@ public final class TimerEngine: @unchecked Sendable {
         }
         // The engine's reference (possibly the last one to the entry) is
         // released here, outside the lock.
-        let wasArmed = !removed.isNone
-        removed.release()
-        return wasArmed
+        return withExtendedLifetime(removed) { removed != nil }
     }
-}
-
-/// Which shard a thread arms into: each thread is given a number at its first
-/// arming, round-robin, so that threads spread over the shards evenly (a hash of
-/// the thread's id would put two of two threads in one shard a quarter of the
-/// time). An engine takes the number modulo its shard count.
-enum ThreadShard {
-    /// The calling thread's number (see ``ThreadIdentity/shard()``).
-    @inline(__always)
-    static func current() -> Int { ThreadIdentity.shard() }
 }

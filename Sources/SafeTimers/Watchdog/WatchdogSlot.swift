@@ -93,7 +93,6 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     private let armedAt = Atomic<Int64>(0)
     /// The thread running the handler (for the cycle check of a waiting owner).
     private let runner = Atomic<UInt>(0)
-    private let index = Atomic<Int>(-1)
     /// How often the engine entry was armed (tests check that arming is lazy).
     private let armings = Atomic<Int>(0)
     /// The sequence of the current engine arming (0: none); serializes arming.
@@ -119,7 +118,7 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     /// Keeps the fields above off the cache line of whatever comes after.
     private let trailingPad: (Int64, Int64, Int64, Int64, Int64, Int64, Int64, Int64) = (0, 0, 0, 0, 0, 0, 0, 0)
 
-    init() {
+    override init() {
         let shared = SystemTimerScheduler.shared
         engine = shared.engine
         scheduler = ObjectIdentifier(shared)
@@ -127,11 +126,6 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
         coarseResolution = resolution
         // 250 resolutions (1 s at 4 ms); no coarse clock, or a useless one: never.
         coarseMinimumTimeout = resolution > 0 && resolution <= 20_000_000 ? resolution &* 250 : Int64.max
-    }
-
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
     }
 
     // MARK: The owner
@@ -246,7 +240,7 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
         }
     }
 
-    func timerFired(deadline passed: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline passed: Int64, sequence: UInt64, engine: TimerEngine) {
         let current = arming.withLock { armed -> Bool in
             guard armed == sequence else { return false }
             armed = 0
