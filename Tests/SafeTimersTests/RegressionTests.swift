@@ -221,6 +221,7 @@ struct RegressionTests {
         )
     }
 
+    #if DEBUG
     @Test("4c. the release and the last cancel land while the scheduler thread is about to sleep: it still ends")
     func retireAndEmptyBeforeSleeping() {
         /// The one strong reference to a scheduler, dropped by the test.
@@ -257,6 +258,7 @@ struct RegressionTests {
         waitUntil { weakEngine == nil }
         #expect(weakEngine == nil, "the thread slept on past the release and the last cancel")
     }
+    #endif
 
     @Test(
         "4d. released schedulers whose timers re-arm from the fire path (1 ms ticks, 5 each, 40 at once): all tick, all end"

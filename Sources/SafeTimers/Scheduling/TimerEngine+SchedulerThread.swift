@@ -91,7 +91,9 @@ extension TimerEngine {
                 fire(&batch, round)
                 continue
             }
+            #if DEBUG
             if let hook = beforeSleepingForTesting.withLock({ $0 }) { hook() }
+            #endif
             guard sleepUntilNextTarget() else { return }
         }
     }

@@ -202,9 +202,12 @@ public final class TimerEngine: @unchecked Sendable {
     /// The scheduler object is gone: a real engine's thread ends once nothing
     /// is armed (what is armed still fires); a manual engine is shut down.
     let retired = Atomic<Bool>(false)
-    /// Tests only: run by the scheduler thread right before it takes `lock` to
+    #if DEBUG
+    /// Tests only (debug builds; release builds have neither the hook nor its
+    /// check): run by the scheduler thread right before it takes `lock` to
     /// sleep, the window where a release and a last cancel must not be missed.
-    package let beforeSleepingForTesting = StateLock<(@Sendable () -> Void)?>(nil)
+    let beforeSleepingForTesting = StateLock<(@Sendable () -> Void)?>(nil)
+    #endif
     /// The monotonic clock's reading at tick 0 (0 for a manual engine).
     let origin: Int64
     /// `true` for a manual engine: entries fire synchronously inside `advance(by:)`
