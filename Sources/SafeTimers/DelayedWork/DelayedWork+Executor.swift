@@ -37,7 +37,7 @@ extension DelayedWork {
     public static func schedule(
         at deadline: TimerClock.Instant,
         executor: any Executor,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
         DelayedWork.scheduled(

@@ -83,13 +83,11 @@ public final class DelayedWork: TimerEntry, @unchecked Sendable {
     ///     Too long to represent: never (until cancelled).
     ///   - queue: Where the closure runs; `nil` (the default) is the default-QoS
     ///     global queue. Under a `ManualTimerScheduler` it runs inside
-    ///     `advance(by:)` instead. The work keeps the queue alive; so does the
-    ///     calling thread, until it has given SafeTimers primitives four other
-    ///     queues or ends (threads sharing one queue then do not contend on its
-    ///     reference count).
+    ///     `advance(by:)` instead. The work keeps the queue alive at least until
+    ///     the closure has run or been cancelled.
     ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default)
-    ///     is ``SystemTimerScheduler/shared``. (Optional so that the default writes
-    ///     no reference count on the one object all threads share.)
+    ///     is ``SystemTimerScheduler/shared``, as in every `DelayedWork`
+    ///     initializer.
     ///   - work: The closure. It is released right after it runs or is cancelled.
     /// - Returns: A handle to cancel the work or query its state.
     /// - Complexity: O(1) in the number of pending timers (a timing-wheel bucket).
@@ -116,7 +114,7 @@ public final class DelayedWork: TimerEntry, @unchecked Sendable {
     /// then runs outside the advance).
     public static func schedule(
         after delay: Duration,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @MainActor @Sendable () -> Void
     ) -> DelayedWork {
         schedule(after: delay, executor: .mainActor, engine: EngineReference(scheduler), HandlerExecutor.adapt(work))
@@ -137,7 +135,7 @@ public final class DelayedWork: TimerEntry, @unchecked Sendable {
     public static func schedule(
         at deadline: TimerClock.Instant,
         on queue: DispatchQueue? = nil,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
         DelayedWork.scheduled(executor: .on(queue), engine: EngineReference(scheduler), work: work, at: deadline.ticks)
@@ -147,7 +145,7 @@ public final class DelayedWork: TimerEntry, @unchecked Sendable {
     /// ``schedule(at:on:scheduler:_:)``.
     public static func schedule(
         at deadline: TimerClock.Instant,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @MainActor @Sendable () -> Void
     ) -> DelayedWork {
         DelayedWork.scheduled(
