@@ -295,8 +295,8 @@ struct EngineDeliveryAttackTests {
     }
 
     /// Private schedulers released at once, each with 40 works due together on
-    /// the global queue, some blocking 3 ms (hops, helpers and the rescue entry
-    /// are pending when the scheduler goes): all run once, engines are freed.
+    /// the global queue, some blocking 3 ms (hops and helpers are pending when
+    /// the scheduler goes): all run once, engines are freed.
     @Test func privateSchedulerReleasedWithHopsAndHelpersPending() async {
         let ran = Box<[Int]>(Array(repeating: 0, count: 400))
         var engines: [() -> Bool] = []
@@ -374,10 +374,8 @@ struct EngineDeliveryAttackTests {
     }
 
     /// Three works due together on a user *serial* queue, the first blocking
-    /// 300 ms: nothing else is due, so the scheduler thread should sleep. The
-    /// hop's rescue entry re-arms every millisecond while the hop has
-    /// unclaimed handlers, and a helper queued behind the blocked hop on a
-    /// serial queue can never begin: the thread wakes about once per ms.
+    /// 300 ms: nothing else is due, so the scheduler thread sleeps (a hop and
+    /// its helper, queued behind the blocked handler, never involve it).
     @Test func blockedHopOnSerialQueueDoesNotSpinSchedulerThread() async {
         let scheduler = SystemTimerScheduler()
         let engine = scheduler.engine
@@ -396,14 +394,13 @@ struct EngineDeliveryAttackTests {
         let ok = await eventually(within: 10) { done.load(ordering: .relaxed) == 3 }
         #expect(ok)
         let wakeUps = engine.wakeUpCount
-        // Polling every millisecond woke it about once per ms (~295 in 300 ms).
         let elapsed = Int((DispatchTime.now().uptimeNanoseconds - start) / 1_000_000)
         #expect(wakeUps < 15 + elapsed / 32, "scheduler thread woke \(wakeUps) times in \(elapsed) ms")
         _ = works
     }
 
-    /// The same on a suspended concurrent queue: a hop that cannot begin keeps
-    /// the rescue polling every millisecond until the queue is resumed.
+    /// The same on a suspended concurrent queue: a hop that cannot begin does
+    /// not wake the scheduler thread until the queue is resumed.
     @Test func hopOnSuspendedQueueDoesNotSpinSchedulerThread() async {
         let scheduler = SystemTimerScheduler()
         let engine = scheduler.engine

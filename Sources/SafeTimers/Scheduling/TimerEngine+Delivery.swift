@@ -17,7 +17,7 @@ extension TimerEngine {
         if isVirtual {
             deliverVirtually(target, tag: tag, to: executor)
         } else if _slowPath(deliveryBatch.isCollectingHere) {
-            deliveryBatch.add(target, tag: tag, executor: executor, engine: self)
+            deliveryBatch.add(target, tag: tag, executor: executor)
         } else {
             executor.run { target.invoke(tag: tag) }
         }

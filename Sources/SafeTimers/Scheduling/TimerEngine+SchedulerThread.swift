@@ -165,7 +165,7 @@ extension TimerEngine {
         for fired in batch[..<firing] {
             fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
         }
-        deliveryBatch.close(engine: self)
+        deliveryBatch.close()
         batch.removeFirst(firing)
     }
 

@@ -272,20 +272,14 @@ public final class TimerEngine: @unchecked Sendable {
     /// The current time as a `Duration` since the engine was created.
     public var now: Duration { .nanoseconds(nowTicks) }
 
-    /// How many entries are armed, not counting the engine's own helper entry
-    /// (``DeliveryBatch``) nor entries the scheduler thread has taken out to fire.
+    /// How many entries are armed, not counting entries the scheduler thread has
+    /// taken out to fire.
     ///
     /// - Complexity: O(number of shards): takes every shard's lock in turn (not
     ///   all at once), so while other threads arm and cancel, the sum is not a
     ///   snapshot of one instant.
     public var pendingCount: Int {
-        shards.reduce(0) { total, shard in
-            total
-                + shard.withLock {
-                    // The batch's rescue entry is the engine's, not the user's.
-                    shard.state.pointee.wheel.count - (deliveryBatch.isRescueArmed(inShard: shard.number) ? 1 : 0)
-                }
-        }
+        shards.reduce(0) { total, shard in total + shard.withLock { shard.state.pointee.wheel.count } }
     }
 
     /// How many shards keep this engine's entries (1 for a manual engine).
