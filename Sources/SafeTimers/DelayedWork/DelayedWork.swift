@@ -62,10 +62,10 @@ public final class DelayedWork: TimerEntry, @unchecked Sendable {
 
     /// A work item pending with `work`, due at `deadline` (ticks): the work is
     /// an input like any other, through ``GatedPrimitive/transition(_:)``, whose
-    /// only effect (the arming) is applied under the lock. (Building the machine
-    /// with the closure in it copied the machine into the lock and counted a
-    /// reference to the closure twice; giving it in `init`, after `super.init()`,
-    /// cost a retain and a release.)
+    /// only effect (the arming) is applied under the lock. (A machine built with
+    /// the closure in it would be copied into the lock and count a reference to
+    /// the closure twice; given in `init`, after `super.init()`, the work would
+    /// cost a retain and a release of `self`.)
     @inline(__always)
     static func scheduled(
         executor: consuming HandlerExecutor, engine: consuming EngineReference, work: @escaping @Sendable () -> Void,

@@ -103,10 +103,10 @@ public final class TimerEngine: @unchecked Sendable {
 
     /// A lock and a wheel. See "Shards" above.
     ///
-    /// A trivial value of pointers: fetching a shard from the engine counts no
-    /// reference (a class here had every arming and cancel retain and release
-    /// its shard, two more atomic writes per call). The engine owns what the
-    /// pointers point to (``ShardMemory``) and frees it in its `deinit`.
+    /// A trivial value of pointers, so that fetching a shard from the engine
+    /// counts no reference (a class would cost every arming and cancel a retain
+    /// and a release of its shard). The engine owns what the pointers point to
+    /// (``ShardMemory``) and frees it in its `deinit`.
     ///
     /// `state` is read and written only while the lock is held; `target` is
     /// atomic; the rest is immutable.
@@ -153,9 +153,8 @@ public final class TimerEngine: @unchecked Sendable {
                 .bindMemory(to: Atomic<Int64>.self, capacity: 1)
             target.initialize(to: Atomic(DeadlineArithmetic.never))
             // Cache lines of its own (rounded up to 128 bytes, against adjacent-
-            // line prefetching): shards' states allocated one after another
-            // shared lines, and two threads arming in two shards wrote them both
-            // (2 threads then ran at 1.0x one thread's throughput, not 2x).
+            // line prefetching): two threads arming in two shards must not write
+            // the same line, or they take turns instead of running side by side.
             let state = UnsafeMutableRawPointer.allocate(
                 byteCount: (MemoryLayout<ShardState>.size + 127) & ~127, alignment: 128
             ).bindMemory(to: ShardState.self, capacity: 1)
