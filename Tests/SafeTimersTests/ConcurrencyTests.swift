@@ -28,7 +28,9 @@ struct ConcurrencyTests {
                 fired.increment()
             }
         }
-        let slots = StateLock((0..<slotCount).map(makeTimer))
+        // Each slot's timer with the number it was made from (which decides its
+        // repetitions: every fourth is limited to 5).
+        let slots = StateLock((0..<slotCount).map { (number: $0, timer: makeTimer($0)) })
         DispatchQueue.concurrentPerform(iterations: threads) { lane in
             var random = SplitMix64(seed: UInt64(lane) &+ 1)
             for step in 0..<operationsPerThread {
@@ -39,26 +41,33 @@ struct ConcurrencyTests {
                     // Release: the slot gets a new timer; the old one dies wherever its last reference goes.
                     let fresh = makeTimer(step)
                     let old = slots.withLock { slots in
-                        defer { slots[slot] = fresh }
+                        defer { slots[slot] = (step, fresh) }
                         return slots[slot]
                     }
                     _ = old
                     continue
                 }
-                let timer = slots.withLock { $0[slot] }
+                let (number, timer) = slots.withLock { $0[slot] }
                 switch operation {
                 case 0...3: timer.start()
                 case 4...6: timer.suspend()
                 case 7...9: timer.resume()
                 case 10...11: timer.cancel()
                 default:
-                    let state = timer.state
-                    #expect([.idle, .running, .suspended, .cancelled, .finished].contains(state))
-                    #expect(timer.fireCount >= 0)
+                    // What can be read without racing the other threads' calls:
+                    // only a limited timer finishes, and no start lets it run
+                    // more often than its limit.
+                    if number % 4 == 0 {
+                        let count = timer.fireCount
+                        #expect(count <= 5, "a timer limited to 5 repetitions ran \(count) times since its start")
+                    } else {
+                        let state = timer.state
+                        #expect(state != .finished, "a timer without a repetition limit finished")
+                    }
                 }
             }
         }
-        let all = slots.withLock { $0 }
+        let all = slots.withLock { $0.map(\.timer) }
         // Bring every timer back to running and let each fire, so the final cancel
         // races live handlers.
         let firedBefore = fired.count
