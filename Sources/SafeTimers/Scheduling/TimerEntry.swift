@@ -9,9 +9,10 @@ import Synchronization
 /// cannot be created or subclassed outside SafeTimers.
 ///
 /// The engine keeps an armed entry as one counted reference in the entry's wheel
-/// node (eight bytes), and fires it with a direct call of ``timerFired(deadline:sequence:engine:)``.
-/// The entry keeps the number of its node (``timerSlot``), so that cancelling
-/// goes straight to the node: no search, no extra allocation. An entry is armed
+/// node (eight bytes), and fires it with a direct call of its internal
+/// `timerFired(deadline:sequence:engine:)`. The entry keeps the number of its
+/// node (`timerSlot`), so that cancelling goes straight to the node: no search,
+/// no extra allocation. An entry is armed
 /// in at most one engine at a time; arming it again moves it.
 ///
 /// `@unchecked Sendable` invariant: the only stored property here is an atomic.
