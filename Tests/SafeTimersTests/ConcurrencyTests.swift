@@ -53,17 +53,7 @@ struct ConcurrencyTests {
                 case 4...6: timer.suspend()
                 case 7...9: timer.resume()
                 case 10...11: timer.cancel()
-                default:
-                    // What can be read without racing the other threads' calls:
-                    // only a limited timer finishes, and no start lets it run
-                    // more often than its limit.
-                    if number % 4 == 0 {
-                        let count = timer.fireCount
-                        #expect(count <= 5, "a timer limited to 5 repetitions ran \(count) times since its start")
-                    } else {
-                        let state = timer.state
-                        #expect(state != .finished, "a timer without a repetition limit finished")
-                    }
+                default: Self.checkSnapshot(of: timer, limited: number % 4 == 0)
                 }
             }
         }
@@ -83,6 +73,19 @@ struct ConcurrencyTests {
         usleep(50_000)
         #expect(lateBegins.count == 0, "a handler began after cancel() returned")
         for timer in all { #expect(timer.state == .cancelled) }
+    }
+
+    /// What can be read of a timer without racing the other threads' calls: only
+    /// a limited timer (5 repetitions) finishes, and no start lets it run more
+    /// often than its limit.
+    private static func checkSnapshot(of timer: RepeatingTimer, limited: Bool) {
+        if limited {
+            let count = timer.fireCount
+            #expect(count <= 5, "a timer limited to 5 repetitions ran \(count) times since its start")
+        } else {
+            let state = timer.state
+            #expect(state != .finished, "a timer without a repetition limit finished")
+        }
     }
 
     @Test("cancel barrier: no RepeatingTimer handler begins after cancel() returned")
