@@ -17,7 +17,7 @@ import StallDetection
 // Extra output lines, per event:
 //   ASYNC <phase> <task name or -> <the report's frames, one name each, `|`-separated>
 //   ASYNCPOOL <phase> <index> <frames>   each pool thread's stack (pool)
-//   ASYNCPROFILE <phase> <samples> <samples whose stack holds asyncRoute>
+//   ASYNCPROFILE <phase> <samples> <samples in asyncChainBlocker> <of them, without asyncRoute>
 
 /// Where an async chain's blocker runs: a serial dispatch queue as an actor's executor.
 final class QueueExecutor: SerialExecutor {
@@ -154,8 +154,17 @@ private func watchAsync(_ detector: StallDetector, priority: TaskPriority?) {
             for (index, pool) in event.poolBacktraces.enumerated() {
                 emit("ASYNCPOOL \(event.phase.rawValue) \(index) \(names(pool))")
             }
-            let routed = event.profile.functions.first { $0.name.hasPrefix("asyncRoute(") }?.samples ?? 0
-            emit("ASYNCPROFILE \(event.phase.rawValue) \(event.profile.sampleCount) \(routed)")
+            // Samples in the blocker, and those of them whose stack lacks the route
+            // (a sample after the blocker returned, while the awaits return, has
+            // neither: the chain is shorter then, rightly).
+            var blocked = 0
+            var unrouted = 0
+            for line in event.profile.foldedStacks().split(separator: "\n") where line.contains("asyncChainBlocker") {
+                let count = line.split(separator: " ").last.flatMap { Int($0) } ?? 0
+                blocked += count
+                if !line.contains("asyncRoute") { unrouted += count }
+            }
+            emit("ASYNCPROFILE \(event.phase.rawValue) \(event.profile.sampleCount) \(blocked) \(unrouted)")
             if event.phase == .ended { finishAndExit(detector)() }
         }
     }
