@@ -165,9 +165,11 @@ final class SamplingContext: @unchecked Sendable {
         // Async contexts lie next to each other in the task allocator's slabs:
         // a page a read (a 50-await chain in two or three system calls).
         let contexts = MemoryBlocks(blockWords: 512)
+        let runners = AsyncJobRunner.ranges
         let (frames, awaits) = unwinder.insertingAwaits(
             into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) }, remembered: lastAwaits,
-            readPairs: StackSampler.readPairs(at:))
+            readPairs: StackSampler.readPairs(at:),
+            isJobRunner: { address in runners.contains { $0.contains(address &- 1) } })
         if let awaits, awaits.cut == nil { lastAwaits = awaits }
         let held = queue.map { copy.words.contains($0) } ?? false
         var raw = RawStack(

@@ -87,7 +87,11 @@ struct ElfReader {
 
     /// The function symbols of the first section of type `section`, their
     /// addresses moved by `bias`; names only when asked for.
-    func functions(section type: UInt32, bias: UInt, names: Bool) -> [ElfSymbolTable.Function]? {
+    /// With `namePrefixes`, only the functions whose name starts with one of
+    /// them (matched on the bytes: no name of the others is made a string).
+    func functions(
+        section type: UInt32, bias: UInt, names: Bool, namePrefixes: [[UInt8]]? = nil
+    ) -> [ElfSymbolTable.Function]? {
         guard let header = header(), header.sectionCount > 0,
             let sections = read(header.sections, header.sectionCount * 64)
         else { return nil }
@@ -98,20 +102,22 @@ struct ElfReader {
             let link = Int(Self.integer(sections, entry + 40, 4))
             guard size > 0, size < 1 << 30, let symbols = read(offset, size) else { return nil }
             var strings: [UInt8] = []
-            if names, link < header.sectionCount {
+            if names || namePrefixes != nil, link < header.sectionCount {
                 let stringsAt = link * 64
                 strings =
                     read(
                         Self.integer(sections, stringsAt + 24, 8), Int(Self.integer(sections, stringsAt + 32, 8)))
                     ?? []
             }
-            return Self.functionSymbols(symbols, strings: strings, bias: bias)
+            return Self.functionSymbols(symbols, strings: strings, bias: bias, namePrefixes: namePrefixes)
         }
         return nil
     }
 
     /// The `STT_FUNC` entries of a symbol table (24 bytes each) that are defined.
-    private static func functionSymbols(_ symbols: [UInt8], strings: [UInt8], bias: UInt) -> [ElfSymbolTable.Function] {
+    private static func functionSymbols(
+        _ symbols: [UInt8], strings: [UInt8], bias: UInt, namePrefixes: [[UInt8]]? = nil
+    ) -> [ElfSymbolTable.Function] {
         var found: [ElfSymbolTable.Function] = []
         symbols.withUnsafeBytes { table in
             var entry = 0
@@ -123,12 +129,22 @@ struct ElfReader {
                 let value = UInt(table.loadUnaligned(fromByteOffset: entry + 8, as: UInt64.self))
                 let size = UInt(table.loadUnaligned(fromByteOffset: entry + 16, as: UInt64.self))
                 let nameOffset = Int(table.loadUnaligned(fromByteOffset: entry, as: UInt32.self))
+                if let namePrefixes, !namePrefixes.contains(where: { hasPrefix($0, at: nameOffset, in: strings) }) {
+                    continue
+                }
                 found.append(
                     ElfSymbolTable.Function(
                         start: value &+ bias, size: size, name: name(at: nameOffset, in: strings)))
             }
         }
         return found
+    }
+
+    /// Whether the string at `offset` of a string table starts with `prefix`.
+    private static func hasPrefix(_ prefix: [UInt8], at offset: Int, in strings: [UInt8]) -> Bool {
+        guard offset >= 0, offset + prefix.count <= strings.count else { return false }
+        for index in prefix.indices where strings[offset + index] != prefix[index] { return false }
+        return true
     }
 
     /// The zero-ended string at `offset` of a string table, or nil.

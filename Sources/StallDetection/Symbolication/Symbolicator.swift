@@ -178,6 +178,9 @@ final class Symbolicator: Sendable {
                 return wasWarmed
             })
         else { return }
+        // The concurrency runtime's job runners first (a few milliseconds): a
+        // stall's samples follow its awaits once they are known.
+        AsyncJobRunner.find()
         let (images, encoded) = state.withLock { ($0.images, $0.encodedImages) }
         let libraries = Self.warmUpFunctions.compactMap { dlsym(UnsafeMutableRawPointer(bitPattern: 0), $0) }
         _ = SymbolicationThread.shared.run {
@@ -189,9 +192,6 @@ final class Symbolicator: Sendable {
         }
         _ = ElfSymbolTable.executable
         _ = ElfSymbolTable.vdso
-        // The concurrency library's symbol table, read for its job runners
-        // (about 11 ms): not on a first stall's first sample.
-        _ = AsyncJobRunner.ranges
     }
 
     /// One exported function of each library the warm-up reads.

@@ -15,11 +15,32 @@ import Darwin
 /// local symbol of the concurrency library) that they call. Found once per
 /// process in the symbol table of the image that exports `swift_job_run`: the
 /// concurrency library, or the executable itself when the runtime is linked
-/// statically (`--static-swift-stdlib`). Empty where that table cannot be read
-/// (Apple platforms read no ELF; there the async chain is not followed).
+/// statically (`--static-swift-stdlib`), by the bytes of their names. Empty
+/// where that table cannot be read (Apple platforms read no ELF; there the
+/// async chain is not followed), and until the warm-up has read it.
 enum AsyncJobRunner {
-    /// The job runners' code, sorted by start.
-    static let ranges: [Range<UInt>] = {
+    /// The job runners' code, sorted by start, once ``find()`` has run.
+    private static let found = Locked<[Range<UInt>]?>(nil)
+
+    /// The job runners' code, sorted by start (empty until ``find()`` ran: a
+    /// sample never waits for the symbol table to be read).
+    static var ranges: [Range<UInt>] { found.withLock { $0 } ?? [] }
+
+    /// Reads the job runners' code from the symbol table, once per process
+    /// (the symbolicator's warm-up, first of all it does).
+    static func find() {
+        guard found.withLock({ $0 == nil }) else { return }
+        let ranges = read()
+        found.withLock { if $0 == nil { $0 = ranges } }
+    }
+
+    /// The names of the runtime's job runners: `swift_job_run` and its
+    /// variants, and `swift::runJobInEstablishedExecutorContext(swift::Job*)`.
+    static let namePrefixes: [[UInt8]] = [
+        "swift_job_run", "_swift_job_run", "_ZN5swift34runJobInEstablishedExecutorContext",
+    ].map { Array($0.utf8) }
+
+    private static func read() -> [Range<UInt>] {
         #if os(Linux)
         guard let exported = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "swift_job_run") else { return [] }
         var path = [CChar](repeating: 0, count: 4096)
@@ -28,21 +49,17 @@ enum AsyncJobRunner {
         let name = String(decoding: path.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
         let functions = ElfReader.withFile(name) { reader -> [ElfSymbolTable.Function]? in
             guard let firstLoad = reader.firstLoadAddress() else { return nil }
-            return reader.functions(section: ElfReader.symbolTableSection, bias: base &- firstLoad, names: true)
+            return reader.functions(
+                section: ElfReader.symbolTableSection, bias: base &- firstLoad, names: false,
+                namePrefixes: namePrefixes)
         }
         return (functions ?? [])
-            .filter { isJobRunner($0.name ?? "") && $0.size > 0 }
+            .filter { $0.size > 0 }
             .map { $0.start..<($0.start &+ $0.size) }
             .sorted { $0.lowerBound < $1.lowerBound }
         #else
         return []
         #endif
-    }()
-
-    /// Whether a symbol names one of the runtime's job runners.
-    static func isJobRunner(_ symbol: String) -> Bool {
-        symbol.hasPrefix("swift_job_run") || symbol.hasPrefix("_swift_job_run")
-            || symbol.contains("runJobInEstablishedExecutorContext")
     }
 
     /// Whether `returnAddress` returns into a job runner.
