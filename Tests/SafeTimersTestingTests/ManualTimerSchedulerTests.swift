@@ -5,21 +5,31 @@ import Testing
 @testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// An entry that re-arms itself every `interval` ticks, like a repeating timer.
-final class SelfRearmingEntry: TimerEntry, @unchecked Sendable {
+final class SelfRearmingEntry: TimerEntry {
+    private let index = Atomic<Int>(-1)
     let interval: Int64
     let fired = Atomic<Int>(0)
     init(interval: Int64) { self.interval = interval }
-    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    var timerSlot: Int {
+        get { index.load(ordering: .relaxed) }
+        set { index.store(newValue, ordering: .relaxed) }
+    }
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         fired.add(1, ordering: .relaxed)
         engine.arm(self, at: deadline + interval)
     }
 }
 
 /// An entry that calls a closure when it fires.
-final class ClosureEntry: TimerEntry, @unchecked Sendable {
+final class ClosureEntry: TimerEntry {
+    private let index = Atomic<Int>(-1)
     let action: @Sendable (Int64, TimerEngine) -> Void
     init(_ action: @escaping @Sendable (Int64, TimerEngine) -> Void) { self.action = action }
-    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) { action(deadline, engine) }
+    var timerSlot: Int {
+        get { index.load(ordering: .relaxed) }
+        set { index.store(newValue, ordering: .relaxed) }
+    }
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) { action(deadline, engine) }
 }
 
 @Suite("ManualTimerScheduler")

@@ -37,11 +37,11 @@ extension DelayedWork {
     public static func schedule(
         at deadline: TimerClock.Instant,
         executor: any Executor,
-        scheduler: (any TimerScheduler)? = nil,
+        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        DelayedWork.scheduled(
-            executor: .onExecutor(executor), engine: EngineReference(scheduler), work: work,
+        DelayedWork(
+            executor: .onExecutor(executor), engine: EngineReference(scheduler.engine), work: work,
             at: deadline.ticks)
     }
 }

@@ -116,12 +116,10 @@ public final class Debouncer: Sendable {
 }
 
 /// The storage of a ``Debouncer``: what the engine keeps while a call waits.
-/// `@unchecked Sendable` invariant (the base class ``TimerEntry`` makes the
-/// compiler leave it to us): every stored property is a `let` of a `Sendable`
-/// type (the lock that guards the machine, atomics, the executor, the engine).
-final class DebouncerCore: TimerEntry, ClosureInvoking, @unchecked Sendable {
+final class DebouncerCore: ClosureInvoking {
     let delay: Duration
     let storage: StateLock<LockedMachine<DebouncerStateMachine>>
+    private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
     let engine: TimerEngine
 
@@ -130,6 +128,11 @@ final class DebouncerCore: TimerEntry, ClosureInvoking, @unchecked Sendable {
         self.storage = StateLock(LockedMachine(machine: DebouncerStateMachine(leading: leading)))
         self.executor = executor
         self.engine = engine
+    }
+
+    var timerSlot: Int {
+        get { index.load(ordering: .relaxed) }
+        set { index.store(newValue, ordering: .relaxed) }
     }
 
     func call(_ action: RateLimitedAction) {
@@ -143,7 +146,7 @@ final class DebouncerCore: TimerEntry, ClosureInvoking, @unchecked Sendable {
         complete(transition { $0.cancel(thread: thread) })
     }
 
-    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         fired(sequence: sequence) { $0.deadlinePassed() }
     }
 

@@ -5,10 +5,7 @@ import Synchronization
 /// the pure ``RepeatingTimerStateMachine`` (arming under the lock, user code and
 /// continuations after releasing it) and is what the engine keeps. The public
 /// object can be released (which cancels) while the engine still holds this.
-/// `@unchecked Sendable` invariant (the base class ``TimerEntry`` makes the
-/// compiler leave it to us): every stored property is a `let` of a `Sendable`
-/// type (the lock that guards the machine, atomics, the executor, the engine).
-final class RepeatingTimerCore: TimerEntry, GatedPrimitive, @unchecked Sendable {
+final class RepeatingTimerCore: GatedPrimitive {
     /// The user's handler, as the core calls it.
     enum Handler: Sendable {
         /// A plain handler.
@@ -21,15 +18,13 @@ final class RepeatingTimerCore: TimerEntry, GatedPrimitive, @unchecked Sendable 
     typealias Continuation = AsyncStream<RepeatingTimer.Tick>.Continuation
 
     let interval: Duration
-    /// How late a firing may come (see ``TimerEntry/leewayTicks``).
-    private let leeway: Int64
-
-    override var leewayTicks: Int64 { leeway }
+    let leewayTicks: Int64
     let storage: StateLock<LockedMachine<RepeatingTimerStateMachine>>
     /// Tick streams by id. A stream registers first and checks the state after,
     /// and a stop takes the streams after changing the state, so none is missed.
     private let streams = StateLock<[Int: Continuation]>([:])
     private let nextStreamID = Atomic<Int>(0)
+    private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
     /// The scheduler's engine: kept, so releasing the scheduler never stops the timer.
     let engine: TimerEngine
@@ -48,11 +43,16 @@ final class RepeatingTimerCore: TimerEntry, GatedPrimitive, @unchecked Sendable 
         self.interval = .nanoseconds(configuration.interval)
         // As GCD does: a leeway never exceeds half the interval, or a timer could
         // skip ticks (or, with a huge leeway, never tick at all).
-        self.leeway = min(DeadlineArithmetic.delayNanoseconds(leeway), configuration.interval / 2)
+        self.leewayTicks = min(DeadlineArithmetic.delayNanoseconds(leeway), configuration.interval / 2)
         self.executor = executor
         self.engine = scheduler.engine
         self.handler = StateLock(handler)
         self.storage = StateLock(LockedMachine(machine: RepeatingTimerStateMachine(configuration: configuration)))
+    }
+
+    var timerSlot: Int {
+        get { index.load(ordering: .relaxed) }
+        set { index.store(newValue, ordering: .relaxed) }
     }
 
     var state: TimerState { storage.withLock { $0.machine.state } }
@@ -76,7 +76,7 @@ final class RepeatingTimerCore: TimerEntry, GatedPrimitive, @unchecked Sendable 
         perform(transition { $0.cancel(thread: thread) })
     }
 
-    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         let now = engine.nowTicks
         if let effects = effectsOfFiring(sequence: sequence, { $0.tick(deadline: deadline, now: now) }) {
             perform(effects)

@@ -22,7 +22,7 @@ extension TimerEngine {
         state.pointee.deliveryHead = 0
         lock.signal()
         lock.unlock()
-        var dropped: [TimerEntry] = []
+        var dropped: [any TimerEntry] = []
         for shard in shards {
             shard.lock()
             dropped += shard.state.pointee.wheel.removeAll()
@@ -91,9 +91,7 @@ extension TimerEngine {
                 fire(&batch, round)
                 continue
             }
-            #if DEBUG
             if let hook = beforeSleepingForTesting.withLock({ $0 }) { hook() }
-            #endif
             guard sleepUntilNextTarget() else { return }
         }
     }
@@ -145,9 +143,9 @@ extension TimerEngine {
         return round
     }
 
-    /// Fires the round's entries up to its cut, several in one delivery batch;
-    /// what is due later stays in `batch` for the next round, which takes the
-    /// rest of the limited shard first (its target is now).
+    /// Fires the round's entries up to its cut, in one delivery batch; what is due
+    /// later stays in `batch` for the next round, which takes the rest of the
+    /// limited shard first (its target is now).
     private func fire(_ batch: inout [TimerWheel.Fired], _ round: Round) {
         if round.fromSeveralShards {
             // Deadline order across shards; among equal deadlines, sequence order,
@@ -161,13 +159,11 @@ extension TimerEngine {
         if round.cut != Int64.max {
             firing = batch.firstIndex { $0.deadline > round.cut } ?? batch.count
         }
-        // One firing has nothing to share a hop with: it is delivered as it fires.
-        let batching = firing > 1
-        if batching { deliveryBatch.open() }
+        deliveryBatch.open()
         for fired in batch[..<firing] {
             fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
         }
-        if batching { deliveryBatch.close() }
+        deliveryBatch.close(engine: self)
         batch.removeFirst(firing)
     }
 
