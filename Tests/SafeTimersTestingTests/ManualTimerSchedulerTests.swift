@@ -5,31 +5,21 @@ import Testing
 @testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// An entry that re-arms itself every `interval` ticks, like a repeating timer.
-final class SelfRearmingEntry: TimerEntry {
-    private let index = Atomic<Int>(-1)
+final class SelfRearmingEntry: TimerEntry, @unchecked Sendable {
     let interval: Int64
     let fired = Atomic<Int>(0)
     init(interval: Int64) { self.interval = interval }
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
-    }
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         fired.add(1, ordering: .relaxed)
         engine.arm(self, at: deadline + interval)
     }
 }
 
 /// An entry that calls a closure when it fires.
-final class ClosureEntry: TimerEntry {
-    private let index = Atomic<Int>(-1)
+final class ClosureEntry: TimerEntry, @unchecked Sendable {
     let action: @Sendable (Int64, TimerEngine) -> Void
     init(_ action: @escaping @Sendable (Int64, TimerEngine) -> Void) { self.action = action }
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
-    }
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) { action(deadline, engine) }
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) { action(deadline, engine) }
 }
 
 @Suite("ManualTimerScheduler")

@@ -6,10 +6,12 @@ import Testing
 @testable @_spi(SchedulerImplementation) import SafeTimers
 
 /// Batched delivery: firings due together for one destination reach it in one
-/// hop per 16 handlers, in deadline order; a hop's handlers left unclaimed for a
-/// millisecond are taken over by a helper block, so a blocking handler holds up
-/// nobody for long and waiting for a handler of one's own hop is no deadlock. Real time, generous bounds, a private scheduler each (so that
-/// the hop count is this test's alone); run under ThreadSanitizer too.
+/// hop per 16 handlers, in deadline order; on a destination that may run blocks
+/// concurrently, a helper block is on its way whenever a handler begins while
+/// others of its hop wait, so a blocking handler holds up nobody and waiting
+/// for a handler of one's own hop is no deadlock. Real time, generous bounds, a
+/// private scheduler each (so that the hop count is this test's alone); run
+/// under ThreadSanitizer too.
 @Suite("Batched delivery (real time)")
 struct BatchedDeliveryTests {
     /// What ran, in order.
@@ -239,7 +241,7 @@ struct BatchedDeliveryTests {
     }
 
     @Test(
-        "after works due together on a serial queue have all run, nothing is pending: the helper's entry is not the user's"
+        "after works due together on a serial queue have all run, nothing is pending: a hop arms no engine entry"
     )
     func nothingPendingAfterABatch() async {
         let scheduler = SystemTimerScheduler()
@@ -255,7 +257,7 @@ struct BatchedDeliveryTests {
             }
             let settled = await eventually(within: 60) { ran.all.count == attempt * 3 + 3 }
             #expect(settled)
-            // Read at once and for the next 150 ms (the helper entry waits up to 128 ms).
+            // Read at once and for the next 150 ms.
             var seen: [Int] = []
             for _ in 0..<30 {
                 seen.append(scheduler.pendingCount)

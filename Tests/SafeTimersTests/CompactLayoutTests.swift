@@ -15,7 +15,7 @@ struct CompactLayoutTests {
     @Test("a wheel node is 32 bytes, a gate 15, a DelayedWork's locked state 40")
     func sizes() {
         #expect(MemoryLayout<TimerNode>.stride == 32)
-        #expect(MemoryLayout<TimerEntryReference>.size == 8)
+        #expect(MemoryLayout<TimerEntry?>.size == 8)
         #expect(MemoryLayout<InvocationGate>.size <= 15)
         #expect(MemoryLayout<LockedMachine<DelayedWorkStateMachine>>.size <= 40)
     }
@@ -118,20 +118,20 @@ struct CompactLayoutTests {
         #expect(all.allSatisfy { $0 != 0 && $0 <= UInt(UInt32.max) })
     }
 
-    @Test("an entry reference takes eight bytes and counts exactly one reference, for any entry class")
-    func entryReferences() {
+    @Test("a wheel node counts exactly one reference to its entry, and gives it back when the entry leaves")
+    func nodeReferences() {
         weak var testEntry: RecordingEntry?
         weak var workEntry: DelayedWork?
         do {
+            var wheel = TimerWheel()
             let entry = RecordingEntry("test")
             testEntry = entry
-            var reference = TimerEntryReference(retaining: entry)
-            #expect(reference.timerSlot == -1)
-            reference.setTimerSlot(42)
-            #expect(entry.timerSlot == 42)
-            let taken = reference.take()
-            #expect(reference.isNone)
-            #expect(taken as AnyObject === entry)
+            wheel.insert(entry, deadline: 1_000, sequence: 1)
+            #expect(entry.timerSlot >= 0)
+            let removed = wheel.remove(node: Int32(entry.timerSlot))
+            #expect(removed === entry)
+            #expect(entry.timerSlot == -1)
+            #expect(wheel.count == 0)
         }
         #expect(testEntry == nil)
         do {
@@ -140,12 +140,10 @@ struct CompactLayoutTests {
                 atTicks: DeadlineArithmetic.never, executor: .globalQueue, engine: engine
             ) {}
             workEntry = work
-            var reference = TimerEntryReference(retaining: work)
-            #expect(MemoryLayout<TimerEntryReference>.size == 8)
-            #expect(reference.leewayTicks == 0)
-            reference.release()
-            #expect(reference.isNone)
+            #expect(work.leewayTicks == 0)
+            #expect(engine.pendingCount == 1)
             work.cancel()
+            #expect(engine.pendingCount == 0)
         }
         #expect(workEntry == nil)
     }
@@ -157,15 +155,10 @@ struct CompactLayoutTests {
         func disarm(_ engine: TimerEngine) -> Bool
     }
 
-    final class TaggedEntry<Tag>: ArmableEntry {
-        private let index = Atomic<Int>(-1)
+    final class TaggedEntry<Tag>: TimerEntry, ArmableEntry, @unchecked Sendable {
         private let armed = StateLock<UInt64>(0)
         let fired: Counter
         init(counting fired: Counter) { self.fired = fired }
-        var timerSlot: Int {
-            get { index.load(ordering: .relaxed) }
-            set { index.store(newValue, ordering: .relaxed) }
-        }
         func arm(_ engine: TimerEngine, at deadline: Int64) { armed.withLock { $0 = engine.arm(self, at: deadline) } }
         func disarm(_ engine: TimerEngine) -> Bool {
             armed.withLock {
@@ -173,7 +166,7 @@ struct CompactLayoutTests {
                 return engine.disarm(self)
             }
         }
-        func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+        override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
             if armed.withLock({ $0 }) == sequence { fired.increment() }
         }
     }
@@ -187,7 +180,7 @@ struct CompactLayoutTests {
     enum T8 {}
     enum T9 {}
 
-    @Test("entries of more classes than a node can number are armed, fired, disarmed and released alike")
+    @Test("entries of nine classes are armed, fired, disarmed and released alike")
     func manyEntryClasses() {
         let engine = TimerEngine(virtual: true)
         let fired = Counter()

@@ -28,7 +28,9 @@ struct ConcurrencyTests {
                 fired.increment()
             }
         }
-        let slots = StateLock((0..<slotCount).map(makeTimer))
+        // Each slot's timer with the number it was made from (which decides its
+        // repetitions: every fourth is limited to 5).
+        let slots = StateLock((0..<slotCount).map { (number: $0, timer: makeTimer($0)) })
         DispatchQueue.concurrentPerform(iterations: threads) { lane in
             var random = SplitMix64(seed: UInt64(lane) &+ 1)
             for step in 0..<operationsPerThread {
@@ -39,26 +41,23 @@ struct ConcurrencyTests {
                     // Release: the slot gets a new timer; the old one dies wherever its last reference goes.
                     let fresh = makeTimer(step)
                     let old = slots.withLock { slots in
-                        defer { slots[slot] = fresh }
+                        defer { slots[slot] = (step, fresh) }
                         return slots[slot]
                     }
                     _ = old
                     continue
                 }
-                let timer = slots.withLock { $0[slot] }
+                let (number, timer) = slots.withLock { $0[slot] }
                 switch operation {
                 case 0...3: timer.start()
                 case 4...6: timer.suspend()
                 case 7...9: timer.resume()
                 case 10...11: timer.cancel()
-                default:
-                    let state = timer.state
-                    #expect([.idle, .running, .suspended, .cancelled, .finished].contains(state))
-                    #expect(timer.fireCount >= 0)
+                default: Self.checkSnapshot(of: timer, limited: number % 4 == 0)
                 }
             }
         }
-        let all = slots.withLock { $0 }
+        let all = slots.withLock { $0.map(\.timer) }
         // Bring every timer back to running and let each fire, so the final cancel
         // races live handlers.
         let firedBefore = fired.count
@@ -74,6 +73,19 @@ struct ConcurrencyTests {
         usleep(50_000)
         #expect(lateBegins.count == 0, "a handler began after cancel() returned")
         for timer in all { #expect(timer.state == .cancelled) }
+    }
+
+    /// What can be read of a timer without racing the other threads' calls: only
+    /// a limited timer (5 repetitions) finishes, and no start lets it run more
+    /// often than its limit.
+    private static func checkSnapshot(of timer: RepeatingTimer, limited: Bool) {
+        if limited {
+            let count = timer.fireCount
+            #expect(count <= 5, "a timer limited to 5 repetitions ran \(count) times since its start")
+        } else {
+            let state = timer.state
+            #expect(state != .finished, "a timer without a repetition limit finished")
+        }
     }
 
     @Test("cancel barrier: no RepeatingTimer handler begins after cancel() returned")

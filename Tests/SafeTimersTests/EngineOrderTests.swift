@@ -44,7 +44,7 @@ struct EngineOrderTests {
                 // Threads are dealt shards round-robin: a new thread soon has another shard.
                 let taken = shards
                 armed = await onOwnThread { () -> (entries: [RecordingEntry], shard: Int)? in
-                    let shard = ThreadShard.current() & (engine.shardCount - 1)
+                    let shard = ThreadIdentity.shard() & (engine.shardCount - 1)
                     guard !taken.contains(shard) else { return nil }
                     let entries = (0..<counts[tag]).map { index in
                         let entry = RecordingEntry("\(tag).\(index)") { _, deadline in

@@ -6,9 +6,8 @@ import Testing
 
 /// A minimal entry for driving the engine directly: records each firing and
 /// holds a payload that weak probes can watch.
-final class RecordingEntry: TimerEntry {
+final class RecordingEntry: TimerEntry, @unchecked Sendable {
     let name: String
-    private let index = Atomic<Int>(-1)
     /// The arming this entry answers to; held while arming so a firing cannot
     /// overtake the bookkeeping (the same discipline the primitives follow).
     private let armedSequence = StateLock<UInt64>(0)
@@ -19,11 +18,6 @@ final class RecordingEntry: TimerEntry {
         self.name = name
         self.payload = StateLock(payload)
         self.onFire = onFire
-    }
-
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
     }
 
     func arm(_ engine: TimerEngine, at deadline: Int64) {
@@ -39,7 +33,7 @@ final class RecordingEntry: TimerEntry {
         return removed
     }
 
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         guard armedSequence.withLock({ $0 }) == sequence else { return }
         onFire(name, deadline)
     }
@@ -85,4 +79,51 @@ func eventually(
         try? await Task.sleep(for: .milliseconds(1))
     }
     return condition()
+}
+
+/// A log of labels, in the order handlers ran.
+final class LabelLog: Sendable {
+    let entries = StateLock<[String]>([])
+    func add(_ label: String) { entries.withLock { $0.append(label) } }
+    var all: [String] { entries.withLock { $0 } }
+}
+
+/// The indexes of the calls that ran, in order (a class: a `Mutex` captured by an
+/// escaping closure is a boxed variable, whose `withLock` ThreadSanitizer counts as a
+/// modifying access of the box).
+final class CallIndexLog: Sendable {
+    let entries = StateLock<[Int]>([])
+    func add(_ index: Int) { entries.withLock { $0.append(index) } }
+    var all: [Int] { entries.withLock { $0 } }
+}
+
+/// Holds handles made inside handlers.
+final class HandleBox<Value: Sendable>: Sendable {
+    let value = StateLock<Value?>(nil)
+    func set(_ new: Value) { value.withLock { $0 = new } }
+    var get: Value? { value.withLock { $0 } }
+}
+
+/// Flags shared between a test's threads and tasks.
+final class SharedFlags: Sendable {
+    let stop = Atomic<Bool>(false)
+    let lowest = Atomic<Int>(0)
+}
+
+/// Counts handler invocations in flight and remembers the most at once.
+final class InvocationOverlap: Sendable {
+    private let state = StateLock((current: 0, most: 0, finished: 0))
+    func enter() {
+        state.withLock {
+            $0.current += 1; $0.most = max($0.most, $0.current)
+        }
+    }
+    func leave() {
+        state.withLock {
+            $0.current -= 1; $0.finished += 1
+        }
+    }
+    var current: Int { state.withLock { $0.current } }
+    var most: Int { state.withLock { $0.most } }
+    var finished: Int { state.withLock { $0.finished } }
 }

@@ -35,13 +35,13 @@ struct ShardedEngineTests {
                 let entry = RecordingEntry(name)
                 entry.arm(engine, at: engine.nowTicks + 3_600_000_000_000)
                 defer { _ = entry.cancel(engine) }
-                return (ThreadShard.current(), entry.timerSlot >> TimerEngine.shardShift)
+                return (ThreadIdentity.shard(), entry.timerSlot >> TimerEngine.shardShift)
             }
             #expect(shard == number & mask)
             numbers.append(number)
         }
         #expect(Set(numbers).count == 3)
-        #expect(ThreadShard.current() == ThreadShard.current())
+        #expect(ThreadIdentity.shard() == ThreadIdentity.shard())
         #expect(scheduler.pendingCount == 0)
     }
 
@@ -104,7 +104,7 @@ struct ShardedEngineTests {
             // A thread whose shard is not the far entry's (threads are dealt out
             // round-robin, so one comes soon).
             armedAt = await onOwnThread { () -> Int64? in
-                guard ThreadShard.current() & (engine.shardCount - 1) != farShard else { return nil }
+                guard ThreadIdentity.shard() & (engine.shardCount - 1) != farShard else { return nil }
                 let now = engine.nowTicks
                 soon.arm(engine, at: now + 10_000_000)
                 return now

@@ -184,18 +184,115 @@ struct TimerWheelTests {
             #expect(perFiring <= 1.01, "\(perFiring) wake-ups per firing of a \(period / 1_000_000) ms timer")
         }
     }
+
+    final class ModelEntry: TimerEntry, @unchecked Sendable {
+        let id: Int
+        init(id: Int) { self.id = id }
+        override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
+    }
+
+    /// Random arm/move/disarm/pop/earliest sequences against a model, with
+    /// extreme deadlines mixed in.
+    @Test(arguments: 0..<8) func wheelAgainstModel(_ seed: Int) {
+        var wheel = TimerWheel()
+        var model: [Int: (deadline: Int64, sequence: UInt64, entry: ModelEntry)] = [:]
+        var sequence: UInt64 = 0
+        var now: Int64 = 0
+        var rng = SplitMix64(seed: UInt64(seed) &+ 12345)
+        let extremes: [Int64] = [
+            Int64.min, Int64.min + 1, -1, 0, 1, Int64.max, Int64.max - 1, (1 << 62), -(1 << 40), (1 << 43) - 1,
+            1 << 20, (1 << 20) - 1, 64 << 20, (64 << 20) - 1, 4096 << 20,
+        ]
+        func randomDeadline() -> Int64 {
+            switch rng.next() % 6 {
+            case 0: return extremes[Int(rng.next() % UInt64(extremes.count))]
+            case 1: return now &+ Int64(rng.next() % (1 << 22))
+            case 2: return now &+ Int64(rng.next() % (1 << 34))
+            case 3: return now &- Int64(rng.next() % (1 << 24))
+            case 4: return now &+ Int64(rng.next() % (1 << 50))
+            default: return now &+ Int64(rng.next() % (1 << 28))
+            }
+        }
+        var nextID = 0
+        for step in 0..<20_000 {
+            let op = rng.next() % 10
+            if op < 4 || model.isEmpty {
+                let entry = ModelEntry(id: nextID)
+                nextID += 1
+                sequence += 1
+                let deadline = randomDeadline()
+                wheel.insert(entry, deadline: deadline, sequence: sequence)
+                model[entry.id] = (max(deadline, Int64.min + 1), sequence, entry)
+            } else if op < 6 {
+                let key = Array(model.keys)[Int(rng.next() % UInt64(model.count))]
+                let item = model[key]!
+                sequence += 1
+                let deadline = randomDeadline()
+                wheel.update(
+                    node: Int32(truncatingIfNeeded: item.entry.timerSlot), deadline: deadline, sequence: sequence)
+                model[key] = (max(deadline, Int64.min + 1), sequence, item.entry)
+            } else if op < 7 {
+                let key = Array(model.keys)[Int(rng.next() % UInt64(model.count))]
+                let item = model[key]!
+                let removed = wheel.remove(node: Int32(truncatingIfNeeded: item.entry.timerSlot))
+                #expect((removed as? ModelEntry)?.id == key)
+                model[key] = nil
+            } else if op < 9 {
+                if rng.next() % 20 == 0 {
+                    now = min(now &+ Int64(rng.next() % (1 << 45)), Int64.max - 2)
+                } else {
+                    now = now &+ Int64(rng.next() % (1 << 23))
+                }
+                while let fired = wheel.popDue(now: now) {
+                    let expected = model.values.filter { $0.deadline != Int64.max }
+                        .min { ($0.deadline, $0.sequence) < ($1.deadline, $1.sequence) }
+                    guard let expected else {
+                        Issue.record("step \(step): popped \(fired.deadline) from an empty model")
+                        return
+                    }
+                    if fired.deadline != expected.deadline || fired.sequence != expected.sequence
+                        || (fired.entry as? ModelEntry)?.id != expected.entry.id
+                    {
+                        Issue.record(
+                            "step \(step): popped (\(fired.deadline), \(fired.sequence)) expected (\(expected.deadline), \(expected.sequence)) now \(now)"
+                        )
+                        return
+                    }
+                    if fired.deadline > now { Issue.record("step \(step): early \(fired.deadline) > \(now)"); return }
+                    if fired.entry.timerSlot != -1 { Issue.record("step \(step): popped entry still has a slot") }
+                    model[expected.entry.id] = nil
+                }
+                let dueLeft = model.values.contains { $0.deadline <= now && $0.deadline != Int64.max }
+                if dueLeft { Issue.record("step \(step): due entry not popped at now \(now)"); return }
+            } else {
+                let earliest = wheel.earliestDeadline()
+                let expected = model.values.map(\.deadline).min()
+                if earliest != expected {
+                    Issue.record(
+                        "step \(step): earliest \(String(describing: earliest)) expected \(String(describing: expected))"
+                    )
+                    return
+                }
+            }
+            if let violation = wheel.invariantViolation() {
+                Issue.record("step \(step): \(violation)")
+                return
+            }
+            if wheel.count != model.count {
+                Issue.record("step \(step): count \(wheel.count) model \(model.count)")
+                return
+            }
+        }
+        _ = wheel.removeAll()
+    }
 }
 
 /// An entry that may fire up to `leeway` nanoseconds late.
-final class LeewayEntry: TimerEntry {
-    private let slot = Atomic<Int>(-1)
-    let leewayTicks: Int64
-    init(leeway: Int64) { leewayTicks = leeway }
-    var timerSlot: Int {
-        get { slot.load(ordering: .relaxed) }
-        set { slot.store(newValue, ordering: .relaxed) }
-    }
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
+final class LeewayEntry: TimerEntry, @unchecked Sendable {
+    let leeway: Int64
+    init(leeway: Int64) { self.leeway = leeway }
+    override var leewayTicks: Int64 { leeway }
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
 }
 
 /// A small deterministic generator for property tests (reproducible by seed).

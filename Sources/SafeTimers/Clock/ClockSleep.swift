@@ -5,7 +5,10 @@ import Synchronization
 ///
 /// The continuation is resumed exactly once, by whichever comes first of the
 /// deadline and the task's cancellation; both take it out under the lock.
-final class ClockSleep: TimerEntry {
+/// `@unchecked Sendable` invariant (the base class ``TimerEntry`` makes the
+/// compiler leave it to us): every stored property is a `let` of a `Sendable`
+/// type (the lock that guards the machine, atomics, the executor, the engine).
+final class ClockSleep: TimerEntry, @unchecked Sendable {
     private struct State {
         var continuation: CheckedContinuation<Void, any Error>?
         var cancelled = false
@@ -13,18 +16,15 @@ final class ClockSleep: TimerEntry {
     }
 
     private let state = StateLock(State())
-    private let index = Atomic<Int>(-1)
-    let leewayTicks: Int64
+    /// How late a firing may come (see ``TimerEntry/leewayTicks``).
+    private let leeway: Int64
+
+    override var leewayTicks: Int64 { leeway }
     private let engine: TimerEngine
 
     private init(engine: TimerEngine, leeway: Int64) {
         self.engine = engine
-        self.leewayTicks = leeway
-    }
-
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
+        self.leeway = leeway
     }
 
     /// Sleeps until `deadline` (engine ticks) on `engine`.
@@ -73,7 +73,7 @@ final class ClockSleep: TimerEntry {
         continuation.resume(throwing: CancellationError())
     }
 
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         let continuation = state.withLock { $0.continuation.take() }
         guard let continuation else { return }
         engine.sleeperEnded()

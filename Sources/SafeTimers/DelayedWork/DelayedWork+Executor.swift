@@ -37,11 +37,11 @@ extension DelayedWork {
     public static func schedule(
         at deadline: TimerClock.Instant,
         executor: any Executor,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        DelayedWork(
-            executor: .onExecutor(executor), engine: EngineReference(scheduler.engine), work: work,
+        DelayedWork.scheduled(
+            executor: .onExecutor(executor), engine: EngineReference(scheduler), work: work,
             at: deadline.ticks)
     }
 }

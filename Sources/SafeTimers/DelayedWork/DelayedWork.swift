@@ -28,7 +28,11 @@ import Synchronization
 /// (`.seconds(Int64.max)`) means the work stays pending until cancelled.
 ///
 /// Thread safety: every member may be used from any thread.
-public final class DelayedWork: Sendable {
+public final class DelayedWork: TimerEntry, @unchecked Sendable {
+    // `@unchecked Sendable` invariant (the base class `TimerEntry` makes the
+    // compiler leave it to us): every stored property is a `let` of a `Sendable`
+    // type (the lock that guards the machine, the executor, the engine reference).
+
     /// Where a delayed work item is in its life.
     public enum State: Sendable, Hashable {
         /// Waiting for its deadline, or due and about to run.
@@ -42,26 +46,34 @@ public final class DelayedWork: Sendable {
     }
 
     let storage: StateLock<LockedMachine<DelayedWorkStateMachine>>
-    private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
     private let engineReference: EngineReference
     /// The engine (a counted reference for the caller; the hot paths use
     /// ``withEngine(_:)``, which counts none).
     var engine: TimerEngine { engineReference.counted }
 
-    /// Made pending without its work, then given the work due at `deadline`
-    /// (ticks) as an input like any other, through ``GatedPrimitive/transition(_:)``,
-    /// whose only effect (the arming) is applied under the lock. (Building the
-    /// machine with the closure in it copied the machine into the lock and
-    /// counted a reference to the closure twice.)
-    init(
-        executor: consuming HandlerExecutor, engine: consuming EngineReference, work: @escaping @Sendable () -> Void,
-        at deadline: Int64
-    ) {
+    /// Made pending without its work: ``scheduled(executor:engine:work:at:)``
+    /// gives it the work.
+    private init(executor: consuming HandlerExecutor, engine: consuming EngineReference) {
         self.executor = executor
         self.engineReference = engine
         self.storage = StateLock(LockedMachine(machine: DelayedWorkStateMachine()))
-        _ = transition { $0.schedule(work, at: deadline) }
+    }
+
+    /// A work item pending with `work`, due at `deadline` (ticks): the work is
+    /// an input like any other, through ``GatedPrimitive/transition(_:)``, whose
+    /// only effect (the arming) is applied under the lock. (A machine built with
+    /// the closure in it would be copied into the lock and count a reference to
+    /// the closure twice; given in `init`, after `super.init()`, the work would
+    /// cost a retain and a release of `self`.)
+    @inline(__always)
+    static func scheduled(
+        executor: consuming HandlerExecutor, engine: consuming EngineReference, work: @escaping @Sendable () -> Void,
+        at deadline: Int64
+    ) -> DelayedWork {
+        let item = DelayedWork(executor: executor, engine: engine)
+        _ = item.transition { $0.schedule(work, at: deadline) }
+        return item
     }
 
     /// Schedules `work` to run once on `queue` after `delay`.
@@ -71,13 +83,11 @@ public final class DelayedWork: Sendable {
     ///     Too long to represent: never (until cancelled).
     ///   - queue: Where the closure runs; `nil` (the default) is the default-QoS
     ///     global queue. Under a `ManualTimerScheduler` it runs inside
-    ///     `advance(by:)` instead. The work keeps the queue alive; so does the
-    ///     calling thread, until it has given SafeTimers primitives four other
-    ///     queues or ends (threads sharing one queue then do not contend on its
-    ///     reference count).
+    ///     `advance(by:)` instead. The work keeps the queue alive at least until
+    ///     the closure has run or been cancelled.
     ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default)
-    ///     is ``SystemTimerScheduler/shared``. (Optional so that the default writes
-    ///     no reference count on the one object all threads share.)
+    ///     is ``SystemTimerScheduler/shared``, as in every `DelayedWork`
+    ///     initializer.
     ///   - work: The closure. It is released right after it runs or is cancelled.
     /// - Returns: A handle to cancel the work or query its state.
     /// - Complexity: O(1) in the number of pending timers (a timing-wheel bucket).
@@ -104,7 +114,7 @@ public final class DelayedWork: Sendable {
     /// then runs outside the advance).
     public static func schedule(
         after delay: Duration,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @MainActor @Sendable () -> Void
     ) -> DelayedWork {
         schedule(after: delay, executor: .mainActor, engine: EngineReference(scheduler), HandlerExecutor.adapt(work))
@@ -125,21 +135,21 @@ public final class DelayedWork: Sendable {
     public static func schedule(
         at deadline: TimerClock.Instant,
         on queue: DispatchQueue? = nil,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        DelayedWork(executor: .on(queue), engine: EngineReference(scheduler.engine), work: work, at: deadline.ticks)
+        DelayedWork.scheduled(executor: .on(queue), engine: EngineReference(scheduler), work: work, at: deadline.ticks)
     }
 
     /// Schedules `work` to run once on the main actor at `deadline`; see
     /// ``schedule(at:on:scheduler:_:)``.
     public static func schedule(
         at deadline: TimerClock.Instant,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         _ work: @escaping @MainActor @Sendable () -> Void
     ) -> DelayedWork {
-        DelayedWork(
-            executor: .mainActor, engine: EngineReference(scheduler.engine), work: HandlerExecutor.adapt(work),
+        DelayedWork.scheduled(
+            executor: .mainActor, engine: EngineReference(scheduler), work: HandlerExecutor.adapt(work),
             at: deadline.ticks)
     }
 
@@ -162,7 +172,7 @@ public final class DelayedWork: Sendable {
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
         let deadline = engine.with { DeadlineArithmetic.deadline(now: $0.nowTicks, after: delay) }
-        return DelayedWork(executor: executor, engine: engine, work: work, at: deadline)
+        return DelayedWork.scheduled(executor: executor, engine: engine, work: work, at: deadline)
     }
 
     /// Schedules `work` for `executor` at `deadline` (engine ticks): the
@@ -171,7 +181,7 @@ public final class DelayedWork: Sendable {
         atTicks deadline: Int64, executor: HandlerExecutor, engine: TimerEngine,
         _ work: @escaping @Sendable () -> Void
     ) -> DelayedWork {
-        DelayedWork(executor: executor, engine: EngineReference(engine), work: work, at: deadline)
+        DelayedWork.scheduled(executor: executor, engine: EngineReference(engine), work: work, at: deadline)
     }
 
     /// The current state.
@@ -277,6 +287,11 @@ public final class DelayedWork: Sendable {
     func end() {
         complete(transition { $0.end() })
     }
+
+    /// The engine fired the arming `sequence` (see ``TimerEntry``).
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+        fired(sequence: sequence) { $0.deadlinePassed() }
+    }
 }
 
 extension DelayedWork: ClosureInvoking {
@@ -284,14 +299,5 @@ extension DelayedWork: ClosureInvoking {
     @inline(__always)
     func withEngine<Result>(_ body: (TimerEngine) -> Result) -> Result {
         engineReference.with(body)
-    }
-
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
-    }
-
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
-        fired(sequence: sequence) { $0.deadlinePassed() }
     }
 }

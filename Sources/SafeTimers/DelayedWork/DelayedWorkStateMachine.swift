@@ -18,10 +18,6 @@ struct DelayedWorkStateMachine: GatedStateMachine, Sendable {
     var gate = InvocationGate()
     private(set) var state = DelayedWork.State.pending
 
-    init(work: @escaping @Sendable () -> Void) {
-        self.work = work
-    }
-
     /// A pending machine whose work ``schedule(_:at:)`` gives it before anything
     /// else reaches it.
     init() {}

@@ -3,50 +3,31 @@ import Synchronization
 
 /// The handler deliveries a real-time engine's scheduler thread collects while
 /// it fires one round of due entries, so that firings due together for the
-/// same destination reach it in one hop instead of one each.
+/// same destination reach it in one hop per ``handlersPerHop`` handlers, in
+/// deadline order, instead of one each. A round with one firing per
+/// destination (the usual case) makes one hop each, exactly as without
+/// batching.
 ///
-/// A hop carries at most ``handlersPerHop`` handlers, run one after another in
-/// deadline order; a destination's hop leaves as soon as it is full, and the
-/// rest when the round ends. A round with one firing per destination (the usual
-/// case) makes one hop each, exactly as without batching.
-///
-/// A hop must not change what handlers can rely on, so it is *work-stealing*:
-/// its handlers are claimed one at a time, and while any is still unclaimed one
-/// millisecond after the hop went out, the scheduler thread sends one more
-/// block to the same destination that claims and runs the rest (again every
-/// millisecond while some remain, one block at a time per hop, and only once
-/// the hop's earlier blocks have begun; a hop whose blocks have not all begun
-/// is looked at again after twice the last wait, up to 128 ms, so that a hop
-/// stuck behind itself on a serial queue, or on a suspended queue, does not
-/// wake the scheduler thread every millisecond). So:
-/// - on a serial queue, handlers run in deadline order, as with a hop each (a
-///   helper block queues behind the hop and finds nothing left);
-/// - on a concurrent queue (the global queue, the default), a handler that
-///   blocks holds up the handlers after it in its hop for about a millisecond,
-///   not until it returns; one that waits for another handler of its own hop
-///   (a semaphore the other signals) is not a deadlock: the helper runs that one.
-/// The main actor and a `SerialExecutor` are serial: their hops need no helper.
+/// A hop must not change what handlers can rely on. Where handlers run one at
+/// a time anyway (``HandlerExecutor/runsOneAtATime``: the main actor, a
+/// `SerialExecutor`, the main queue) it runs them in order. Anywhere else (the
+/// global queue, a given queue, which may be concurrent, a `TaskExecutor`) it
+/// is *work-stealing* (``DeliveryHop``): before a block runs a handler while
+/// others of its hop are unclaimed, it makes sure one more block is on its way
+/// to the same destination, which claims and runs the rest. So a handler that
+/// blocks never holds up the others of its hop, and one that waits for another
+/// handler of its own hop is not a deadlock; on a serial queue the helper
+/// queues behind the hop and finds nothing left.
 ///
 /// Deliveries made by any other thread (a `Throttler` call, a `start()`), and
-/// all deliveries of a manual engine, go out at once as before.
+/// all deliveries of a manual engine, go out at once.
 ///
-/// `@unchecked Sendable` invariant: `groups` and `watched` are read and written
-/// only by the engine's scheduler thread (between ``open()`` and ``close()``,
-/// and in the rescue entry's firing, which that thread makes); `collector` and
-/// the counters are atomic.
+/// `@unchecked Sendable` invariant: `groups` is read and written only by the
+/// engine's scheduler thread, between ``open()`` and ``close()``; `collector`
+/// and the counters are atomic.
 final class DeliveryBatch: @unchecked Sendable {
     /// The most handlers one hop runs.
     static let handlersPerHop = 16
-
-    /// How long a hop's handlers may wait unclaimed before a helper block is sent.
-    static let rescueDelay: Int64 = 1_000_000
-
-    /// The longest a watched hop waits between two looks. A hop whose blocks
-    /// have not all begun (its queue is serial and busy with the hop itself, or
-    /// suspended, or starved) cannot use a helper yet: each look that finds it
-    /// so doubles its wait up to this, so that it does not wake the scheduler
-    /// thread every millisecond for as long as it stays so.
-    static let longestRescueDelay: Int64 = 128_000_000
 
     fileprivate struct Invocation: Sendable {
         let target: any InvocationTarget
@@ -62,16 +43,11 @@ final class DeliveryBatch: @unchecked Sendable {
     /// round is open.
     private let collector = Atomic<UInt>(0)
     private var groups: [Group] = []
-    /// Hops with handlers that may still be unclaimed, and when each went out.
-    private var watched: [(hop: DeliveryHop, checkAt: Int64, delay: Int64)] = []
-    /// The entry that wakes the scheduler thread to look at `watched`: the
-    /// engine's own, never counted as pending (``isRescue(slot:shard:)``).
-    private let rescue = HopRescue()
-    private var rescueArmed = false
-    /// Hops sent, handlers they carried, helper blocks sent (tests).
+    /// Hops sent and handlers they carried (tests).
     private let hops = Atomic<Int>(0)
     private let carried = Atomic<Int>(0)
-    private let helpers = Atomic<Int>(0)
+    /// Helper blocks sent by work-stealing hops (tests).
+    fileprivate let helpers = Atomic<Int>(0)
 
     /// How many hops the batch has sent (tests).
     var hopCount: Int { hops.load(ordering: .relaxed) }
@@ -79,19 +55,10 @@ final class DeliveryBatch: @unchecked Sendable {
     /// How many handler invocations those hops carried (tests).
     var carriedCount: Int { carried.load(ordering: .relaxed) }
 
-    /// How many helper blocks were sent for hops with unclaimed handlers (tests).
+    /// How many helper blocks hops sent (tests).
     var helperCount: Int { helpers.load(ordering: .relaxed) }
 
-    init() {
-        rescue.attach(to: self)
-    }
-
-    /// Whether the rescue entry is armed in shard `shard` (call with that shard's
-    /// lock held, which orders the entry's slot).
-    func isRescueArmed(inShard shard: Int) -> Bool {
-        let slot = rescue.timerSlot
-        return slot >= 0 && slot &>> TimerEngine.shardShift == shard
-    }
+    init() {}
 
     /// Whether the calling thread is collecting deliveries now. One relaxed load
     /// while no round is open.
@@ -107,20 +74,20 @@ final class DeliveryBatch: @unchecked Sendable {
     }
 
     /// Sends every collected delivery and stops collecting.
-    func close(engine: TimerEngine) {
+    func close() {
         collector.store(0, ordering: .relaxed)
-        for group in groups where !group.invocations.isEmpty { send(group, engine: engine) }
+        for group in groups where !group.invocations.isEmpty { send(group) }
         groups.removeAll(keepingCapacity: true)
     }
 
-    /// Collects the invocation `tag` of `target` for `executor` (not a test
-    /// recorder). Call only when ``isCollectingHere``.
-    func add(_ target: some InvocationTarget, tag: UInt64, executor destination: HandlerExecutor, engine: TimerEngine) {
+    /// Collects the invocation `tag` of `target` for `destination`. Call only
+    /// when ``isCollectingHere``.
+    func add(_ target: some InvocationTarget, tag: UInt64, executor destination: HandlerExecutor) {
         let invocation = Invocation(target: target, tag: tag)
         for index in groups.indices where groups[index].destination.isSame(as: destination) {
             groups[index].invocations.append(invocation)
             if groups[index].invocations.count == Self.handlersPerHop {
-                send(groups[index], engine: engine)
+                send(groups[index])
                 groups[index].invocations = []
             }
             return
@@ -132,7 +99,7 @@ final class DeliveryBatch: @unchecked Sendable {
     }
 
     /// One hop for the group's handlers.
-    private func send(_ group: Group, engine: TimerEngine) {
+    private func send(_ group: Group) {
         let invocations = group.invocations
         hops.add(1, ordering: .relaxed)
         carried.add(invocations.count, ordering: .relaxed)
@@ -141,112 +108,73 @@ final class DeliveryBatch: @unchecked Sendable {
             group.destination.run { only.target.invoke(tag: only.tag) }
             return
         }
-        let hop = DeliveryHop(destination: group.destination, invocations: invocations)
-        group.destination.run { hop.drain() }
-        guard !group.destination.isSerial else { return }
-        let now = engine.nowTicks
-        watched.append((hop, now &+ Self.rescueDelay, Self.rescueDelay))
-        if !rescueArmed {
-            rescueArmed = true
-            engine.arm(rescue, at: now &+ Self.rescueDelay)
-        }
-    }
-
-    /// The rescue entry fired (scheduler thread): a helper block for every hop
-    /// sent a millisecond ago or more whose blocks have all begun and that still
-    /// has unclaimed handlers; armed again while any hop may need one.
-    fileprivate func rescueHops(engine: TimerEngine) {
-        rescueArmed = false
-        let now = engine.nowTicks
-        var earliestPending = Int64.max
-        watched.removeAll { $0.hop.isFullyClaimed }
-        for index in watched.indices {
-            let hop = watched[index].hop
-            if now >= watched[index].checkAt {
-                if hop.mayNeedHelper {
-                    hop.helperSent()
-                    helpers.add(1, ordering: .relaxed)
-                    hop.destination.run { hop.drain() }
-                    watched[index].delay = Self.rescueDelay
-                } else {
-                    watched[index].delay = min(watched[index].delay &* 2, Self.longestRescueDelay)
-                }
-                watched[index].checkAt = now &+ watched[index].delay
+        if group.destination.runsOneAtATime {
+            group.destination.run {
+                for invocation in invocations { invocation.target.invoke(tag: invocation.tag) }
             }
-            earliestPending = min(earliestPending, watched[index].checkAt)
+            return
         }
-        if earliestPending != Int64.max {
-            rescueArmed = true
-            engine.arm(rescue, at: earliestPending)
-        }
+        let hop = DeliveryHop(destination: group.destination, invocations: invocations, batch: self)
+        group.destination.run { hop.drain() }
     }
 }
 
-/// One hop's handlers, claimed one at a time by the hop's block and any helper
-/// block (see ``DeliveryBatch``).
+/// One hop's handlers on a destination that may run blocks concurrently,
+/// claimed one at a time by the hop's block and its helper blocks (see
+/// ``DeliveryBatch``).
+///
+/// At most one helper is on its way at a time: a block that claims a handler
+/// while others are unclaimed sends one unless one was sent and has not begun.
+/// So a hop of quick handlers costs a few blocks, not one a handler, and every
+/// handler that blocks has a block behind it that takes over the rest.
 final class DeliveryHop: Sendable {
-    let destination: HandlerExecutor
+    private let destination: HandlerExecutor
     private let invocations: [DeliveryBatch.Invocation]
+    /// The batch, for its helper count; it lives as long as its engine, which
+    /// every primitive in the hop keeps.
+    private let batch: DeliveryBatch
     /// The next handler to claim.
     private let cursor = Atomic<Int>(0)
-    /// Blocks sent for this hop (the hop's own and helpers), and blocks begun.
-    /// Sent is written only by the scheduler thread.
-    private let sent = Atomic<Int>(1)
-    private let begun = Atomic<Int>(0)
+    /// A helper block was sent and has not begun.
+    private let helperOnItsWay = Atomic<Bool>(false)
 
-    fileprivate init(destination: HandlerExecutor, invocations: [DeliveryBatch.Invocation]) {
+    fileprivate init(destination: HandlerExecutor, invocations: [DeliveryBatch.Invocation], batch: DeliveryBatch) {
         self.destination = destination
         self.invocations = invocations
+        self.batch = batch
     }
 
-    /// Claims and runs handlers until none is left.
+    /// Claims and runs handlers until none is left, sending a helper before a
+    /// handler begins while others wait.
     func drain() {
-        begun.add(1, ordering: .relaxed)
         while true {
             let index = cursor.add(1, ordering: .relaxed).oldValue
             guard index < invocations.count else { return }
+            if index + 1 < invocations.count && !helperOnItsWay.exchange(true, ordering: .relaxed) {
+                batch.helpers.add(1, ordering: .relaxed)
+                destination.run { [self] in
+                    helperOnItsWay.store(false, ordering: .relaxed)
+                    drain()
+                }
+            }
             invocations[index].target.invoke(tag: invocations[index].tag)
         }
-    }
-
-    /// Whether every handler has been claimed.
-    var isFullyClaimed: Bool { cursor.load(ordering: .relaxed) >= invocations.count }
-
-    /// Whether a helper would help: handlers are unclaimed and every block sent
-    /// so far has begun (a hop still waiting in its queue needs none).
-    fileprivate var mayNeedHelper: Bool {
-        !isFullyClaimed && begun.load(ordering: .relaxed) >= sent.load(ordering: .relaxed)
-    }
-
-    fileprivate func helperSent() { sent.add(1, ordering: .relaxed) }
-}
-
-/// The engine entry that wakes the scheduler thread to send helper blocks.
-final class HopRescue: TimerEntry {
-    /// The batch that owns this entry (and outlives it), unretained; set once,
-    /// before the entry is first armed.
-    private let batch = Atomic<UInt>(0)
-    private let slot = Atomic<Int>(-1)
-
-    init() {}
-
-    func attach(to owner: DeliveryBatch) {
-        batch.store(UInt(bitPattern: Unmanaged.passUnretained(owner).toOpaque()), ordering: .releasing)
-    }
-
-    var timerSlot: Int {
-        get { slot.load(ordering: .relaxed) }
-        set { slot.store(newValue, ordering: .relaxed) }
-    }
-
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
-        let address = batch.load(ordering: .acquiring)
-        guard let pointer = UnsafeRawPointer(bitPattern: address) else { return }
-        Unmanaged<DeliveryBatch>.fromOpaque(pointer).takeUnretainedValue().rescueHops(engine: engine)
     }
 }
 
 extension HandlerExecutor {
+    /// Whether handlers there run one at a time whatever SafeTimers does (the
+    /// main actor, a `SerialExecutor`, the main queue), so that a hop there
+    /// runs its handlers in order with no helper. A given queue other than the
+    /// main queue may be concurrent: it is not.
+    fileprivate var runsOneAtATime: Bool {
+        switch self {
+        case .mainActor, .serialExecutor: return true
+        case .queue, .leasedQueue: return givenQueue.map(MainQueueMarker.isMain) ?? false
+        case .globalQueue, .taskExecutor, .recorder: return false
+        }
+    }
+
     /// Whether deliveries to both go to the same place (one batch group).
     fileprivate func isSame(as other: HandlerExecutor) -> Bool {
         if let mine = givenQueue {
@@ -258,18 +186,6 @@ extension HandlerExecutor {
         case (.serialExecutor(let mine), .serialExecutor(let theirs)): return mine.identity == theirs.identity
         case (.taskExecutor(let mine), .taskExecutor(let theirs)): return mine.identity == theirs.identity
         default: return false
-        }
-    }
-
-    /// Whether handlers there run one at a time anyway (a hop there needs no
-    /// helper block).
-    fileprivate var isSerial: Bool {
-        switch self {
-        case .mainActor: return true
-        case .serialExecutor: return true
-        case .taskExecutor: return false
-        case .queue, .leasedQueue: return givenQueue.map(MainQueueMarker.isMain) ?? false
-        case .globalQueue, .recorder: return false
         }
     }
 }

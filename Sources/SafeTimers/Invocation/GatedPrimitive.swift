@@ -75,8 +75,8 @@ extension GatedPrimitive {
     /// command there too; returns the rest of its effects.
     ///
     /// The closure borrows `self` through an `Unmanaged` value: a captured
-    /// reference was retained and released around the lock (two atomic writes
-    /// per call, a third of a `DelayedWork` cancel's).
+    /// reference would be retained and released around the lock (two atomic
+    /// writes per call).
     @inline(__always)
     func transition(_ input: (inout Machine) -> MachineEffects) -> MachineEffects {
         let primitive = Unmanaged.passUnretained(self)

@@ -24,13 +24,15 @@ enum HandlerExecutor: Sendable {
     case serialExecutor(SerialExecutorActor)
     /// A `TaskExecutor`, or another kind of executor through a forwarding one.
     case taskExecutor(TaskExecutorDestination)
-    /// Tests only: deliveries are recorded, and the test runs them when it likes.
+    /// Tests only, on a manual engine: deliveries are recorded, and the test
+    /// runs them when it likes.
     case recorder(DeliveryRecorder)
 
     /// Runs `body` where this executor's handlers run: on the queue, or on the
     /// main actor through a task, which works under a run loop, `dispatchMain()`
-    /// and an async `main` alike. (A recorder runs nothing: deliveries to it are
-    /// recorded by ``TimerEngine/deliver(_:tag:to:)`` before they get here.)
+    /// and an async `main` alike. (A recorder runs nothing: a manual engine
+    /// records deliveries to it in ``TimerEngine/deliver(_:tag:to:)``; a
+    /// real-time engine never gets one.)
     /// Which thread hands it over, and when, is the engine's to decide
     /// (``TimerEngine/deliver(_:tag:to:)``).
     @inline(__always)

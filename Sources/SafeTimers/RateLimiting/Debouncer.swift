@@ -116,10 +116,12 @@ public final class Debouncer: Sendable {
 }
 
 /// The storage of a ``Debouncer``: what the engine keeps while a call waits.
-final class DebouncerCore: ClosureInvoking {
+/// `@unchecked Sendable` invariant (the base class ``TimerEntry`` makes the
+/// compiler leave it to us): every stored property is a `let` of a `Sendable`
+/// type (the lock that guards the machine, atomics, the executor, the engine).
+final class DebouncerCore: TimerEntry, ClosureInvoking, @unchecked Sendable {
     let delay: Duration
     let storage: StateLock<LockedMachine<DebouncerStateMachine>>
-    private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
     let engine: TimerEngine
 
@@ -128,11 +130,6 @@ final class DebouncerCore: ClosureInvoking {
         self.storage = StateLock(LockedMachine(machine: DebouncerStateMachine(leading: leading)))
         self.executor = executor
         self.engine = engine
-    }
-
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
     }
 
     func call(_ action: RateLimitedAction) {
@@ -146,7 +143,7 @@ final class DebouncerCore: ClosureInvoking {
         complete(transition { $0.cancel(thread: thread) })
     }
 
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         fired(sequence: sequence) { $0.deadlinePassed() }
     }
 

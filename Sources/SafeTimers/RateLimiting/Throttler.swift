@@ -113,9 +113,11 @@ public final class Throttler: Sendable {
 }
 
 /// The storage of a ``Throttler``: what the engine keeps while a window is open.
-final class ThrottlerCore: ClosureInvoking {
+/// `@unchecked Sendable` invariant (the base class ``TimerEntry`` makes the
+/// compiler leave it to us): every stored property is a `let` of a `Sendable`
+/// type (the lock that guards the machine, atomics, the executor, the engine).
+final class ThrottlerCore: TimerEntry, ClosureInvoking, @unchecked Sendable {
     let storage: StateLock<LockedMachine<ThrottlerStateMachine>>
-    private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
     let engine: TimerEngine
 
@@ -127,11 +129,6 @@ final class ThrottlerCore: ClosureInvoking {
         storage = StateLock(LockedMachine(machine: machine))
     }
 
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
-    }
-
     func call(_ action: RateLimitedAction) {
         let now = engine.nowTicks
         complete(transition { $0.call(action, now: now) })
@@ -141,7 +138,7 @@ final class ThrottlerCore: ClosureInvoking {
         complete(transition { $0.cancel(thread: thread) })
     }
 
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         let now = engine.nowTicks
         fired(sequence: sequence) { $0.deadlinePassed(now: now) }
     }

@@ -5,7 +5,10 @@ import Synchronization
 /// the pure ``RepeatingTimerStateMachine`` (arming under the lock, user code and
 /// continuations after releasing it) and is what the engine keeps. The public
 /// object can be released (which cancels) while the engine still holds this.
-final class RepeatingTimerCore: GatedPrimitive {
+/// `@unchecked Sendable` invariant (the base class ``TimerEntry`` makes the
+/// compiler leave it to us): every stored property is a `let` of a `Sendable`
+/// type (the lock that guards the machine, atomics, the executor, the engine).
+final class RepeatingTimerCore: TimerEntry, GatedPrimitive, @unchecked Sendable {
     /// The user's handler, as the core calls it.
     enum Handler: Sendable {
         /// A plain handler.
@@ -18,13 +21,15 @@ final class RepeatingTimerCore: GatedPrimitive {
     typealias Continuation = AsyncStream<RepeatingTimer.Tick>.Continuation
 
     let interval: Duration
-    let leewayTicks: Int64
+    /// How late a firing may come (see ``TimerEntry/leewayTicks``).
+    private let leeway: Int64
+
+    override var leewayTicks: Int64 { leeway }
     let storage: StateLock<LockedMachine<RepeatingTimerStateMachine>>
     /// Tick streams by id. A stream registers first and checks the state after,
     /// and a stop takes the streams after changing the state, so none is missed.
     private let streams = StateLock<[Int: Continuation]>([:])
     private let nextStreamID = Atomic<Int>(0)
-    private let index = Atomic<Int>(-1)
     let executor: HandlerExecutor
     /// The scheduler's engine: kept, so releasing the scheduler never stops the timer.
     let engine: TimerEngine
@@ -43,16 +48,11 @@ final class RepeatingTimerCore: GatedPrimitive {
         self.interval = .nanoseconds(configuration.interval)
         // As GCD does: a leeway never exceeds half the interval, or a timer could
         // skip ticks (or, with a huge leeway, never tick at all).
-        self.leewayTicks = min(DeadlineArithmetic.delayNanoseconds(leeway), configuration.interval / 2)
+        self.leeway = min(DeadlineArithmetic.delayNanoseconds(leeway), configuration.interval / 2)
         self.executor = executor
         self.engine = scheduler.engine
         self.handler = StateLock(handler)
         self.storage = StateLock(LockedMachine(machine: RepeatingTimerStateMachine(configuration: configuration)))
-    }
-
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
     }
 
     var state: TimerState { storage.withLock { $0.machine.state } }
@@ -76,7 +76,7 @@ final class RepeatingTimerCore: GatedPrimitive {
         perform(transition { $0.cancel(thread: thread) })
     }
 
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         let now = engine.nowTicks
         if let effects = effectsOfFiring(sequence: sequence, { $0.tick(deadline: deadline, now: now) }) {
             perform(effects)

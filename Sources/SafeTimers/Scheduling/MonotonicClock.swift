@@ -12,7 +12,7 @@ import Musl
 /// Neither advances while the machine sleeps, and neither jumps when the wall clock
 /// is changed. A deadline is therefore "so much *running* time from now": a
 /// watchdog armed for 2 s just before the machine sleeps fires 2 s of awake time
-/// later, not at once on wake-up. Reading it costs about 25 ns here (vDSO).
+/// later, not at once on wake-up. On Linux a read is a vDSO call, no system call.
 package enum MonotonicClock {
     /// Nanoseconds since an arbitrary, fixed point in the past.
     @inline(__always)
@@ -29,8 +29,8 @@ package enum MonotonicClock {
     /// The resolution of ``coarseNanoseconds()`` in nanoseconds (0 where there is
     /// no coarse clock and ``coarseNanoseconds()`` reads the precise one).
     ///
-    /// Measured with `clock_getres(CLOCK_MONOTONIC_COARSE)`: 4,000,000 ns on this
-    /// Linux VM (`CONFIG_HZ=250`), 1–10 ms on Linux in general.
+    /// `clock_getres(CLOCK_MONOTONIC_COARSE)`: 1–10 ms on Linux (the kernel's
+    /// tick, `CONFIG_HZ`); -1 if the call fails.
     package static let coarseResolution: Int64 = {
         #if os(Linux)
         var spec = timespec()
@@ -42,8 +42,8 @@ package enum MonotonicClock {
     }()
 
     /// The same clock as ``nanoseconds()``, read cheaply and coarsely: on Linux
-    /// `CLOCK_MONOTONIC_COARSE`, about 7 ns a read against 25–40 ns. Elsewhere the
-    /// precise clock.
+    /// `CLOCK_MONOTONIC_COARSE`, which reads a value the kernel stored instead of
+    /// the hardware counter. Elsewhere the precise clock.
     ///
     /// A coarse reading is the time of the kernel's last timekeeping update, so it
     /// is never ahead of ``nanoseconds()``, but it is behind by *more* than

@@ -14,36 +14,31 @@ extension TimerEngine {
     /// - Otherwise the executor runs it (``HandlerExecutor/run(_:)``).
     @inline(__always)
     func deliver(_ target: some InvocationTarget, tag: UInt64, to executor: HandlerExecutor) {
-        if case .recorder(let recorder) = executor {
-            recorder.record(target, tag: tag)
-        } else if isVirtual {
-            deliverVirtually(target, tag: tag, mainActor: executor.isMainActor)
+        if isVirtual {
+            deliverVirtually(target, tag: tag, to: executor)
         } else if _slowPath(deliveryBatch.isCollectingHere) {
-            deliveryBatch.add(target, tag: tag, executor: executor, engine: self)
+            deliveryBatch.add(target, tag: tag, executor: executor)
         } else {
             executor.run { target.invoke(tag: tag) }
         }
     }
 
-    private func deliverVirtually(_ target: some InvocationTarget, tag: UInt64, mainActor: Bool) {
-        guard mainActor else {
-            enqueueDelivery { target.invoke(tag: tag) }
-            return
-        }
-        enqueueDelivery {
-            if ThreadIdentity.isMainThread || MainQueueMarker.isCurrent {
-                target.invoke(tag: tag)
-            } else {
-                Task { @MainActor in target.invoke(tag: tag) }
+    /// A manual engine's delivery: queued for `advance`, or, for a test's
+    /// recorder (virtual engines only), recorded for the test to begin.
+    private func deliverVirtually(_ target: some InvocationTarget, tag: UInt64, to executor: HandlerExecutor) {
+        switch executor {
+        case .recorder(let recorder):
+            recorder.record(target, tag: tag)
+        case .mainActor:
+            enqueueDelivery {
+                if ThreadIdentity.isMainThread || MainQueueMarker.isCurrent {
+                    target.invoke(tag: tag)
+                } else {
+                    Task { @MainActor in target.invoke(tag: tag) }
+                }
             }
+        default:
+            enqueueDelivery { target.invoke(tag: tag) }
         }
-    }
-}
-
-extension HandlerExecutor {
-    /// Whether handlers run on the main actor.
-    var isMainActor: Bool {
-        if case .mainActor = self { return true }
-        return false
     }
 }

@@ -22,7 +22,7 @@ extension TimerEngine {
         state.pointee.deliveryHead = 0
         lock.signal()
         lock.unlock()
-        var dropped: [any TimerEntry] = []
+        var dropped: [TimerEntry] = []
         for shard in shards {
             shard.lock()
             dropped += shard.state.pointee.wheel.removeAll()
@@ -91,7 +91,9 @@ extension TimerEngine {
                 fire(&batch, round)
                 continue
             }
+            #if DEBUG
             if let hook = beforeSleepingForTesting.withLock({ $0 }) { hook() }
+            #endif
             guard sleepUntilNextTarget() else { return }
         }
     }
@@ -143,9 +145,9 @@ extension TimerEngine {
         return round
     }
 
-    /// Fires the round's entries up to its cut, in one delivery batch; what is due
-    /// later stays in `batch` for the next round, which takes the rest of the
-    /// limited shard first (its target is now).
+    /// Fires the round's entries up to its cut, several in one delivery batch;
+    /// what is due later stays in `batch` for the next round, which takes the
+    /// rest of the limited shard first (its target is now).
     private func fire(_ batch: inout [TimerWheel.Fired], _ round: Round) {
         if round.fromSeveralShards {
             // Deadline order across shards; among equal deadlines, sequence order,
@@ -159,11 +161,13 @@ extension TimerEngine {
         if round.cut != Int64.max {
             firing = batch.firstIndex { $0.deadline > round.cut } ?? batch.count
         }
-        deliveryBatch.open()
+        // One firing has nothing to share a hop with: it is delivered as it fires.
+        let batching = firing > 1
+        if batching { deliveryBatch.open() }
         for fired in batch[..<firing] {
             fired.entry.timerFired(deadline: fired.deadline, sequence: fired.sequence, engine: self)
         }
-        deliveryBatch.close(engine: self)
+        if batching { deliveryBatch.close() }
         batch.removeFirst(firing)
     }
 

@@ -103,10 +103,10 @@ public final class TimerEngine: @unchecked Sendable {
 
     /// A lock and a wheel. See "Shards" above.
     ///
-    /// A trivial value of pointers: fetching a shard from the engine counts no
-    /// reference (a class here had every arming and cancel retain and release
-    /// its shard, two more atomic writes per call). The engine owns what the
-    /// pointers point to (``ShardMemory``) and frees it in its `deinit`.
+    /// A trivial value of pointers, so that fetching a shard from the engine
+    /// counts no reference (a class would cost every arming and cancel a retain
+    /// and a release of its shard). The engine owns what the pointers point to
+    /// (``ShardMemory``) and frees it in its `deinit`.
     ///
     /// `state` is read and written only while the lock is held; `target` is
     /// atomic; the rest is immutable.
@@ -153,9 +153,8 @@ public final class TimerEngine: @unchecked Sendable {
                 .bindMemory(to: Atomic<Int64>.self, capacity: 1)
             target.initialize(to: Atomic(DeadlineArithmetic.never))
             // Cache lines of its own (rounded up to 128 bytes, against adjacent-
-            // line prefetching): shards' states allocated one after another
-            // shared lines, and two threads arming in two shards wrote them both
-            // (2 threads then ran at 1.0x one thread's throughput, not 2x).
+            // line prefetching): two threads arming in two shards must not write
+            // the same line, or they take turns instead of running side by side.
             let state = UnsafeMutableRawPointer.allocate(
                 byteCount: (MemoryLayout<ShardState>.size + 127) & ~127, alignment: 128
             ).bindMemory(to: ShardState.self, capacity: 1)
@@ -183,9 +182,11 @@ public final class TimerEngine: @unchecked Sendable {
     let shards: UnsafeMutableBufferPointer<Shard>
     /// What the shards point to (their locks are kept alive here).
     private let shardMemory: [ShardMemory]
-    /// The calling thread's shard (see ``ThreadShard``).
+    /// The calling thread's shard: each thread is given a number at its first
+    /// arming, round-robin (``ThreadIdentity/shard()``), so that threads spread
+    /// over the shards evenly.
     @inline(__always)
-    private var threadShard: Shard { shards[ThreadShard.current() & (shards.count &- 1)] }
+    private var threadShard: Shard { shards[ThreadIdentity.shard() & (shards.count &- 1)] }
 
     /// What the scheduler thread waits for: `Int64.min` while it is awake (it
     /// will look at every shard again before sleeping, so nobody needs to wake
@@ -200,9 +201,12 @@ public final class TimerEngine: @unchecked Sendable {
     /// The scheduler object is gone: a real engine's thread ends once nothing
     /// is armed (what is armed still fires); a manual engine is shut down.
     let retired = Atomic<Bool>(false)
-    /// Tests only: run by the scheduler thread right before it takes `lock` to
+    #if DEBUG
+    /// Tests only (debug builds; release builds have neither the hook nor its
+    /// check): run by the scheduler thread right before it takes `lock` to
     /// sleep, the window where a release and a last cancel must not be missed.
-    package let beforeSleepingForTesting = StateLock<(@Sendable () -> Void)?>(nil)
+    let beforeSleepingForTesting = StateLock<(@Sendable () -> Void)?>(nil)
+    #endif
     /// The monotonic clock's reading at tick 0 (0 for a manual engine).
     let origin: Int64
     /// `true` for a manual engine: entries fire synchronously inside `advance(by:)`
@@ -247,7 +251,7 @@ public final class TimerEngine: @unchecked Sendable {
     deinit {
         // A real engine ends once its scheduler is gone, nothing is armed and its
         // thread has ended; a manual one once nothing refers to it.
-        var entries: [any TimerEntry] = []
+        var entries: [TimerEntry] = []
         for shard in shards { entries += shard.state.pointee.wheel.removeAll() }
         _ = shards.deinitialize()
         shards.deallocate()
@@ -267,20 +271,14 @@ public final class TimerEngine: @unchecked Sendable {
     /// The current time as a `Duration` since the engine was created.
     public var now: Duration { .nanoseconds(nowTicks) }
 
-    /// How many entries are armed, not counting the engine's own helper entry
-    /// (``DeliveryBatch``) nor entries the scheduler thread has taken out to fire.
+    /// How many entries are armed, not counting entries the scheduler thread has
+    /// taken out to fire.
     ///
     /// - Complexity: O(number of shards): takes every shard's lock in turn (not
     ///   all at once), so while other threads arm and cancel, the sum is not a
     ///   snapshot of one instant.
     public var pendingCount: Int {
-        shards.reduce(0) { total, shard in
-            total
-                + shard.withLock {
-                    // The batch's rescue entry is the engine's, not the user's.
-                    shard.state.pointee.wheel.count - (deliveryBatch.isRescueArmed(inShard: shard.number) ? 1 : 0)
-                }
-        }
+        shards.reduce(0) { total, shard in total + shard.withLock { shard.state.pointee.wheel.count } }
     }
 
     /// How many shards keep this engine's entries (1 for a manual engine).
@@ -303,7 +301,7 @@ public final class TimerEngine: @unchecked Sendable {
     /// its primitive serializes) puts it into a shard, so once the lock is held
     /// and the slot still names the shard, it stays there.
     @inline(__always)
-    private func lockedShard<Entry: TimerEntry>(for entry: Entry) -> (Shard, Int32) {
+    private func lockedShard(for entry: TimerEntry) -> (Shard, Int32) {
         while true {
             let slot = entry.timerSlot
             let shard = slot >= 0 ? shards[slot &>> Self.shardShift] : threadShard
@@ -331,7 +329,7 @@ public final class TimerEngine: @unchecked Sendable {
     ///   takes the lock of one shard only, and wakes the scheduler thread only
     ///   when `deadline` is earlier than the time it sleeps until.
     @discardableResult
-    func arm<Entry: TimerEntry>(_ entry: Entry, at deadline: Int64) -> UInt64 {
+    func arm(_ entry: TimerEntry, at deadline: Int64) -> UInt64 {
         if isVirtual { return armVirtual(entry, at: deadline) }
         let (shard, node) = lockedShard(for: entry)
         let sequence = shard.nextSequence()
@@ -375,7 +373,7 @@ public final class TimerEngine: @unchecked Sendable {
     }
 
     /// A manual engine's arming: one shard, whose lock is `lock`.
-    private func armVirtual(_ entry: any TimerEntry, at deadline: Int64) -> UInt64 {
+    private func armVirtual(_ entry: TimerEntry, at deadline: Int64) -> UInt64 {
         lock.lock()
         let shard = shards[0]
         let sequence = shard.nextSequence()
@@ -406,14 +404,10 @@ public final class TimerEngine: @unchecked Sendable {
     /// - Complexity: O(1) in the number of armed entries; takes the lock of the
     ///   shard that holds the entry only.
     @discardableResult
-    func disarm<Entry: TimerEntry>(_ entry: Entry) -> Bool {
+    func disarm(_ entry: TimerEntry) -> Bool {
         guard entry.timerSlot >= 0 else { return false }
         let (shard, node) = lockedShard(for: entry)
-        var removed = TimerEntryReference.none
-        if node >= 0 {
-            removed = shard.state.pointee.wheel.removeKeepingSlot(node: node)
-            entry.timerSlot = -1
-        }
+        let removed = node >= 0 ? shard.state.pointee.wheel.remove(node: node) : nil
         let emptied = shard.state.pointee.wheel.count == 0
         shard.unlock()
         if emptied && !isVirtual && retired.load(ordering: .relaxed) {
@@ -421,18 +415,6 @@ public final class TimerEngine: @unchecked Sendable {
         }
         // The engine's reference (possibly the last one to the entry) is
         // released here, outside the lock.
-        let wasArmed = !removed.isNone
-        removed.release()
-        return wasArmed
+        return withExtendedLifetime(removed) { removed != nil }
     }
-}
-
-/// Which shard a thread arms into: each thread is given a number at its first
-/// arming, round-robin, so that threads spread over the shards evenly (a hash of
-/// the thread's id would put two of two threads in one shard a quarter of the
-/// time). An engine takes the number modulo its shard count.
-enum ThreadShard {
-    /// The calling thread's number (see ``ThreadIdentity/shard()``).
-    @inline(__always)
-    static func current() -> Int { ThreadIdentity.shard() }
 }

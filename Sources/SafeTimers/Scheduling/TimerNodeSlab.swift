@@ -18,7 +18,7 @@ struct TimerNode {
     /// In the near heap: the node's position there.
     var prev: Int32 = -1
     /// The armed entry, counted: the engine keeps it alive while it is armed.
-    var entry = TimerEntryReference.none
+    var entry: TimerEntry? = nil
 
     /// The deadline of a free node, which no arming has (the wheel raises an
     /// armed deadline of `Int64.min` by one tick).

@@ -33,7 +33,7 @@ struct TimerWheel: ~Copyable {
     struct Fired {
         var deadline: Int64
         var sequence: UInt64
-        var entry: any TimerEntry
+        var entry: TimerEntry
     }
 
     private struct NearElement {
@@ -104,17 +104,14 @@ struct TimerWheel: ~Copyable {
 
     /// Arms `entry`, which must not be armed, and records its node in it.
     ///
-    /// Generic so that, for a concrete entry type, recording the node is a plain
-    /// store (through an existential it costs a retain and a release).
-    ///
     /// - Complexity: O(1) (O(log k) for the k entries due in the current granule).
     @inline(__always)
-    mutating func insert<Entry: TimerEntry>(_ entry: Entry, deadline: Int64, sequence: UInt64) {
+    mutating func insert(_ entry: TimerEntry, deadline: Int64, sequence: UInt64) {
         let index = slab.allocate()
         let node = slab[index]
         node.pointee.deadline = max(deadline, TimerNode.unusedDeadline + 1)
         node.pointee.sequence = sequence
-        node.pointee.entry = TimerEntryReference(retaining: entry)
+        node.pointee.entry = entry
         entry.timerSlot = slotTag | Int(index)
         place(index, node)
         count += 1
@@ -140,38 +137,25 @@ struct TimerWheel: ~Copyable {
         update(node: index, deadline: deadline, sequence: sequence)
     }
 
-    /// Disarms the entry in node `index` and hands it back, so that the caller
-    /// can drop the engine's reference outside its lock.
-    ///
-    /// The entry still names the node: the caller, which holds the lock, sets its
-    /// ``TimerEntry/timerSlot`` to -1 (as a plain store when it knows the entry's
-    /// type; see ``remove(node:)``).
+    /// Disarms the entry in node `index`, marks it unarmed (its
+    /// ``TimerEntry/timerSlot`` becomes -1), and hands back the wheel's
+    /// reference to it, so that the caller can drop it outside its lock.
     ///
     /// - Complexity: as ``insert(_:deadline:sequence:)``.
     @inline(__always)
-    mutating func removeKeepingSlot(node index: Int32) -> TimerEntryReference {
+    mutating func remove(node index: Int32) -> TimerEntry? {
         let node = slab[index]
         unlink(index, node)
-        let entry = node.pointee.entry
-        node.pointee.entry = .none
+        let entry = node.pointee.entry.take()
         slab.free(index)
         count -= 1
-        return entry
-    }
-
-    /// Disarms the entry in node `index`, marks it unarmed, and hands it back.
-    @inline(__always)
-    mutating func remove(node index: Int32) -> (any TimerEntry)? {
-        var reference = removeKeepingSlot(node: index)
-        guard !reference.isNone else { return nil }
-        let entry = reference.take()
-        entry.timerSlot = -1
+        entry?.timerSlot = -1
         return entry
     }
 
     /// Disarms everything and hands the entries back (to be released outside the lock).
-    mutating func removeAll() -> [any TimerEntry] {
-        var entries: [any TimerEntry] = []
+    mutating func removeAll() -> [TimerEntry] {
+        var entries: [TimerEntry] = []
         entries.reserveCapacity(count)
         var used: [Int32] = []
         slab.forEachUsed { index, _ in used.append(index) }
@@ -229,7 +213,7 @@ struct TimerWheel: ~Copyable {
             nextBucketDeadline = max(start, bucketMinimum[level << Self.levelBits | slot])
         }
         guard let first = near.first else { return nextBucketDeadline }
-        let leeway = slab[first.node].pointee.entry.leewayTicks
+        let leeway = slab[first.node].pointee.entry?.leewayTicks ?? 0
         guard leeway > 0 else { return min(first.deadline, nextBucketDeadline) }
         var target = min(DeadlineArithmetic.adding(leeway, to: first.deadline), nextBucketDeadline)
         for index in 1..<min(near.count, 5) { target = min(target, near[index].deadline) }
@@ -444,12 +428,12 @@ struct TimerWheel: ~Copyable {
             guard problem == nil else { return }
             seen += 1
             let value = node.pointee
-            if value.entry.isNone {
+            guard let entry = value.entry else {
                 problem = "node \(index) is in use without an entry"
                 return
             }
-            if value.entry.timerSlot != slotTag | Int(index) {
-                problem = "entry in node \(index) believes it is in node \(value.entry.timerSlot)"
+            if entry.timerSlot != slotTag | Int(index) {
+                problem = "entry in node \(index) believes it is in node \(entry.timerSlot)"
             }
             guard let place = actual[index] else {
                 problem = "node \(index) is in use but in no list and not in the near heap"

@@ -43,7 +43,7 @@ public final class Watchdog: Sendable {
         scheduler: (any TimerScheduler)? = nil,
         onTimeout: @escaping @Sendable () -> Void
     ) {
-        core = WatchdogCore(
+        core = WatchdogCore.armed(
             timeout: timeout, executor: .on(queue), engine: EngineReference(scheduler), handler: onTimeout)
     }
 
@@ -72,7 +72,7 @@ public final class Watchdog: Sendable {
         scheduler: (any TimerScheduler)? = nil,
         onTimeout: @escaping @Sendable () -> Void
     ) {
-        core = WatchdogCore(
+        core = WatchdogCore.armed(
             timeout: timeout, executor: .onExecutor(executor), engine: EngineReference(scheduler),
             handler: onTimeout)
     }
@@ -91,7 +91,7 @@ public final class Watchdog: Sendable {
         scheduler: (any TimerScheduler)? = nil,
         onTimeout: @escaping @MainActor @Sendable () -> Void
     ) {
-        core = WatchdogCore(
+        core = WatchdogCore.armed(
             timeout: timeout, executor: .mainActor, engine: EngineReference(scheduler),
             handler: HandlerExecutor.adapt(onTimeout))
     }
@@ -145,9 +145,11 @@ public final class Watchdog: Sendable {
 
 /// The storage behind a ``Watchdog``: the public object can be released (which
 /// invalidates) while the engine still holds this.
-final class WatchdogCore: ClosureInvoking {
+/// `@unchecked Sendable` invariant (the base class ``TimerEntry`` makes the
+/// compiler leave it to us): every stored property is a `let` of a `Sendable`
+/// type (the lock that guards the machine, atomics, the executor, the engine).
+final class WatchdogCore: TimerEntry, ClosureInvoking, @unchecked Sendable {
     let storage: StateLock<LockedMachine<WatchdogStateMachine>>
-    private let index = Atomic<Int>(-1)
     /// Whether an ``invalidate()`` found the watchdog settled (see
     /// ``WatchdogStateMachine/isSettled``).
     private let invalidated = Atomic<Bool>(false)
@@ -157,15 +159,24 @@ final class WatchdogCore: ClosureInvoking {
 
     var engine: TimerEngine { engineReference.counted }
 
-    init(
-        timeout: Duration, executor: HandlerExecutor, engine: consuming EngineReference,
-        handler: @escaping @Sendable () -> Void
-    ) {
+    private init(timeout: Duration, executor: HandlerExecutor, engine: consuming EngineReference) {
         self.executor = executor
         self.engineReference = engine
         self.storage = StateLock(LockedMachine(machine: WatchdogStateMachine(timeout: timeout)))
-        let now = engineReference.with { $0.nowTicks }
-        complete(transition { $0.arm(now: now, handler: handler) })
+    }
+
+    /// A watchdog core armed with `handler`, due `timeout` from now. (Armed here
+    /// rather than in `init`: a subclass's `self` after `super.init()` costs a
+    /// retain and a release at every use.)
+    @inline(__always)
+    static func armed(
+        timeout: Duration, executor: HandlerExecutor, engine: consuming EngineReference,
+        handler: @escaping @Sendable () -> Void
+    ) -> WatchdogCore {
+        let core = WatchdogCore(timeout: timeout, executor: executor, engine: engine)
+        let now = core.engineReference.with { $0.nowTicks }
+        core.complete(core.transition { $0.arm(now: now, handler: handler) })
+        return core
     }
 
     /// The engine, borrowed (see ``EngineReference``).
@@ -174,10 +185,9 @@ final class WatchdogCore: ClosureInvoking {
         engineReference.with(body)
     }
 
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
-    }
+    /// Not inlined: inlined into the deallocating deinit, destroying the fields
+    /// retained and released `self` around them (two atomic writes per watchdog).
+    @inline(never) deinit {}
 
     var hasFired: Bool { storage.withLock { $0.machine.status == .fired } }
 
@@ -213,7 +223,7 @@ final class WatchdogCore: ClosureInvoking {
         if !invalidated.load(ordering: .relaxed) { invalidate() }
     }
 
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         fired(sequence: sequence) { $0.deadlinePassed(deadline) }
     }
 

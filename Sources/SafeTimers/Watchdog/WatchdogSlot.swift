@@ -39,14 +39,13 @@ import Musl
 /// A section reads the clock once, and that read is most of its cost, so long
 /// timeouts read `CLOCK_MONOTONIC_COARSE` on Linux: the same clock as
 /// ``MonotonicClock/nanoseconds()`` (`CLOCK_MONOTONIC`), as of the kernel's last
-/// timekeeping tick, about 7 ns a read against 25–40 ns. `clock_getres` gives
-/// its resolution: 4 ms on this VM (`CONFIG_HZ=250`), 1–10 ms on Linux.
-/// A coarse reading is behind the real time by *more* than that resolution: on
-/// this VM it lagged by 3.0–7.7 ms (200,000 samples). So a coarse section adds 3
-/// resolutions (12 ms) to its deadline and is used only for timeouts of at
-/// least 250 resolutions (1 s): the report then comes at most 1.2 % of the
-/// timeout late, and early only if the kernel's coarse clock fell more than 3
-/// ticks behind. Shorter timeouts, and platforms without a coarse clock (Apple:
+/// timekeeping tick, a fraction of the precise read's cost. `clock_getres` gives
+/// its resolution (1–10 ms on Linux, by the kernel's `CONFIG_HZ`). A coarse
+/// reading is behind the real time by *more* than that resolution (see
+/// ``MonotonicClock/coarseNanoseconds()``). So a coarse section adds 3
+/// resolutions to its deadline and is used only for timeouts of at least 250
+/// resolutions: the report then comes at most 1.2 % of the timeout late, and
+/// early only if the kernel's coarse clock fell more than 3 ticks behind. Shorter timeouts, and platforms without a coarse clock (Apple:
 /// `CLOCK_UPTIME_RAW` is already cheap), read the precise clock and are never
 /// early. A watchdog exists to notice sections that take far longer than
 /// expected; a few milliseconds on a timeout of seconds do not change what it
@@ -93,7 +92,6 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     private let armedAt = Atomic<Int64>(0)
     /// The thread running the handler (for the cycle check of a waiting owner).
     private let runner = Atomic<UInt>(0)
-    private let index = Atomic<Int>(-1)
     /// How often the engine entry was armed (tests check that arming is lazy).
     private let armings = Atomic<Int>(0)
     /// The sequence of the current engine arming (0: none); serializes arming.
@@ -102,8 +100,8 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     /// The section's queue, not counted: the caller of `withWatchdog` keeps it
     /// alive until the section has left, and the scheduler takes a counted
     /// reference while the section is claimed (the owner cannot leave then).
-    /// Counting it here wrote the queue's reference count, one cache line every
-    /// thread guarding sections with that queue shares, twice per section.
+    /// Counting it here would write the queue's reference count, one cache line
+    /// every thread guarding sections with that queue shares, twice per section.
     nonisolated(unsafe) private var queue: Unmanaged<DispatchQueue>?
     /// Owner only: the last timeout converted, so the common case of one timeout
     /// used again and again skips the `Duration` arithmetic.
@@ -119,7 +117,7 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
     /// Keeps the fields above off the cache line of whatever comes after.
     private let trailingPad: (Int64, Int64, Int64, Int64, Int64, Int64, Int64, Int64) = (0, 0, 0, 0, 0, 0, 0, 0)
 
-    init() {
+    override init() {
         let shared = SystemTimerScheduler.shared
         engine = shared.engine
         scheduler = ObjectIdentifier(shared)
@@ -127,11 +125,6 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
         coarseResolution = resolution
         // 250 resolutions (1 s at 4 ms); no coarse clock, or a useless one: never.
         coarseMinimumTimeout = resolution > 0 && resolution <= 20_000_000 ? resolution &* 250 : Int64.max
-    }
-
-    var timerSlot: Int {
-        get { index.load(ordering: .relaxed) }
-        set { index.store(newValue, ordering: .relaxed) }
     }
 
     // MARK: The owner
@@ -246,7 +239,7 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
         }
     }
 
-    func timerFired(deadline passed: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline passed: Int64, sequence: UInt64, engine: TimerEngine) {
         let current = arming.withLock { armed -> Bool in
             guard armed == sequence else { return false }
             armed = 0

@@ -207,16 +207,10 @@ private final class TimeoutDeadline: TimerEntry, @unchecked Sendable {
         let task: UnsafeCurrentTask
     }
 
-    private let slot = Atomic<Int>(-1)
     private let outcome = Atomic<UInt8>(TimeoutDeadline.running)
     private let state = StateLock(State())
 
-    var timerSlot: Int {
-        get { slot.load(ordering: .relaxed) }
-        set { slot.store(newValue, ordering: .relaxed) }
-    }
-
-    func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
+    override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {
         let passed = outcome.compareExchange(
             expected: Self.running, desired: Self.expired, ordering: .acquiringAndReleasing
         ).exchanged

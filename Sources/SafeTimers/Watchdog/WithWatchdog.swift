@@ -30,9 +30,7 @@ import Dispatch
 ///   - queue: Where `onTimeout` runs; `nil` (the default) is the default-QoS
 ///     global queue.
 ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default) is
-///     ``SystemTimerScheduler/shared``. (Optional so that the default costs no
-///     reference count: every thread would otherwise write the shared
-///     scheduler's count twice per section, one cache line for all threads.)
+///     ``SystemTimerScheduler/shared``.
 ///   - onTimeout: Called once if `body` is still running after `timeout`;
 ///     released before `withWatchdog` returns.
 ///   - body: The guarded section.

@@ -26,10 +26,10 @@ struct ExplorationTests {
         #expect(random.counterexample == nil, "\(name): \(random)")
     }
 
-    @Test("the explorer finds the overlap in the legacy RepeatingTimer state machine")
-    func findsLegacyOverlap() {
-        let report = Explorer.exhaustive(LegacyRepeatingTimerSystem.self, depth: 8)
-        print("explorer: legacy RepeatingTimer state machine: \(report)")
+    @Test("the explorer finds the overlap in a RepeatingTimer state machine without an invocation gate")
+    func findsTheOverlapOfTheMachineWithoutAGate() {
+        let report = Explorer.exhaustive(OverlappingRepeatingTimerSystem.self, depth: 8)
+        print("explorer: RepeatingTimer state machine without a gate: \(report)")
         #expect(report.counterexample?.violation == "two invocations of the handler overlap")
         #expect(report.counterexample?.steps.count == 8)
     }

@@ -88,7 +88,7 @@ struct WatchdogSystem: ExplorableSystem {
 
     init() {
         let runs = self.runs
-        core = WatchdogCore(
+        core = WatchdogCore.armed(
             timeout: .milliseconds(10), executor: world.executor, engine: EngineReference(world.manual)
         ) { runs.increment() }
     }

@@ -1,11 +1,11 @@
 @testable import SafeTimers
 
-/// The legacy state machine (``LegacyRepeatingTimerStateMachine``) in the same
+/// The overlapping state machine (``OverlappingRepeatingTimerStateMachine``) in the same
 /// world of steps as the real primitives: calls from the caller and from inside
 /// the handler, the engine firing, deliveries beginning on a free worker,
 /// handlers ending, time passing. Only the no-overlap invariant is checked.
-struct LegacyRepeatingTimerSystem: ExplorableSystem {
-    typealias Machine = LegacyRepeatingTimerStateMachine
+struct OverlappingRepeatingTimerSystem: ExplorableSystem {
+    typealias Machine = OverlappingRepeatingTimerStateMachine
     var machine = Machine(
         configuration: .init(interval: 10, repetitions: nil, firesImmediately: false, missedTicks: .coalesce))
     var now: Int64 = 0

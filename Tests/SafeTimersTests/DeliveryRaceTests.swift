@@ -5,10 +5,12 @@ import Testing
 
 @testable @_spi(SchedulerImplementation) import SafeTimers
 
-/// Attacks: each tries to break one promise of the compact layout, the
-/// sharded engine or batched delivery.
-@Suite("Attacks on the sharded engine and batched delivery")
-struct EngineDeliveryAttackTests {
+/// Real-time races between deliveries, cancels, reschedules and released
+/// schedulers, many primitives due together: each run happens once or is
+/// prevented, cancel stays a barrier, order holds where it is promised, and
+/// everything is freed.
+@Suite("Deliveries racing cancels, releases and each other (real time)")
+struct DeliveryRaceTests {
     final class Capture: Sendable {}
 
     final class Box<T>: @unchecked Sendable {
@@ -295,8 +297,8 @@ struct EngineDeliveryAttackTests {
     }
 
     /// Private schedulers released at once, each with 40 works due together on
-    /// the global queue, some blocking 3 ms (hops, helpers and the rescue entry
-    /// are pending when the scheduler goes): all run once, engines are freed.
+    /// the global queue, some blocking 3 ms (hops and helpers are pending when
+    /// the scheduler goes): all run once, engines are freed.
     @Test func privateSchedulerReleasedWithHopsAndHelpersPending() async {
         let ran = Box<[Int]>(Array(repeating: 0, count: 400))
         var engines: [() -> Bool] = []
@@ -374,10 +376,8 @@ struct EngineDeliveryAttackTests {
     }
 
     /// Three works due together on a user *serial* queue, the first blocking
-    /// 300 ms: nothing else is due, so the scheduler thread should sleep. The
-    /// hop's rescue entry re-arms every millisecond while the hop has
-    /// unclaimed handlers, and a helper queued behind the blocked hop on a
-    /// serial queue can never begin: the thread wakes about once per ms.
+    /// 300 ms: nothing else is due, so the scheduler thread sleeps (a hop and
+    /// its helper, queued behind the blocked handler, never involve it).
     @Test func blockedHopOnSerialQueueDoesNotSpinSchedulerThread() async {
         let scheduler = SystemTimerScheduler()
         let engine = scheduler.engine
@@ -396,14 +396,13 @@ struct EngineDeliveryAttackTests {
         let ok = await eventually(within: 10) { done.load(ordering: .relaxed) == 3 }
         #expect(ok)
         let wakeUps = engine.wakeUpCount
-        // Polling every millisecond woke it about once per ms (~295 in 300 ms).
         let elapsed = Int((DispatchTime.now().uptimeNanoseconds - start) / 1_000_000)
         #expect(wakeUps < 15 + elapsed / 32, "scheduler thread woke \(wakeUps) times in \(elapsed) ms")
         _ = works
     }
 
-    /// The same on a suspended concurrent queue: a hop that cannot begin keeps
-    /// the rescue polling every millisecond until the queue is resumed.
+    /// The same on a suspended concurrent queue: a hop that cannot begin does
+    /// not wake the scheduler thread until the queue is resumed.
     @Test func hopOnSuspendedQueueDoesNotSpinSchedulerThread() async {
         let scheduler = SystemTimerScheduler()
         let engine = scheduler.engine
@@ -580,109 +579,39 @@ struct EngineDeliveryAttackTests {
         _ = (debouncers, throttlers)
     }
 
-    final class ModelEntry: TimerEntry {
-        let id: Int
-        private let slot = Atomic<Int>(-1)
-        init(id: Int) { self.id = id }
-        var timerSlot: Int {
-            get { slot.load(ordering: .relaxed) }
-            set { slot.store(newValue, ordering: .relaxed) }
+    @Test("two handlers that cancel each other's timer do not deadlock; each timer stops")
+    func crossCancelDoesNotDeadlock() {
+        let a = StateLock<RepeatingTimer?>(nil)
+        let b = StateLock<RepeatingTimer?>(nil)
+        let inA = DispatchSemaphore(value: 0)
+        let inB = DispatchSemaphore(value: 0)
+        let done = DispatchSemaphore(value: 0)
+        let scheduler = SystemTimerScheduler()
+        let timerA = RepeatingTimer(
+            interval: .milliseconds(10), firesImmediately: true, queue: DispatchQueue(label: "A"), scheduler: scheduler
+        ) {
+            inA.signal()
+            inB.wait()
+            b.withLock { $0 }?.cancel()
+            done.signal()
         }
-        func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
-    }
-
-    /// Random arm/move/disarm/pop/earliest sequences against a model, with
-    /// extreme deadlines mixed in.
-    @Test(arguments: 0..<8) func wheelAgainstModel(_ seed: Int) {
-        var wheel = TimerWheel()
-        var model: [Int: (deadline: Int64, sequence: UInt64, entry: ModelEntry)] = [:]
-        var sequence: UInt64 = 0
-        var now: Int64 = 0
-        var rng = SplitMix64(seed: UInt64(seed) &+ 12345)
-        let extremes: [Int64] = [
-            Int64.min, Int64.min + 1, -1, 0, 1, Int64.max, Int64.max - 1, (1 << 62), -(1 << 40), (1 << 43) - 1,
-            1 << 20, (1 << 20) - 1, 64 << 20, (64 << 20) - 1, 4096 << 20,
-        ]
-        func randomDeadline() -> Int64 {
-            switch rng.next() % 6 {
-            case 0: return extremes[Int(rng.next() % UInt64(extremes.count))]
-            case 1: return now &+ Int64(rng.next() % (1 << 22))
-            case 2: return now &+ Int64(rng.next() % (1 << 34))
-            case 3: return now &- Int64(rng.next() % (1 << 24))
-            case 4: return now &+ Int64(rng.next() % (1 << 50))
-            default: return now &+ Int64(rng.next() % (1 << 28))
-            }
+        let timerB = RepeatingTimer(
+            interval: .milliseconds(10), firesImmediately: true, queue: DispatchQueue(label: "B"), scheduler: scheduler
+        ) {
+            inB.signal()
+            inA.wait()
+            a.withLock { $0 }?.cancel()
+            done.signal()
         }
-        var nextID = 0
-        for step in 0..<20_000 {
-            let op = rng.next() % 10
-            if op < 4 || model.isEmpty {
-                let entry = ModelEntry(id: nextID)
-                nextID += 1
-                sequence += 1
-                let deadline = randomDeadline()
-                wheel.insert(entry, deadline: deadline, sequence: sequence)
-                model[entry.id] = (max(deadline, Int64.min + 1), sequence, entry)
-            } else if op < 6 {
-                let key = Array(model.keys)[Int(rng.next() % UInt64(model.count))]
-                let item = model[key]!
-                sequence += 1
-                let deadline = randomDeadline()
-                wheel.update(
-                    node: Int32(truncatingIfNeeded: item.entry.timerSlot), deadline: deadline, sequence: sequence)
-                model[key] = (max(deadline, Int64.min + 1), sequence, item.entry)
-            } else if op < 7 {
-                let key = Array(model.keys)[Int(rng.next() % UInt64(model.count))]
-                let item = model[key]!
-                let removed = wheel.remove(node: Int32(truncatingIfNeeded: item.entry.timerSlot))
-                #expect((removed as? ModelEntry)?.id == key)
-                model[key] = nil
-            } else if op < 9 {
-                if rng.next() % 20 == 0 {
-                    now = min(now &+ Int64(rng.next() % (1 << 45)), Int64.max - 2)
-                } else {
-                    now = now &+ Int64(rng.next() % (1 << 23))
-                }
-                while let fired = wheel.popDue(now: now) {
-                    let expected = model.values.filter { $0.deadline != Int64.max }
-                        .min { ($0.deadline, $0.sequence) < ($1.deadline, $1.sequence) }
-                    guard let expected else {
-                        Issue.record("step \(step): popped \(fired.deadline) from an empty model")
-                        return
-                    }
-                    if fired.deadline != expected.deadline || fired.sequence != expected.sequence
-                        || (fired.entry as? ModelEntry)?.id != expected.entry.id
-                    {
-                        Issue.record(
-                            "step \(step): popped (\(fired.deadline), \(fired.sequence)) expected (\(expected.deadline), \(expected.sequence)) now \(now)"
-                        )
-                        return
-                    }
-                    if fired.deadline > now { Issue.record("step \(step): early \(fired.deadline) > \(now)"); return }
-                    if fired.entry.timerSlot != -1 { Issue.record("step \(step): popped entry still has a slot") }
-                    model[expected.entry.id] = nil
-                }
-                let dueLeft = model.values.contains { $0.deadline <= now && $0.deadline != Int64.max }
-                if dueLeft { Issue.record("step \(step): due entry not popped at now \(now)"); return }
-            } else {
-                let earliest = wheel.earliestDeadline()
-                let expected = model.values.map(\.deadline).min()
-                if earliest != expected {
-                    Issue.record(
-                        "step \(step): earliest \(String(describing: earliest)) expected \(String(describing: expected))"
-                    )
-                    return
-                }
-            }
-            if let violation = wheel.invariantViolation() {
-                Issue.record("step \(step): \(violation)")
-                return
-            }
-            if wheel.count != model.count {
-                Issue.record("step \(step): count \(wheel.count) model \(model.count)")
-                return
-            }
-        }
-        _ = wheel.removeAll()
+        a.withLock { $0 = timerA }
+        b.withLock { $0 = timerB }
+        timerA.start()
+        timerB.start()
+        let first = done.wait(timeout: .now() + 20)
+        let second = done.wait(timeout: .now() + 20)
+        #expect(first == .success && second == .success, "two handlers cancelling each other's timer deadlocked")
+        #expect(timerA.state == .cancelled && timerB.state == .cancelled)
+        a.withLock { $0 = nil }
+        b.withLock { $0 = nil }
     }
 }

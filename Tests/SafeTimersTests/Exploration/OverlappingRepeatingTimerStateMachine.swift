@@ -4,7 +4,7 @@
 // cc6e370), kept verbatim as a fixture: the explorer must find its overlap bug,
 // which proves the explorer can find that class of bug at all.
 
-struct LegacyRepeatingTimerStateMachine: Sendable {
+struct OverlappingRepeatingTimerStateMachine: Sendable {
     struct Configuration: Sendable {
         /// Nanoseconds, at least ``RepeatingTimer/minimumInterval``.
         var interval: Int64
