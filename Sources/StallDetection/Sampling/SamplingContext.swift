@@ -169,7 +169,7 @@ final class SamplingContext: @unchecked Sendable {
         let (frames, awaits) = unwinder.insertingAwaits(
             into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) }, remembered: lastAwaits,
             readPairs: StackSampler.readPairs(at:),
-            isJobRunner: { address in runners.contains { $0.contains(address &- 1) } })
+            isJobRunner: { AsyncJobRunner.contains(returnAddress: $0, in: runners) })
         if let awaits, awaits.cut == nil { lastAwaits = awaits }
         let held = queue.map { copy.words.contains($0) } ?? false
         var raw = RawStack(

@@ -62,9 +62,10 @@ enum AsyncJobRunner {
         #endif
     }
 
-    /// Whether `returnAddress` returns into a job runner.
-    static func contains(returnAddress: UInt) -> Bool {
+    /// Whether `returnAddress` returns into a job runner (of `runners`, by
+    /// default those found so far: an unwind reads ``ranges`` once and passes it).
+    static func contains(returnAddress: UInt, in runners: [Range<UInt>] = ranges) -> Bool {
         let address = returnAddress &- 1
-        return ranges.contains { $0.contains(address) }
+        return runners.contains { $0.contains(address) }
     }
 }

@@ -16,7 +16,7 @@ extension StackUnwinder {
     func insertingAwaits(
         into frames: [RawFrame], readContextWord: ((UInt) -> UInt?)? = nil,
         remembered: AsyncContextChain? = nil, readPairs: (([UInt]) -> [UInt]?)? = nil,
-        isJobRunner: (UInt) -> Bool = AsyncJobRunner.contains(returnAddress:)
+        isJobRunner: (UInt) -> Bool = { AsyncJobRunner.contains(returnAddress: $0) }
     ) -> (frames: [RawFrame], chain: AsyncContextChain?) {
         let slots = scratch.frameSlots
         guard slots.count == frames.count else { return (frames, nil) }
