@@ -18,6 +18,7 @@ import StallDetection
 //   ASYNC <phase> <task name or -> <the report's frames, one name each, `|`-separated>
 //   ASYNCPOOL <phase> <index> <frames>   each pool thread's stack (pool)
 //   ASYNCPROFILE <phase> <samples> <samples in asyncChainBlocker> <of them, without asyncRoute>
+//   ASYNCUNROUTED <folded stack> <count>  each stack in the blocker without asyncRoute
 
 /// Where an async chain's blocker runs: a serial dispatch queue as an actor's executor.
 final class QueueExecutor: SerialExecutor {
@@ -162,7 +163,10 @@ private func watchAsync(_ detector: StallDetector, priority: TaskPriority?) {
             for line in event.profile.foldedStacks().split(separator: "\n") where line.contains("asyncChainBlocker") {
                 let count = line.split(separator: " ").last.flatMap { Int($0) } ?? 0
                 blocked += count
-                if !line.contains("asyncRoute") { unrouted += count }
+                if !line.contains("asyncRoute") {
+                    unrouted += count
+                    emit("ASYNCUNROUTED \(line)")
+                }
             }
             emit("ASYNCPROFILE \(event.phase.rawValue) \(event.profile.sampleCount) \(blocked) \(unrouted)")
             if event.phase == .ended { finishAndExit(detector)() }

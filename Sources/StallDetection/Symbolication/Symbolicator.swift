@@ -166,8 +166,7 @@ final class Symbolicator: Sendable {
 
     /// Names the symbolication thread's own stack and a function of each library
     /// a stalled thread's stack passes through (the C library, libdispatch, the
-    /// Swift runtime and its concurrency library), and finds the concurrency
-    /// runtime's job runners (``AsyncJobRunner``), so that the first real stall
+    /// Swift runtime and its concurrency library), so that the first real stall
     /// does not pay for loading their symbol tables and debug information.
     /// Once per process.
     func warmUp() {
@@ -178,9 +177,6 @@ final class Symbolicator: Sendable {
                 return wasWarmed
             })
         else { return }
-        // The concurrency runtime's job runners first (a few milliseconds): a
-        // stall's samples follow its awaits once they are known.
-        AsyncJobRunner.find()
         let (images, encoded) = state.withLock { ($0.images, $0.encodedImages) }
         let libraries = Self.warmUpFunctions.compactMap { dlsym(UnsafeMutableRawPointer(bitPattern: 0), $0) }
         _ = SymbolicationThread.shared.run {
