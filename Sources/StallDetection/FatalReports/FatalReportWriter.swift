@@ -46,16 +46,19 @@ final class FatalReportWriter: Sendable {
             return schedule
         }
         guard schedule else { return }
-        queue.async { [self] in
-            let taken = state.withLock { state -> (event: StallEvent?, removals: UInt64) in
-                state.scheduled = false
-                return (state.event.take(), state.removals)
-            }
-            guard let event = taken.event else { return }
-            let bytes = FatalReportFile(event).encodedWithinLimit()
-            guard !bytes.isEmpty else { return }
-            writeAtomically(bytes, unlessRemovedSince: taken.removals)
+        queue.async { [self] in DetectorThreads.work { writePending() } }
+    }
+
+    /// Writes the report asked for last, if it is still wanted.
+    private func writePending() {
+        let taken = state.withLock { state -> (event: StallEvent?, removals: UInt64) in
+            state.scheduled = false
+            return (state.event.take(), state.removals)
         }
+        guard let event = taken.event else { return }
+        let bytes = FatalReportFile(event).encodedWithinLimit()
+        guard !bytes.isEmpty else { return }
+        writeAtomically(bytes, unlessRemovedSince: taken.removals)
     }
 
     /// Removes the report now; a write in progress is dropped (its temporary

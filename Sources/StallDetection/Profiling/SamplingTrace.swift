@@ -16,6 +16,15 @@ import Darwin
 /// joined the profile, when the next sample is due, and when this one was taken
 /// (monotonic clock), from which gaps between samples are read. The stall probe's
 /// `first-stall` scenario and `Benchmarks/stall-rates.sh` read these lines.
+///
+/// Every search for a target's blocked thread prints what it saw, to trace a
+/// report that blames the wrong thread:
+///
+///     stalldetection find <target> queue=<address> last=<tid> drainer=<tid|none|unknown> <tid>:<verdict> … -> <tid|none>
+///
+/// each thread it sampled with its verdict (`detector`, `failed`, or the queue
+/// its thread-specific data names, whether its stack's words hold the watched
+/// queue, whether it runs a job, and `took` or `skip`).
 enum SamplingTrace {
     static let isEnabled = getenv("STALLDETECTION_TRACE").map { String(cString: $0) == "1" } ?? false
 
@@ -24,5 +33,18 @@ enum SamplingTrace {
             "stalldetection sample \(cost / 1_000) \(naming / 1_000) \(kept ? 1 : 0) \((next ?? -1_000) / 1_000) "
             + "\(taken / 1_000)\n"
         _ = line.withCString { write(2, $0, strlen($0)) }
+    }
+
+    /// Prints one search's line (`find`), when the trace is on.
+    static func find(_ line: String) {
+        let text = "stalldetection find \(line)\n"
+        _ = text.withCString { write(2, $0, strlen($0)) }
+    }
+
+    /// A sampled thread's verdict in a search's line.
+    static func verdict(_ thread: Int32, _ raw: RawStack, runsJob: Bool, took: Bool) -> String {
+        let current = raw.currentQueue.map { String($0, radix: 16) } ?? "nil"
+        let words = raw.wordsHoldQueue.map { $0 ? "1" : "0" } ?? "nil"
+        return "\(thread):q=\(current),w=\(words),job=\(runsJob ? 1 : 0),\(took ? "took" : "skip")"
     }
 }

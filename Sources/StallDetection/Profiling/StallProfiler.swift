@@ -279,10 +279,12 @@ final class StallProfiler: Sendable {
     /// context samples once the stall is over: between stalls the detector holds
     /// no descriptor the program might need.
     private func releaseFilesLater() {
-        samplingQueue.async { [capture] in capture.releaseFiles() }
+        samplingQueue.async { [capture] in DetectorThreads.work { capture.releaseFiles() } }
         queue.async { [naming] in
-            naming.releaseFiles()
-            StopWitness.releaseFiles()
+            DetectorThreads.work {
+                naming.releaseFiles()
+                StopWitness.releaseFiles()
+            }
         }
     }
 
@@ -367,7 +369,7 @@ final class StallProfiler: Sendable {
             return (generation, nextTime)
         }
         if prefetch, let frames { capture.prefetchNames(frames) }
-        if let refresh { queue.async { self.writeRefresh(refresh) } }
+        if let refresh { queue.async { DetectorThreads.work { self.writeRefresh(refresh) } } }
         if Self.traced {
             SamplingTrace.sample(
                 cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken }, taken: taken)

@@ -66,7 +66,7 @@ final class SamplingContext: @unchecked Sendable {
         _ = prepared()
         AsyncJobRunner.find()
         let symbolicator = self.symbolicator
-        DispatchQueue.global(qos: .utility).async { symbolicator.warmUp() }
+        DispatchQueue.global(qos: .utility).async { DetectorThreads.work { symbolicator.warmUp() } }
     }
 
     private func prepared() -> StackSampler {
@@ -327,9 +327,20 @@ final class SamplingContext: @unchecked Sendable {
     func find(target: StallDetector.Target, lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool) -> Search {
         guard SamplingSupport.isAvailable else { return Search(found: nil, failure: SamplingSupport.unavailable) }
         if case .cooperativePool = target { return findPoolThreads() }
-        switch target.ownsProbeQueue ? queue.map(QueueDrainer.answer(for:)) ?? .unknown : .unknown {
+        var trail: [String]? = SamplingTrace.isEnabled ? [] : nil
+        defer {
+            if let trail {
+                let head = "\(target) queue=\(queue.map { String($0, radix: 16) } ?? "nil") last=\(lastAnswering ?? 0)"
+                SamplingTrace.find(([head] + trail).joined(separator: " "))
+            }
+        }
+        let drained = target.ownsProbeQueue ? queue.map(QueueDrainer.answer(for:)) ?? .unknown : .unknown
+        trail?.append("drainer=\(drained)")
+        switch drained {
         case .thread(let drainer):
-            return sampleDrainer(drainer, queue: queue)
+            let search = sampleDrainer(drainer, queue: queue)
+            trail?.append("-> \(search.found?.thread ?? 0)")
+            return search
         case .noThread:
             // libdispatch says no thread runs the queue's job: any thread's stack
             // would be another target's.
@@ -338,7 +349,10 @@ final class SamplingContext: @unchecked Sendable {
             break
         }
         if case .custom = target {
-            return findCustomExecutorThread(lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly)
+            let search = findCustomExecutorThread(
+                lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly, trail: &trail)
+            trail?.append("-> \(search.found?.thread ?? 0)")
+            return search
         }
         let mainThread = ProcessFacts.mainThreadID
         var candidates: [Int32] = []
@@ -354,30 +368,35 @@ final class SamplingContext: @unchecked Sendable {
             for thread in threads {
                 switch sample(thread, queue: queue) {
                 case .detectorWork:
+                    trail?.append("\(thread):detector")
                     continue
                 case .failed(let backtrace):
+                    trail?.append("\(thread):failed")
                     if firstFailure == nil { firstFailure = backtrace }
                 case .stack(let raw):
                     // A thread that says it drains the queue runs its job, even
                     // when the copy of its stack ends before the job's frames.
-                    if alone || (raw.currentQueue != nil && runsQueue(raw) == true) { return raw }
-                    guard summary(raw).runsJob else { continue }
-                    if isThisQueue(raw, lastAnswering: candidates) { return raw }
-                    otherJobs += 1
+                    let runsJob = summary(raw).runsJob
+                    let takes =
+                        alone || (raw.currentQueue != nil && runsQueue(raw) == true)
+                        || (runsJob && isThisQueue(raw, lastAnswering: candidates))
+                    trail?.append(SamplingTrace.verdict(thread, raw, runsJob: runsJob, took: takes))
+                    if takes { return raw }
+                    if runsJob { otherJobs += 1 }
                 }
             }
             return nil
         }
         let alone = !target.usesHeartbeat && candidates.count == 1
-        if let raw = look(candidates, alone: alone, candidates: true) {
-            return Search(found: raw, failure: .unavailable(""))
+        var found = look(candidates, alone: alone, candidates: true)
+        if found == nil && target.usesHeartbeat && !candidatesOnly {
+            found = look(otherThreads(excluding: candidates), alone: false, candidates: false)
         }
-        if target.usesHeartbeat && !candidatesOnly,
-            let raw = look(otherThreads(excluding: candidates), alone: false, candidates: false)
-        {
-            return Search(found: raw, failure: .unavailable(""))
+        trail?.append("-> \(found?.thread ?? 0)")
+        guard let found else {
+            return Search(found: nil, failure: Self.noJobFound(firstFailure: firstFailure, otherJobs: otherJobs))
         }
-        return Search(found: nil, failure: Self.noJobFound(firstFailure: firstFailure, otherJobs: otherJobs))
+        return Search(found: found, failure: .unavailable(""))
     }
 
     /// The thread that drains the watched queue, by libdispatch's own record
@@ -439,7 +458,9 @@ final class SamplingContext: @unchecked Sendable {
     /// target's. Failing that, the failure says the executor's thread waits for
     /// work (the second look then reports the stall without a stack). Never the
     /// detector's own thread, never an idle thread's stack.
-    private func findCustomExecutorThread(lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool) -> Search {
+    private func findCustomExecutorThread(
+        lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool, trail: inout [String]?
+    ) -> Search {
         let own = stallcapture_current_tid()
         guard let thread = lastAnswering, thread != own else {
             let unknown =
@@ -455,18 +476,26 @@ final class SamplingContext: @unchecked Sendable {
         // (detectors' queues run on the same workers): never its stack.
         switch sample(thread, queue: queue) {
         case .detectorWork:
-            break
+            trail?.append("\(thread):detector")
         case .failed(let backtrace):
+            trail?.append("\(thread):failed")
             failure = backtrace
         case .stack(let raw):
-            if isThisQueue(raw, lastAnswering: true) && !isIdle(raw) { return Search(found: raw, failure: failure) }
+            let takes = isThisQueue(raw, lastAnswering: true) && !isIdle(raw)
+            trail?.append(SamplingTrace.verdict(thread, raw, runsJob: summary(raw).runsJob, took: takes))
+            if takes { return Search(found: raw, failure: failure) }
         }
         guard !candidatesOnly, queue != nil else { return Search(found: nil, failure: failure) }
         for other in otherThreads(excluding: [thread]) {
-            guard case .stack(let raw) = sample(other, queue: queue), summary(raw).runsJob,
-                isThisQueue(raw, lastAnswering: false)
-            else { continue }
-            return Search(found: raw, failure: failure)
+            let sampled = sample(other, queue: queue)
+            if case .failed(let backtrace) = sampled {
+                trail?.append("\(other):failed(\(backtrace.unavailableReason ?? ""))")
+            }
+            guard case .stack(let raw) = sampled else { continue }
+            let runsJob = summary(raw).runsJob
+            let takes = runsJob && isThisQueue(raw, lastAnswering: false)
+            if runsJob { trail?.append(SamplingTrace.verdict(other, raw, runsJob: runsJob, took: takes)) }
+            if takes { return Search(found: raw, failure: failure) }
         }
         return Search(found: nil, failure: failure)
     }

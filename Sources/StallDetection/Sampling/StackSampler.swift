@@ -65,12 +65,28 @@ final class StackSampler {
         var blockedLooks = 0
         var answeringLooks = 0
         var looks = 0
+        // A thread inside the handler answering another detector's request
+        // ran user code when the signal came: its stack read from outside
+        // would be the handler's, and it blocks SIGPROF meanwhile. It is looked
+        // at again once it is back: at 0.2 ms, then twice as long each time
+        // (about 50 ms in all; a thread preempted inside the handler on a busy
+        // machine stays there for a time slice or more).
+        func waitWhileAnswering() -> Outcome? {
+            guard answeringLooks < 8 else { return .runningUnsampled(Self.busyAnswering(tid)) }
+            usleep(UInt32(200) << UInt32(answeringLooks))
+            (answeringLooks, blockedLooks) = (answeringLooks + 1, blockedLooks + 1)
+            return nil
+        }
         while looks < 3 + blockedLooks {
             looks += 1
             guard let (state, blocked) = files.state(thread: tid) else { return .unavailable(unreadable(tid)) }
             // A thread that exited (under `dispatchMain()` the main thread calls
             // `pthread_exit`) stays listed as a zombie with a stale stack.
             if state == "Z" || state == "X" { return .unavailable("thread \(tid) has exited") }
+            if state == "R" && blocked & (1 << UInt32(SIGPROF - 1)) != 0 && stallcapture_is_answering(tid) != 0 {
+                if let outcome = waitWhileAnswering() { return outcome }
+                continue
+            }
             if state == "R" {
                 // A thread that blocks the signal would leave the sample to time
                 // out (the signal time-out, each time: a detector's looks fell behind). The
@@ -88,17 +104,8 @@ final class StackSampler {
                 }
                 return captureBySignal(tid)
             }
-            // A thread inside the handler answering another detector's request
-            // ran user code when the signal came: its stack read from outside
-            // would be the handler's. It is looked at again once it is back.
-            // Checked before the copy and after it (it may have entered the
-            // handler meanwhile).
-            func waitWhileAnswering() -> Outcome? {
-                guard answeringLooks < 8 else { return .runningUnsampled(Self.busyAnswering(tid)) }
-                (answeringLooks, blockedLooks) = (answeringLooks + 1, blockedLooks + 1)
-                usleep(200)
-                return nil
-            }
+            // Asleep inside the handler: checked before the copy and after it
+            // (it may have entered the handler meanwhile).
             if stallcapture_is_answering(tid) != 0 {
                 if let outcome = waitWhileAnswering() { return outcome }
                 continue
@@ -118,7 +125,7 @@ final class StackSampler {
     }
 
     /// Why a thread inside the handler, answering another detector's sample, was
-    /// not sampled: it stayed there for every look (about 2 ms).
+    /// not sampled: it stayed there for every look (about 50 ms).
     private static func busyAnswering(_ tid: Int32) -> String {
         "thread \(tid) was answering another detector's sample for every look"
     }

@@ -253,7 +253,9 @@ final class Symbolicator: Sendable {
             Key(address: $0.element.address, isReturnAddress: $0.element.isReturnAddress(at: $0.offset))
         }
         guard state.withLock({ state in keys.contains { state.cache[$0] == nil } }) else { return }
-        DispatchQueue.global(qos: .utility).async { [self] in _ = symbolicate(raw) }
+        // A detector's work: a search for a blocked thread never takes this
+        // worker (its stack may hold a watched queue's address).
+        DispatchQueue.global(qos: .utility).async { [self] in DetectorThreads.work { _ = symbolicate(raw) } }
     }
 
     /// The names of the functions at `keys`, without inlined frames or source
