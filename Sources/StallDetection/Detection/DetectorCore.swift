@@ -64,6 +64,10 @@ final class DetectorCore: Sendable {
         var look: DelayedWork?
         var lookGeneration: UInt64 = 0
         var lookTimeout: Int64 = 0
+        /// When the current look is due, and how long after its due time the
+        /// last look ran (the detector's threads waited for a core).
+        var lookDue: Int64 = 0
+        var lastLookWaited: Int64 = 0
         var observer: RunLoopObserverHandle?
     }
 
@@ -117,7 +121,7 @@ final class DetectorCore: Sendable {
         guard state.withLock({ $0.machine.begin() }) else { return }
         StopWitness.acquire()
         let sampling = self.sampling
-        detectorQueue.async { sampling.warmUp() }
+        detectorQueue.async { DetectorThreads.work { sampling.warmUp() } }
         var observer: RunLoopObserverHandle?
         if case .mainRunLoop = target {
             observer = RunLoopObserverHandle(onActivity: { [weak self] time, idle in
@@ -244,6 +248,7 @@ final class DetectorCore: Sendable {
         case .move(let timeout):
             if let current = state.look, state.lookTimeout == timeout, current.reschedule(after: .nanoseconds(timeout))
             {
+                state.lookDue = Monotonic.now() + timeout
                 return nil
             }
             return arm(timeout: timeout, &state)
@@ -255,6 +260,7 @@ final class DetectorCore: Sendable {
     private func arm(timeout: Int64, _ state: inout State) -> DelayedWork? {
         state.lookGeneration &+= 1
         state.lookTimeout = timeout
+        state.lookDue = Monotonic.now() + timeout
         let generation = state.lookGeneration
         let look = DelayedWork.schedule(after: .nanoseconds(timeout), on: detectorQueue, scheduler: scheduler) {
             [weak self] in
@@ -331,11 +337,16 @@ final class DetectorCore: Sendable {
             // a process that did not get the CPU at all (stopped, or starved)
             // answers late too.
             guard let backtrace = lastSample(gathered) ?? (processRan ? Self.unsampledMissedStall : nil) else { return }
+            let waited = state.withLock { $0.lastLookWaited }
             for phase in [StallEvent.Phase.started, .ended] {
-                outlet.publish(
-                    makeEvent(
-                        id: id, phase: phase, duration: duration, backtrace: backtrace, sampling: 0,
-                        profile: (profile, activities)))
+                var event = makeEvent(
+                    id: id, phase: phase, duration: duration, backtrace: backtrace, sampling: 0,
+                    profile: (profile, activities))
+                if phase == .started {
+                    event.lateness = lateness(
+                        duration: duration, sampling: 0, lookWaited: waited, second: false, afterEnd: true)
+                }
+                outlet.publish(event)
             }
         }
     }
@@ -366,6 +377,7 @@ final class DetectorCore: Sendable {
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
         let (look, replaced) = state.withLock { state -> (DetectorMachine.Look, DelayedWork?) in
             guard generation == state.lookGeneration else { return (.nothing, nil) }
+            state.lastLookWaited = max(0, now - state.lookDue)
             let (look, plan) = state.machine.look(now: now, continued: continued)
             return (look, apply(plan, &state))
         }
@@ -426,6 +438,9 @@ final class DetectorCore: Sendable {
             var started = makeEvent(
                 id: decision.id, phase: .started, duration: decision.duration, backtrace: reported,
                 sampling: samplingTime, profile: profile)
+            started.lateness = lateness(
+                duration: decision.duration, sampling: samplingTime, lookWaited: state.withLock { $0.lastLookWaited },
+                second: decision.second, afterEnd: ended != nil)
             if case .cooperativePool = target {
                 started.poolBacktraces =
                     [reported]
@@ -452,6 +467,16 @@ final class DetectorCore: Sendable {
             case .ended: profiler.fatal?.remove()
             }
         }
+    }
+
+    /// How late a `.started` event is (``StallEvent/Lateness``), or nil when on time.
+    private func lateness(
+        duration: Int64, sampling: Int64, lookWaited: Int64, second: Bool, afterEnd: Bool
+    ) -> StallEvent.Lateness? {
+        StallEvent.Lateness(
+            stallDuration: .nanoseconds(duration), threshold: threshold, heartbeat: .nanoseconds(heartbeatTicks),
+            sampling: .nanoseconds(sampling), lookWaited: .nanoseconds(lookWaited), confirmedBySecondLook: second,
+            reportedAfterEnd: afterEnd)
     }
 
     private func makeEvent(

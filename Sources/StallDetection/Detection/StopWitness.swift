@@ -152,22 +152,38 @@ enum StopWitness {
     /// since then.
     ///
     /// A continue that has happened but that the witness has not yet had the CPU to
-    /// record (a loaded machine) is waited for, up to 100 ms: while the witness
+    /// record (a loaded machine) is waited for, up to `wait`: while the witness
     /// thread is runnable rather than asleep in `epoll_wait`, a record is pending.
+    /// When it is still pending after `wait` (at nice 19 beside busy processes the
+    /// witness waited longer than a 250 ms threshold), the process was continued
+    /// and the time is not known: the answer is now, the latest the continue can
+    /// have been, so that the stop is never taken for a stall.
     static func latestContinue(after time: Int64, waitingAtMost wait: Int64 = 100_000_000) -> Int64? {
+        var pending = false
         #if os(Linux)
         let tid = state.withLock { $0.threadID }
         if tid != 0 {
             let deadline = Monotonic.now() + wait
-            while !witnessFiles.withLock({ ThreadState.isWaitingInEpoll(thread: tid, files: $0.files(for: tid)) }),
-                Monotonic.now() < deadline
-            {
+            while !witnessFiles.withLock({ ThreadState.isWaitingInEpoll(thread: tid, files: $0.files(for: tid)) }) {
+                if Monotonic.now() >= deadline {
+                    pending = true
+                    break
+                }
                 sched_yield()
                 usleep(1_000)
             }
         }
         #endif
-        return state.withLock { state in state.continues.last.flatMap { $0 > time ? $0 : nil } }
+        let recorded = state.withLock { $0.continues.last }
+        return answer(recorded: recorded, after: time, pendingAfterWait: pending, now: Monotonic.now())
+    }
+
+    /// What ``latestContinue(after:waitingAtMost:)`` answers: the `recorded`
+    /// continue when it is after `time`, and `now` when a continue was still
+    /// unrecorded at the end of the wait.
+    static func answer(recorded: Int64?, after time: Int64, pendingAfterWait: Bool, now: Int64) -> Int64? {
+        if pendingAfterWait { return now }
+        return recorded.flatMap { $0 > time ? $0 : nil }
     }
 
     /// The witness thread's `syscall` file, kept open while a stall lasts (each

@@ -71,6 +71,11 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// then its least-sampled functions), or nil when nothing was. Only a report read by
     /// ``StallDetector/takeFatalStallReport(at:)`` can have one.
     public internal(set) var truncationNote: String?
+    /// On a `.started` event found later than the threshold plus one heartbeat
+    /// after the stall began: how late, and what held the detector up (its
+    /// threads waited to run, a second look, sampling). Nil on time, and on
+    /// every `.ended` event. See ``Lateness``.
+    public internal(set) var lateness: Lateness?
     /// The name of the Swift task running on the blocked thread, when the report
     /// knows it: the pprof export labels samples `task_name` with it. Nothing
     /// reads task names yet, so it is nil in every report today.
@@ -92,6 +97,7 @@ public struct StallEvent: Sendable, CustomStringConvertible {
                 "was blocked for at least \(format(duration)) when the detector stopped (threshold \(format(threshold)))"
         case .ended: text += "was blocked for \(format(duration)) (threshold \(format(threshold)))"
         }
+        if let lateness { text += "\n  \(lateness)" }
         if !activities.isEmpty { text += "\n  activities: " + activities.joined(separator: " › ") }
         text += "\n" + backtrace.description
         if phase == .ended || endedWithProcess { text += "\n" + profile.description }
