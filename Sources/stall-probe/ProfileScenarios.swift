@@ -42,6 +42,9 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
             usleep(300_000)
             let start = ContinuousClock.now
             for index in 0..<300 { queue.async { backlogItem(index) } }
+            // A probe posted while the items are posted lands among them: the
+            // stall then starts after the items before it.
+            emit("POSTED \(milliseconds(ContinuousClock.now - start))")
             queue.async { emit("REAL \(milliseconds(ContinuousClock.now - start))") }
         }.start()
         dispatchMain()

@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import StallDetection
+import Synchronization
 
 // Scenarios that stage stalls as users meet them: a detector's first stall in a
 // fresh process, and many detectors (one per queue or event loop) whose targets
@@ -9,6 +10,7 @@ import StallDetection
 //   DETECTOR <index> <phase> <received ms> <duration ms> <blocker depth in the stack, -1: not named,
 //     -2: in the queue's block before its blocker>
 //   BLOCKED <index> <begin ms> <end ms>      monotonic times a queue's block began and ended
+//   LATE <index> <text>   a late `.started`: how late and why (StallEvent.Lateness)
 
 /// The scenarios this file runs.
 let realConditionScenarios: Set<String> = [
@@ -72,7 +74,14 @@ func runManyDetectors(count: Int, loops: Bool) {
             ? .custom(name: "loop \(index)") { probe in queue.async(execute: probe) } : .queue(queue)
         return StallDetector(target: target, threshold: .milliseconds(250))
     }
-    watchMany(detectors)
+    // Ends once every detector reported its stall's end (6 s at most).
+    let finish: @Sendable () -> Void = {
+        guard !manyFinished.exchange(true, ordering: .relaxed) else { return }
+        for detector in detectors { detector.stop() }
+        emit("CPU \(cpuMilliseconds())")
+        exit(0)
+    }
+    watchMany(detectors) { DispatchQueue.global().asyncAfter(deadline: .now() + 0.1, execute: finish) }
     DispatchQueue.global().asyncAfter(deadline: .now() + 1.0) {
         for (index, queue) in queues.enumerated() {
             queue.async {
@@ -82,11 +91,7 @@ func runManyDetectors(count: Int, loops: Bool) {
             }
         }
     }
-    DispatchQueue.global().asyncAfter(deadline: .now() + 6.0) {
-        for detector in detectors { detector.stop() }
-        emit("CPU \(cpuMilliseconds())")
-        exit(0)
-    }
+    DispatchQueue.global().asyncAfter(deadline: .now() + 6.0, execute: finish)
     dispatchMain()
 }
 
@@ -125,8 +130,14 @@ func runSuspendedQueue(_ number: Int) {
     dispatchMain()
 }
 
-/// Prints a `DETECTOR` line for every event of each detector.
-private func watchMany(_ detectors: [StallDetector]) {
+/// Which of `runManyDetectors`' detectors (at most 64) reported an `.ended`, a bit each.
+private let manyEnded = Atomic<UInt64>(0)
+/// Whether `runManyDetectors` is ending (once).
+private let manyFinished = Atomic<Bool>(false)
+
+/// Prints a `DETECTOR` line for every event of each detector; calls
+/// `allEnded` once each has reported an `.ended`.
+private func watchMany(_ detectors: [StallDetector], allEnded: @escaping @Sendable () -> Void) {
     for (index, detector) in detectors.enumerated() {
         detector.start()
         Task.detached(priority: .high) {
@@ -140,6 +151,12 @@ private func watchMany(_ detectors: [StallDetector]) {
                 emit(
                     "DETECTOR \(index) \(event.phase.rawValue) \(monotonicMilliseconds()) "
                         + "\(milliseconds(event.duration)) \(named) \(milliseconds(event.samplingTime))")
+                if let lateness = event.lateness { emit("LATE \(index) \(lateness)") }
+                let all = detectors.count == 64 ? UInt64.max : (1 << UInt64(detectors.count)) - 1
+                if event.phase == .ended {
+                    let (before, after) = manyEnded.bitwiseOr(1 << UInt64(index), ordering: .relaxed)
+                    if before != all && after == all { allEnded() }
+                }
                 if named != index + 1 {
                     let top = event.backtrace.frames.prefix(12).map { $0.function ?? "?" }.joined(separator: " < ")
                     let thread = event.backtrace.threadID.map { "thread \($0): " } ?? ""
