@@ -139,6 +139,11 @@ struct StallTracerTests {
         let stalls = StallTracer(tracer: tracer)
         let queue = DispatchQueue(label: "test.tracer.cutShort")
         let release = Locked(false)
+        let blocking = Locked(false)
+        // The stall reported while the block runs, and when its .started came (nil
+        // once it ended: a stall before the block, a probe late on a loaded machine,
+        // reported late, is not the one to cut short).
+        let open = Locked<(id: UInt64, since: ContinuousClock.Instant)?>(nil)
         let started = Locked(false)
         let detector = StallDetector(
             target: .custom(name: "event loop 7") { probe in queue.async(execute: probe) },
@@ -146,16 +151,28 @@ struct StallTracerTests {
             onEvent: { event in
                 stalls.record(event)
                 if event.phase == .started { started.withLock { $0 = true } }
+                open.withLock { open in
+                    if event.phase == .started && blocking.withLock({ $0 }) {
+                        open = (event.id, .now)
+                    } else if event.phase == .ended && open?.id == event.id {
+                        open = nil
+                    }
+                }
             })
         let request = tracer.startSpan("GET /during")
         try await stalls.withSpan(request, inFlightOn: detector) {
             detector.start()
             try await Task.sleep(for: .milliseconds(50))
             queue.async {
+                blocking.withLock { $0 = true }
                 while !release.withLock({ $0 }) { usleep(1_000) }
             }
+            // Stopped once a stall reported during the block has stayed open for
+            // two thresholds.
             let deadline = ContinuousClock.now + .seconds(20)
-            while !started.withLock({ $0 }) && ContinuousClock.now < deadline {
+            while ContinuousClock.now < deadline,
+                open.withLock({ $0.map { ContinuousClock.now - $0.since < .milliseconds(200) } ?? true })
+            {
                 try await Task.sleep(for: .milliseconds(10))
             }
             detector.stop()
