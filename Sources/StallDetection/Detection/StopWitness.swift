@@ -154,8 +154,8 @@ enum StopWitness {
     /// A continue that has happened but that the witness has not yet had the CPU to
     /// record (a loaded machine) is waited for, up to `wait`: while the witness
     /// thread is runnable rather than asleep in `epoll_wait`, a record is pending.
-    /// When it is still pending after `wait` (at nice 19 beside busy processes the
-    /// witness waited longer than a 250 ms threshold), the process was continued
+    /// When it is still pending after `wait` (at nice 19 beside busy processes a
+    /// woken thread can wait longer than a 250 ms threshold), the process was continued
     /// and the time is not known: the answer is now, the latest the continue can
     /// have been, so that the stop is never taken for a stall.
     static func latestContinue(after time: Int64, waitingAtMost wait: Int64 = 100_000_000) -> Int64? {
