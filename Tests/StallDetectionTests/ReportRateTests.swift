@@ -21,7 +21,6 @@ let reportRateRuns = ProcessInfo.processInfo.environment["SAFETIMERS_RATE_RUNS"]
     .enabled(if: reportRateRuns > 0, "set SAFETIMERS_RATE_RUNS to the number of runs"),
     .disabled(if: underThreadSanitizer, "real-time rates do not hold under ThreadSanitizer"))
 struct ReportRateTests {
-    static var runs: Int { reportRateRuns }
     static var build: String { ProbeRun.probeIsRelease ? "release" : "debug" }
 
     @Test("a detector per queue or event loop (4 per core), all stalled at once: none blames another target, none lost")
@@ -31,7 +30,7 @@ struct ReportRateTests {
             var total = RealConditionTests.ManyDetectors()
             var failedRuns: [String] = []
             try ProbeRun.withBurners(2) {
-                for _ in 0..<Self.runs {
+                for _ in 0..<reportRateRuns {
                     let run = try ProbeRun.run([scenario, "\(count)"])
                     let result = RealConditionTests.ManyDetectors(run, count: count)
                     total.add(result)
@@ -40,7 +39,7 @@ struct ReportRateTests {
                     }
                 }
             }
-            print("RATE \(scenario) \(Self.build) \(Self.runs) runs × \(count) detectors: \(total)")
+            print("RATE \(scenario) \(Self.build) \(reportRateRuns) runs × \(count) detectors: \(total)")
             #expect(total.wrong == 0, "a detector blamed another target: \(failedRuns)")
             #expect(total.lost == 0 && total.unavailable == 0, "\(failedRuns)")
         }
@@ -52,8 +51,8 @@ struct ReportRateTests {
         var stops = 0
         var falseStalls: [String] = []
         try ProbeRun.withBurners(2) {
-            while stops < Self.runs {
-                let chunk = Array(lengths.prefix(Self.runs - stops))
+            while stops < reportRateRuns {
+                let chunk = Array(lengths.prefix(reportRateRuns - stops))
                 let run = try StallDetectorIntegrationTests.stopAndContinue(chunk)
                 stops += chunk.count
                 falseStalls += run.events.map(\.report)
