@@ -36,6 +36,9 @@ public struct StallDetectionService: Service {
     public let detectors: [StallDetector]
     /// Where their events go.
     public let reporter: StallReporter
+    /// How often each detector's lag window is recorded (see
+    /// ``StallReporter/recordLag(_:target:)``); nil records none.
+    public let lagInterval: Duration?
 
     /// Creates a service that runs `detectors` and sends their events to `reporter`.
     ///
@@ -43,9 +46,12 @@ public struct StallDetectionService: Service {
     ///   - detectors: Detectors that have not been started or stopped (the service
     ///     starts them).
     ///   - reporter: Logs and records every event.
-    public init(detectors: [StallDetector], reporter: StallReporter) {
+    ///   - lagInterval: How often each detector's lag percentiles go to
+    ///     `reporter`'s metrics; nil, zero or negative for never.
+    public init(detectors: [StallDetector], reporter: StallReporter, lagInterval: Duration? = .seconds(10)) {
         self.detectors = detectors
         self.reporter = reporter
+        self.lagInterval = lagInterval.flatMap { $0 > .zero ? $0 : nil }
     }
 
     /// Creates a service that runs one detector.
@@ -53,8 +59,10 @@ public struct StallDetectionService: Service {
     /// - Parameters:
     ///   - detector: A detector that has not been started or stopped.
     ///   - reporter: Logs and records every event.
-    public init(detector: StallDetector, reporter: StallReporter) {
-        self.init(detectors: [detector], reporter: reporter)
+    ///   - lagInterval: How often the detector's lag percentiles go to
+    ///     `reporter`'s metrics; nil, zero or negative for never.
+    public init(detector: StallDetector, reporter: StallReporter, lagInterval: Duration? = .seconds(10)) {
+        self.init(detectors: [detector], reporter: reporter, lagInterval: lagInterval)
     }
 
     /// Starts the detectors and reports their events until graceful shutdown or
@@ -63,13 +71,30 @@ public struct StallDetectionService: Service {
     public func run() async throws {
         let detectors = self.detectors
         let reporter = self.reporter
+        let lagInterval = self.lagInterval
         for detector in detectors { detector.start() }
         await withTaskCancellationHandler {
             await withGracefulShutdownHandler {
-                await withTaskGroup(of: Void.self) { group in
+                // `true` from an event stream's task, `false` from the lag task,
+                // which ends when the streams have (the detectors stopped).
+                await withTaskGroup(of: Bool.self) { group in
                     for detector in detectors {
-                        group.addTask { await reporter.report(detector.events) }
+                        group.addTask {
+                            await reporter.report(detector.events)
+                            return true
+                        }
                     }
+                    if let lagInterval {
+                        group.addTask {
+                            await reporter.reportLag(of: detectors, every: lagInterval)
+                            return false
+                        }
+                    }
+                    var streams = detectors.count
+                    while streams > 0, let isStream = await group.next() {
+                        if isStream { streams -= 1 }
+                    }
+                    group.cancelAll()
                 }
             } onGracefulShutdown: {
                 for detector in detectors { detector.stop() }

@@ -21,6 +21,15 @@ import StallDetection
 /// - Metrics: a counter `<prefix>.count` incremented once per stall (at `.started`),
 ///   and a timer `<prefix>.duration` that records each stall's total duration (at
 ///   `.ended`), with the dimension `target`.
+/// - Lag (``recordLag(_:target:)``, ``reportLag(of:every:)``, and
+///   ``StallDetectionService`` every `lagInterval`): per window of a detector's
+///   ``StallDetection/StallDetector/LagSnapshot``, gauges in seconds
+///   `<prefix>.lag_seconds` with the dimensions `target` and `quantile` (`0.5`,
+///   `0.9`, `0.99`, `0.999`), `<prefix>.lag_max_seconds` and
+///   `<prefix>.lag_mean_seconds` with the dimension `target`, and a counter
+///   `<prefix>.lag_probes` incremented by the window's probe count. A Prometheus
+///   backend shows `stall_lag_seconds{target="event loop 3",quantile="0.99"}`. A
+///   window without a probe sets no gauge (the last window's values stay).
 ///
 /// This product depends on swift-log and swift-metrics; the `StallDetection` and
 /// `SafeTimers` products do not.
@@ -75,6 +84,57 @@ public struct StallReporter: Sendable {
                 timer.recordNanoseconds(Int64(milliseconds * 1_000_000))
             }
         }
+    }
+
+    /// Records one window of a detector's lag (see the type's discussion for the
+    /// metrics); nothing when the reporter records no metrics.
+    ///
+    /// - Parameters:
+    ///   - lag: The window, usually `detector.lagSnapshot(reset: true)`.
+    ///   - target: The `target` dimension: the detector's `target.description`,
+    ///     as in its events.
+    public func recordLag(_ lag: StallDetector.LagSnapshot, target: String) {
+        guard let metricsPrefix, lag.count > 0 else { return }
+        let dimensions = [("target", target)]
+        let quantiles: [(String, Duration)] = [("0.5", lag.p50), ("0.9", lag.p90), ("0.99", lag.p99), ("0.999", lag.p999)]
+        for (quantile, value) in quantiles {
+            gauge("\(metricsPrefix).lag_seconds", dimensions + [("quantile", quantile)]).record(Self.seconds(value))
+        }
+        gauge("\(metricsPrefix).lag_max_seconds", dimensions).record(Self.seconds(lag.max))
+        gauge("\(metricsPrefix).lag_mean_seconds", dimensions).record(Self.seconds(lag.mean))
+        let label = "\(metricsPrefix).lag_probes"
+        let counter =
+            metricsFactory.map { Counter(label: label, dimensions: dimensions, factory: $0) }
+            ?? Counter(label: label, dimensions: dimensions)
+        counter.increment(by: Int64(lag.count))
+    }
+
+    /// Every `interval`, records a new lag window of each detector (taken with
+    /// `reset`, so each probe counts in one window), until the calling task is
+    /// cancelled. A zero or negative `interval` records nothing and returns at once.
+    ///
+    /// ```swift
+    /// let lagReporting = Task { await reporter.reportLag(of: [detector], every: .seconds(10)) }
+    /// // …
+    /// lagReporting.cancel()
+    /// ```
+    public func reportLag(of detectors: [StallDetector], every interval: Duration) async {
+        guard interval > .zero else { return }
+        for detector in detectors { detector.resetLag() }
+        while (try? await Task.sleep(for: interval)) != nil {
+            for detector in detectors {
+                recordLag(detector.lagSnapshot(reset: true), target: detector.target.description)
+            }
+        }
+    }
+
+    private func gauge(_ label: String, _ dimensions: [(String, String)]) -> Gauge {
+        metricsFactory.map { Gauge(label: label, dimensions: dimensions, factory: $0) }
+            ?? Gauge(label: label, dimensions: dimensions)
+    }
+
+    private static func seconds(_ duration: Duration) -> Double {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
     }
 
     /// Records every event of `events` until the stream ends (at the detector's `stop()`).

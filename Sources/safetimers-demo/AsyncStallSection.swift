@@ -74,4 +74,6 @@ func asyncStallSection() {
     detector.stop()
     let awaiting = started.get()?.backtrace.frames.filter(\.isAwaiting).compactMap(\.function) ?? []
     say("SafeTimers: the report goes on past the first await, to the callers that awaited: \(awaiting.prefix(3))")
+    say("  the actor's queue's probes, as an operator's graph sees them (detector.lagSnapshot()):")
+    say("  \(detector.lagSnapshot())")
 }

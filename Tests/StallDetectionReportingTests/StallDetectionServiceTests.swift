@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import InMemoryLogging
 import Logging
+import MetricsTestKit
 import ServiceLifecycle
 import Testing
 
@@ -94,6 +95,33 @@ struct StallDetectionServiceTests {
         for await _ in detector.events { after += 1 }
         #expect(after == 0)
         try await service.run()
+    }
+
+    @Test("records each detector's lag every lagInterval, and graceful shutdown still returns")
+    func lagReachesMetrics() async throws {
+        let metrics = TestMetrics()
+        let (detector, blockNext) = makeDetector()
+        let service = StallDetectionService(
+            detector: detector, reporter: StallReporter(logger: nil, metricsFactory: metrics),
+            lagInterval: .milliseconds(50))
+        let group = ServiceGroup(
+            services: [service], logger: Logger(label: "group", factory: { _ in SwiftLogNoOpLogHandler() }))
+        let running = Task { try await group.run() }
+        let target = [("target", "service test queue")]
+        let deadline = ContinuousClock.now + .seconds(20)
+        while (try? metrics.expectGauge("stall.lag_max_seconds", target)) == nil, ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        let p99 = try metrics.expectGauge("stall.lag_seconds", target + [("quantile", "0.99")])
+        #expect(p99.lastValue.map { $0 >= 0 && $0 < 10 } == true, "\(String(describing: p99.lastValue))")
+        let probes = try metrics.expectCounter("stall.lag_probes", target)
+        #expect(probes.totalValue >= 1)
+        _ = blockNext
+        await group.triggerGracefulShutdown()
+        try await running.value
+        var after = 0
+        for await _ in detector.events { after += 1 }
+        #expect(after == 0)
     }
 
     @Test("stops the detector when the group's task is cancelled")

@@ -42,4 +42,29 @@ struct StallReporterTests {
         let timer = try metrics.expectTimer("stall.duration", [("target", "main queue")])
         #expect(timer.lastValue == 612_000_000)
     }
+
+    @Test("a lag window sets the percentile, max and mean gauges in seconds and counts its probes; an empty one sets none")
+    func recordsLag() throws {
+        let metrics = TestMetrics()
+        let reporter = StallReporter(logger: nil, metricsPrefix: "stall", metricsFactory: metrics)
+        var histogram = LagHistogram()
+        for _ in 0..<999 { histogram.record(100_000) }
+        histogram.record(40_000_000)
+        reporter.recordLag(StallDetector.LagSnapshot(histogram: histogram, window: 10_000_000_000), target: "loop 3")
+        let target = [("target", "loop 3")]
+        let p50 = try metrics.expectGauge("stall.lag_seconds", target + [("quantile", "0.5")])
+        #expect(abs((p50.lastValue ?? 0) - 100e-6) < 2e-6)
+        let p999 = try metrics.expectGauge("stall.lag_seconds", target + [("quantile", "0.999")])
+        #expect(abs((p999.lastValue ?? 0) - 100e-6) < 2e-6, "rank 999 of 1000")
+        #expect(try metrics.expectGauge("stall.lag_max_seconds", target).lastValue == 0.04)
+        let mean = try metrics.expectGauge("stall.lag_mean_seconds", target).lastValue ?? 0
+        #expect(abs(mean - (999 * 100e-6 + 0.04) / 1000) < 1e-9)
+        #expect(try metrics.expectCounter("stall.lag_probes", target).totalValue == 1000)
+
+        reporter.recordLag(StallDetector.LagSnapshot(histogram: LagHistogram(), window: 1), target: "loop 4")
+        #expect((try? metrics.expectGauge("stall.lag_max_seconds", [("target", "loop 4")])) == nil)
+        let silent = StallReporter(logger: nil, metricsPrefix: nil, metricsFactory: metrics)
+        silent.recordLag(StallDetector.LagSnapshot(histogram: histogram, window: 1), target: "loop 5")
+        #expect((try? metrics.expectGauge("stall.lag_max_seconds", [("target", "loop 5")])) == nil)
+    }
 }

@@ -26,6 +26,18 @@ struct DetectorMachineTests {
 
     private let sample = StallBacktrace(frames: [], threadID: 7, unavailableReason: nil)
 
+    @Test("each answer's lag is its time past the grid point it was owed from; the blocked one's is the block")
+    func answersCarryTheirLag() {
+        var machine = running()
+        // Owed from 25 ms (the first heartbeat), answered at 25.3 ms.
+        let prompt = machine.answered(at: 25 * ms + 300_000, thread: 7, queue: 1)
+        #expect(prompt?.lag == 300_000)
+        // Owed from 50 ms; the target was blocked until 190 ms.
+        let blocked = machine.answered(at: 190 * ms, thread: 7, queue: 1)
+        #expect(blocked?.lag == 140 * ms)
+        #expect(blocked != nil && blocked?.outcome == nil, "under the threshold")
+    }
+
     @Test("healthy answers move the look; a stall is sampled once, goes on each heartbeat, ends at the answer")
     func confirmedStall() throws {
         var machine = running()

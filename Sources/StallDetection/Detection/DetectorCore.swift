@@ -38,6 +38,22 @@ final class DetectorCore: Sendable {
     private let target: StallDetector.Target
     /// The target, for ``StallDetector/target``.
     var watchedTarget: StallDetector.Target { target }
+
+    /// The lags recorded since the window began; with `reset`, a new window
+    /// begins. (The copy of the buckets is made here, so the next answer on the
+    /// target's thread does not make it.)
+    func lagSnapshot(reset: Bool) -> StallDetector.LagSnapshot {
+        let now = Monotonic.now()
+        let (histogram, start) = state.withLock { state -> (LagHistogram, Int64) in
+            let taken = (reset ? state.lag : state.lag.detached(), state.lagWindowStart)
+            if reset {
+                state.lag = LagHistogram()
+                state.lagWindowStart = now
+            }
+            return taken
+        }
+        return StallDetector.LagSnapshot(histogram: histogram, window: max(0, now - start))
+    }
     private let reportsWhileDebugged: Bool
     /// Whether a debugger is attached; `/proc/self/status` unless a test injects one.
     private let isTraced: @Sendable () -> Bool
@@ -69,6 +85,9 @@ final class DetectorCore: Sendable {
         var lookDue: Int64 = 0
         var lastLookWaited: Int64 = 0
         var observer: RunLoopObserverHandle?
+        /// The lags of this window, and when the window began.
+        var lag = LagHistogram()
+        var lagWindowStart = Monotonic.now()
     }
 
     private let state: Locked<State>
@@ -289,6 +308,7 @@ final class DetectorCore: Sendable {
             else {
                 return nil
             }
+            if let lag = step.lag { state.lag.record(lag) }
             return (step, apply(step.look, &state))
         }
         guard let (step, replaced) = step else { return }
@@ -301,6 +321,7 @@ final class DetectorCore: Sendable {
     private func record(activityAt time: Int64, idle: Bool) {
         let step = state.withLock { state -> (DetectorMachine.Step, DelayedWork?)? in
             guard let step = state.machine.activity(at: time, idle: idle) else { return nil }
+            if let lag = step.lag { state.lag.record(lag) }
             return (step, apply(step.look, &state))
         }
         guard let (step, replaced) = step else { return }

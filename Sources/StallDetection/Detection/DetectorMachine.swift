@@ -76,6 +76,9 @@ struct DetectorMachine: Sendable {
         var outcome: Outcome?
         var look: LookPlan
         var settled: Bool
+        /// How long the answer or activity came after it was owed (the lag the
+        /// detector's histogram records); nil when nothing was owed.
+        var lag: Int64?
     }
 
     private struct OpenStall {
@@ -209,18 +212,21 @@ struct DetectorMachine: Sendable {
             lastAnswerCPU.map { Self.processRan(cpu: cpu - $0.cpu, over: time - $0.time) }
         }
         lastAnswerCPU = cpu.map { (time, $0) }
+        let lag = tracker.pendingSince.map { time - $0 }
         let outcome = finish(tracker.progress(at: time), thread: thread, processRan: ran ?? false)
         tracker.probeSent(at: nextProbe(after: time))
-        return Step(outcome: outcome, look: .move(timeout: healthyLookTimeout), settled: open == nil)
+        return Step(outcome: outcome, look: .move(timeout: healthyLookTimeout), settled: open == nil, lag: lag)
     }
 
     /// The main run loop moved on at `time` (busy from then on), or went to sleep.
     mutating func activity(at time: Int64, idle: Bool) -> Step? {
         guard lifecycle == .running else { return nil }
         lastObservation = max(lastObservation, time)
+        let lag = tracker.pendingSince.map { time - $0 }
         let event = idle ? tracker.idle(at: time) : tracker.progress(at: time, busyAfterwards: true)
         let outcome = finish(event, thread: nil)
-        return Step(outcome: outcome, look: idle ? .keep : .move(timeout: healthyLookTimeout), settled: open == nil)
+        return Step(
+            outcome: outcome, look: idle ? .keep : .move(timeout: healthyLookTimeout), settled: open == nil, lag: lag)
     }
 
     /// Whether the process used at least a quarter of a core over `wall`

@@ -273,4 +273,17 @@ public final class StallDetector: Sendable {
 
     /// The heartbeat in effect.
     public var heartbeat: Duration { core.heartbeat }
+
+    /// The lags of the target's probes since the detector was created or its lag
+    /// was last reset (see ``LagSnapshot``); with `reset`, a new window begins at
+    /// once, so no probe is counted twice or missed between two snapshots taken
+    /// with `reset`. Recording costs each probe's answer a few integer
+    /// operations under the lock it already takes.
+    ///
+    /// A detector that is not running records nothing: its snapshot keeps what
+    /// it had.
+    public func lagSnapshot(reset: Bool = false) -> LagSnapshot { core.lagSnapshot(reset: reset) }
+
+    /// Begins a new lag window: forgets the lags recorded so far.
+    public func resetLag() { _ = core.lagSnapshot(reset: true) }
 }
