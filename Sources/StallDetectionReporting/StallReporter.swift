@@ -96,7 +96,9 @@ public struct StallReporter: Sendable {
     public func recordLag(_ lag: StallDetector.LagSnapshot, target: String) {
         guard let metricsPrefix, lag.count > 0 else { return }
         let dimensions = [("target", target)]
-        let quantiles: [(String, Duration)] = [("0.5", lag.p50), ("0.9", lag.p90), ("0.99", lag.p99), ("0.999", lag.p999)]
+        let quantiles: [(String, Duration)] = [
+            ("0.5", lag.p50), ("0.9", lag.p90), ("0.99", lag.p99), ("0.999", lag.p999),
+        ]
         for (quantile, value) in quantiles {
             gauge("\(metricsPrefix).lag_seconds", dimensions + [("quantile", quantile)]).record(Self.seconds(value))
         }

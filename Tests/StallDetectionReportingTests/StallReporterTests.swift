@@ -43,7 +43,9 @@ struct StallReporterTests {
         #expect(timer.lastValue == 612_000_000)
     }
 
-    @Test("a lag window sets the percentile, max and mean gauges in seconds and counts its probes; an empty one sets none")
+    @Test(
+        "a lag window sets the percentile, max and mean gauges in seconds and counts its probes; an empty one sets none"
+    )
     func recordsLag() throws {
         let metrics = TestMetrics()
         let reporter = StallReporter(logger: nil, metricsPrefix: "stall", metricsFactory: metrics)

@@ -51,7 +51,8 @@ extension StallDetector {
             let n = Double(histogram.count)
             let average = histogram.sum / n
             mean = Self.duration(average)
-            standardDeviation = Self.duration((Swift.max(0, histogram.sumOfSquares / n - average * average)).squareRoot())
+            standardDeviation = Self.duration(
+                (Swift.max(0, histogram.sumOfSquares / n - average * average)).squareRoot())
         }
 
         /// The lag that `percent` percent of the probes (0...100) did not
