@@ -116,6 +116,7 @@ public struct StallReporter: Sendable {
     /// cancelled. A zero or negative `interval` records nothing and returns at once.
     ///
     /// ```swift
+    /// let reporter = StallReporter(logger: Logger(label: "app.stalls"))
     /// let lagReporting = Task { await reporter.reportLag(of: [detector], every: .seconds(10)) }
     /// // …
     /// lagReporting.cancel()
