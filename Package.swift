@@ -24,6 +24,9 @@ let package = Package(
         // with dependencies; the others use the toolchain alone.
         .library(name: "StallDetectionReporting", targets: ["StallDetectionReporting"]),
         .library(name: "StallDetectionTracing", targets: ["StallDetectionTracing"]),
+        // For test targets: a Swift Testing trait and an XCTest assertion that fail
+        // a test whose code stalls the main actor, an executor or the pool.
+        .library(name: "StallDetectionTesting", targets: ["StallDetectionTesting"]),
         .executable(name: "safetimers-demo", targets: ["safetimers-demo"]),
         // Folded stacks (`StallProfile.foldedStacks()`) to a flame graph in SVG.
         .executable(name: "stall-flamegraph", targets: ["stall-flamegraph"]),
@@ -62,6 +65,7 @@ let package = Package(
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
             ]
         ),
+        .target(name: "StallDetectionTesting", dependencies: ["StallDetection"]),
         .executableTarget(
             name: "safetimers-demo",
             dependencies: ["SafeTimers", "StallDetection"]
@@ -90,6 +94,7 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
+        .testTarget(name: "StallDetectionTestingTests", dependencies: ["StallDetectionTesting"]),
         .testTarget(
             name: "StallDetectionTracingTests",
             dependencies: [

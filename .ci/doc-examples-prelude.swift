@@ -8,6 +8,7 @@ import Logging
 import StallDetection
 import StallDetectionReporting
 import StallDetectionTracing
+import StallDetectionTesting
 import Tracing
 import Synchronization
 import Testing
@@ -103,3 +104,7 @@ func upload<Report>(_ report: Report) {}
 let cachesDirectory = NSTemporaryDirectory()
 struct ContactsDatabase { func fetchAll() throws -> [String] { [] } }
 let db = ContactsDatabase()
+
+/// The trait's and XCTest helper's examples lay out a gallery.
+final class Gallery: Sendable { func layOut() {} }
+let gallery = Gallery()

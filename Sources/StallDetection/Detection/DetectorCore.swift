@@ -39,6 +39,12 @@ final class DetectorCore: Sendable {
     /// The target, for ``StallDetector/target``.
     var watchedTarget: StallDetector.Target { target }
 
+    /// Whether a stop now would lose a stall (see ``DetectorMachine/Settlement``).
+    func settlement() -> DetectorMachine.Settlement {
+        let now = Monotonic.now()
+        return state.withLock { $0.machine.settlement(now: now) }
+    }
+
     /// The lags recorded since the window began; with `reset`, a new window
     /// begins. (The copy of the buckets is made here, so the next answer on the
     /// target's thread does not make it.)
@@ -116,7 +122,8 @@ final class DetectorCore: Sendable {
         self.sampling = SamplingContext()
         let now = Monotonic.now()
         let machine = DetectorMachine(
-            threshold: thresholdTicks, heartbeat: heartbeatTicks, usesHeartbeat: target.usesHeartbeat, now: now)
+            threshold: thresholdTicks, heartbeat: heartbeatTicks, usesHeartbeat: target.usesHeartbeat, now: now,
+            queue: target.ownedQueueAddress)
         let state = Locked(State(machine: machine))
         self.state = state
         // Two missed heartbeats, or a tenth of the threshold if longer; for a

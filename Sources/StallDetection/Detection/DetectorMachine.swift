@@ -124,10 +124,13 @@ struct DetectorMachine: Sendable {
     private var lastAnswerCPU: (time: Int64, cpu: Int64)?
     private var open: OpenStall?
 
-    init(threshold: Int64, heartbeat: Int64, usesHeartbeat: Bool, now: Int64) {
+    /// `queue`: the address of the serial queue the target owns, when known
+    /// before any answer (``lastAnsweringQueue`` until the first one).
+    init(threshold: Int64, heartbeat: Int64, usesHeartbeat: Bool, now: Int64, queue: UInt? = nil) {
         self.threshold = threshold
         self.heartbeat = heartbeat
         self.usesHeartbeat = usesHeartbeat
+        self.lastAnsweringQueue = queue
         self.tracker = StallTracker(threshold: threshold, now: now)
         self.lastObservation = now
     }
@@ -140,6 +143,27 @@ struct DetectorMachine: Sendable {
     /// Whether the target owes an answer and no stall is open: the profiler
     /// samples ahead of the threshold while this holds.
     var owesAnswer: Bool { lifecycle == .running && !tracker.isStalled && tracker.dueTime != nil }
+
+    /// Where the detector stands for a caller that is about to stop it and must
+    /// not lose a stall (a test's stall guard).
+    enum Settlement: Sendable, Equatable {
+        /// No stall is being sampled, none is going on, and no answer is owed
+        /// for `threshold` or longer: a stop now loses nothing.
+        case settled
+        /// A stall's `.started` is being sampled: a stop now would end it
+        /// with nothing.
+        case sampling
+        /// A reported stall goes on, or an answer has been owed for `threshold` or
+        /// longer (a stall the looks have not seen yet, or one whose answer is
+        /// on its way).
+        case overdue
+    }
+
+    func settlement(now: Int64) -> Settlement {
+        if let open { return open.phase == .reported ? .overdue : .sampling }
+        guard lifecycle == .running, let owed = tracker.pendingSince else { return .settled }
+        return now - owed >= threshold ? .overdue : .settled
+    }
 
     // MARK: Lifecycle
 

@@ -286,4 +286,13 @@ public final class StallDetector: Sendable {
 
     /// Begins a new lag window: forgets the lags recorded so far.
     public func resetLag() { _ = core.lagSnapshot(reset: true) }
+
+    /// Whether no stall is being sampled, none goes on, and no answer has been
+    /// owed for the threshold: a ``stop()`` now loses no stall (for
+    /// `StallDetectionTesting`, which stops a detector when a test ends).
+    package var isSettled: Bool { core.settlement() == .settled }
+
+    /// Whether a stall's `.started` is being sampled (a ``stop()`` now would end
+    /// it with nothing).
+    package var isSampling: Bool { core.settlement() == .sampling }
 }

@@ -1,4 +1,5 @@
 import CStallCapture
+import Dispatch
 
 /// Which thread drains a serial dispatch queue now, as libdispatch itself records
 /// it: the owner of the queue's drain lock (`stallcapture_queue_drainer`).
@@ -31,6 +32,18 @@ enum QueueDrainer {
 }
 
 extension StallDetector.Target {
+    /// The address of the serial queue the target owns (the main queue, a
+    /// watched queue), known before any probe has run: a queue blocked from the
+    /// detector's start (a `queue.sync` right after `start()`) has its drain lock
+    /// read all the same. Nil for other targets, or when it cannot be known.
+    var ownedQueueAddress: UInt? {
+        switch self {
+        case .mainQueue: QueueAddress.of(.main)
+        case .queue(let queue): QueueAddress.of(queue)
+        default: nil
+        }
+    }
+
     /// Whether the serial queue the probes run on is the target's own, kept
     /// alive by the detector: the main queue and a watched queue. Only its
     /// drain lock may be read. A `.custom` target's probes may run on a queue
@@ -42,5 +55,21 @@ extension StallDetector.Target {
         case .mainQueue, .queue: true
         case .mainRunLoop, .cooperativePool, .custom: false
         }
+    }
+}
+
+/// The address of a dispatch queue's C object, as libdispatch's thread-local
+/// "current queue" holds it (and as a probe's answer reports it).
+enum QueueAddress {
+    static func of(_ queue: DispatchQueue) -> UInt? {
+        #if canImport(Darwin)
+        // A `DispatchQueue` is the `dispatch_queue_t` itself.
+        return UInt(bitPattern: Unmanaged.passUnretained(queue).toOpaque())
+        #else
+        // swift-corelibs-libdispatch wraps the C object in `__wrapped`; read by
+        // reflection, so another layout gives nil (the probes' answers say it).
+        let wrapped = Mirror(reflecting: queue).children.first { $0.label == "__wrapped" }?.value
+        return (wrapped as? OpaquePointer).map { UInt(bitPattern: $0) }
+        #endif
     }
 }

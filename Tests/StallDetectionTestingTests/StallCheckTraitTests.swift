@@ -1,0 +1,131 @@
+import Dispatch
+import Foundation
+import StallDetection
+import Testing
+
+@testable import StallDetectionTesting
+
+/// Blocks the calling thread in a function the failure must name.
+@inline(never)
+func stallCheckBlocker(_ milliseconds: UInt32) {
+    usleep(milliseconds * 1_000)
+}
+
+let stallCheckQueue = DispatchQueue(label: "stall-check.quiet")
+
+/// Whether one of `issue`'s comments names the blocker and the target.
+func namesBlocker(_ issue: Issue, target: String) -> Bool {
+    issue.comments.contains {
+        $0.rawValue.contains("stallCheckBlocker") && $0.rawValue.contains("stalled \(target)")
+    }
+}
+
+@Suite("StallCheckTrait and XCTAssertNoStall", .serialized)
+struct StallCheckTraitTests {
+    /// Runs `body` inside the trait's scope, as Swift Testing would for a test
+    /// that carries it.
+    func scoped(
+        _ trait: StallCheckTrait, _ body: @escaping @Sendable () async throws -> Void
+    ) async throws {
+        let test = try #require(Test.current)
+        try await trait.provideScope(for: test, testCase: Test.Case.current, performing: body)
+    }
+
+    @Test("a test that blocks a queue past the threshold fails, its issue naming the blocking function")
+    func blockedQueueFails() async throws {
+        let queue = DispatchQueue(label: "stall-check.blocked")
+        try await withKnownIssue {
+            try await scoped(.failsOnStall(of: .queue(queue), threshold: .milliseconds(100))) {
+                queue.sync { stallCheckBlocker(300) }
+            }
+        } matching: {
+            namesBlocker($0, target: "queue 'stall-check.blocked'")
+        }
+    }
+
+    /// The hardest moment: the block ends as the test returns, before any probe
+    /// answered or any look ran (threshold 100 ms, heartbeat 50 ms, block 140 ms).
+    @Test("a block that ends as the test returns is still reported", arguments: 0..<5)
+    func blockEndingAtReturn(round: Int) async throws {
+        let queue = DispatchQueue(label: "stall-check.edge")
+        let trait = StallCheckTrait.failsOnStall(
+            of: .queue(queue), threshold: .milliseconds(100), heartbeat: .milliseconds(50))
+        try await withKnownIssue("round \(round)") {
+            try await scoped(trait) { queue.sync { stallCheckBlocker(140) } }
+        } matching: {
+            namesBlocker($0, target: "queue 'stall-check.edge'")
+        }
+    }
+
+    @Test("the main actor blocked by the test fails it")
+    func mainActorBlocked() async throws {
+        try await withKnownIssue {
+            try await scoped(.failsOnStall(of: .mainQueue, threshold: .milliseconds(100))) {
+                await MainActor.run { stallCheckBlocker(300) }
+            }
+        } matching: {
+            namesBlocker($0, target: "main queue")
+        }
+    }
+
+    @Test("the cooperative pool blocked on every thread fails the test")
+    func poolBlocked() async throws {
+        let width = ProcessInfo.processInfo.activeProcessorCount
+        try await withKnownIssue {
+            try await scoped(.failsOnStall(of: .cooperativePool, threshold: .milliseconds(150))) {
+                await withTaskGroup(of: Void.self) { group in
+                    for _ in 0..<width { group.addTask { stallCheckBlocker(500) } }
+                }
+            }
+        } matching: {
+            namesBlocker($0, target: "cooperative pool")
+        }
+    }
+
+    @Test("the test's own error is rethrown, and its stall recorded too")
+    func errorAndStall() async throws {
+        struct Expected: Error {}
+        let queue = DispatchQueue(label: "stall-check.throwing")
+        await withKnownIssue {
+            await #expect(throws: Expected.self) {
+                try await scoped(.failsOnStall(of: .queue(queue), threshold: .milliseconds(100))) {
+                    queue.sync { stallCheckBlocker(300) }
+                    throw Expected()
+                }
+            }
+        } matching: {
+            namesBlocker($0, target: "queue 'stall-check.throwing'")
+        }
+    }
+
+    /// With a 1 s heartbeat, an end that waited for a probe or a look would take
+    /// a second: this one takes one round trip to the queue.
+    @Test("a test that does not stall passes, and its end waits for no heartbeat")
+    func quietTestIsNotSlowed() async throws {
+        let trait = StallCheckTrait.failsOnStall(
+            of: .queue(stallCheckQueue), threshold: .seconds(10), heartbeat: .seconds(1))
+        let began = ContinuousClock.now
+        try await scoped(trait) { stallCheckQueue.sync { stallCheckBlocker(5) } }
+        let took = ContinuousClock.now - began
+        #expect(took < .milliseconds(500), "\(took)")
+    }
+
+    @Test(
+        "applied as a trait: a test that does not stall passes",
+        .failsOnStall(of: .queue(stallCheckQueue), threshold: .milliseconds(200)))
+    func appliedAsTrait() {
+        stallCheckQueue.sync { stallCheckBlocker(20) }
+    }
+
+    @Test("the synchronous end (XCTest's) reports a queue's stall that ended before it")
+    func synchronousEnd() {
+        let queue = DispatchQueue(label: "stall-check.sync")
+        let stallGuard = StallGuard(target: .queue(queue), threshold: .milliseconds(100), heartbeat: nil)
+        queue.sync { stallCheckBlocker(300) }
+        let events = stallGuard.finishSynchronously(callerIsTarget: false)
+        #expect(events.count == 1, "\(events)")
+        #expect(
+            events.first.map { StallGuard.failure($0, threshold: .milliseconds(100)) }?.contains("stallCheckBlocker")
+                == true)
+    }
+}
