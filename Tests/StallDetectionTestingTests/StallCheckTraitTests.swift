@@ -43,15 +43,16 @@ struct StallCheckTraitTests {
         }
     }
 
-    /// The hardest moment: the block ends as the test returns, before any probe
-    /// answered or any look ran (threshold 100 ms, heartbeat 50 ms, block 140 ms).
+    /// The hardest moment: the block ends as the test returns, before the probe
+    /// it held up has answered (threshold 100 ms, heartbeat 50 ms, block 200 ms,
+    /// so a stall however late the block began after the detector's start).
     @Test("a block that ends as the test returns is still reported", arguments: 0..<5)
     func blockEndingAtReturn(round: Int) async throws {
         let queue = DispatchQueue(label: "stall-check.edge")
         let trait = StallCheckTrait.failsOnStall(
             of: .queue(queue), threshold: .milliseconds(100), heartbeat: .milliseconds(50))
         try await withKnownIssue("round \(round)") {
-            try await scoped(trait) { queue.sync { stallCheckBlocker(140) } }
+            try await scoped(trait) { queue.sync { stallCheckBlocker(200) } }
         } matching: {
             namesBlocker($0, target: "queue 'stall-check.edge'")
         }
