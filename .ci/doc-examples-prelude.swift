@@ -5,6 +5,7 @@ import Foundation
 import SafeTimers
 import SafeTimersTesting
 import Logging
+import ServiceLifecycle
 import StallDetection
 import StallDetectionReporting
 import StallDetectionTracing
@@ -86,6 +87,10 @@ final class EventLoopStandIn: Sendable {
 final class SerialExecutorStandIn: SerialExecutor { func enqueue(_ job: consuming ExecutorJob) {} }
 let eventLoop = EventLoopStandIn()
 let loop = eventLoop
+let eventLoops = [EventLoopStandIn(), EventLoopStandIn()]
+/// Stands in for a server's swift-service-lifecycle `Service`.
+struct ServerStandIn: Service { func run() async throws {} }
+let server = ServerStandIn()
 func renderPage() -> String { "" }
 // A server framework's request, context and response (Hummingbird's names).
 struct Request: Sendable {}

@@ -2,7 +2,8 @@
 // `--quick` runs fewer iterations and smaller scales (for CI smoke runs).
 // `--scaling` runs only the single-thread costs and the 1/2/4/8-thread throughput
 // rows; `--lateness` only the lateness rows; `--footprint` only the bytes per
-// pending DelayedWork.
+// pending DelayedWork; `--idle-detectors` only what 1, 4, 16 and 64 idle stall
+// detectors cost against a bare heartbeat.
 
 import Dispatch
 import Foundation
@@ -143,6 +144,13 @@ func addExecutorFiringRows() {
 
 if CommandLine.arguments.contains("--executor") {
     addExecutorFiringRows()
+    printTable(rows)
+    exit(0)
+}
+
+if CommandLine.arguments.contains("--idle-detectors") {
+    // N idle stall detectors against the bare heartbeat (process CPU, 10 s each).
+    IdleDetectors.addRows(counts: quick ? [1, 16] : [1, 4, 16, 64], seconds: quick ? 3 : 10)
     printTable(rows)
     exit(0)
 }
