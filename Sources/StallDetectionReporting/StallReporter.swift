@@ -113,7 +113,8 @@ public struct StallReporter: Sendable {
 
     /// Every `interval`, records a new lag window of each detector (taken with
     /// `reset`, so each probe counts in one window), until the calling task is
-    /// cancelled. A zero or negative `interval` records nothing and returns at once.
+    /// cancelled. A zero or negative `interval` records nothing and returns at once;
+    /// one longer than a hundred years counts as a hundred years.
     ///
     /// ```swift
     /// let reporter = StallReporter(logger: Logger(label: "app.stalls"))
@@ -123,6 +124,9 @@ public struct StallReporter: Sendable {
     /// ```
     public func reportLag(of detectors: [StallDetector], every interval: Duration) async {
         guard interval > .zero else { return }
+        // `Task.sleep` traps on a duration past Int64 nanoseconds: a hundred years
+        // is as good as never.
+        let interval = min(interval, StallDetector.longestThreshold)
         for detector in detectors { detector.resetLag() }
         while (try? await Task.sleep(for: interval)) != nil {
             for detector in detectors {

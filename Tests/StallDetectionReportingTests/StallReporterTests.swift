@@ -1,3 +1,4 @@
+import Dispatch
 import InMemoryLogging
 import Logging
 import MetricsTestKit
@@ -68,5 +69,17 @@ struct StallReporterTests {
         let silent = StallReporter(logger: nil, metricsPrefix: nil, metricsFactory: metrics)
         silent.recordLag(StallDetector.LagSnapshot(histogram: histogram, window: 1), target: "loop 5")
         #expect((try? metrics.expectGauge("stall.lag_max_seconds", [("target", "loop 5")])) == nil)
+    }
+
+    @Test("reportLag with an interval past Int64 nanoseconds waits, and returns when cancelled")
+    func hugeLagInterval() async {
+        let detector = StallDetector(target: .queue(DispatchQueue(label: "huge-interval")), threshold: .seconds(1))
+        detector.start()
+        let reporter = StallReporter(logger: nil, metricsFactory: TestMetrics())
+        let reporting = Task { await reporter.reportLag(of: [detector], every: .seconds(Int64.max)) }
+        try? await Task.sleep(for: .milliseconds(50))
+        reporting.cancel()
+        await reporting.value
+        detector.stop()
     }
 }

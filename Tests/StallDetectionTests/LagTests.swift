@@ -44,7 +44,8 @@ struct LagTests {
             #expect(histogram.count == 20_000)
             #expect(histogram.minimum == values.first)
             #expect(histogram.maximum == values.last)
-            #expect(abs(histogram.sum - values.reduce(0) { $0 + Double($1) }) < 1)
+            let exactMean = values.reduce(0) { $0 + Double($1) } / Double(values.count)
+            #expect(abs(Double(histogram.mean ?? -1) - exactMean) <= 1, "\(histogram.mean ?? -1) for \(exactMean)")
             for fraction in [0, 0.001, 0.25, 0.5, 0.9, 0.99, 0.999, 1] {
                 let exact = Self.exact(values, fraction: fraction)
                 let read = histogram.value(atFraction: fraction) ?? -1
@@ -82,6 +83,58 @@ struct LagTests {
         #expect(abs(Double((snapshot.p50 - .nanoseconds(4_000)).components.attoseconds)) <= 64e9, "\(snapshot.p50)")
         histogram.record(1_000_000)
         #expect(snapshot.count == 8 && snapshot.max == .nanoseconds(9_000))
+    }
+
+    /// Lags of seconds, or past 2^53 ns, that differ by a few nanoseconds: the
+    /// mean and spread of the values, not of their doubles' rounding.
+    @Test(
+        "mean and standard deviation stay exact for long lags close together, and the mean within min...max",
+        arguments: [Int64(1_000_000_000), 10_000_000_000, 100_000_000_000, 1_000_000_000_000])
+    func longLagsKeepTheirSpread(base: Int64) {
+        var spread = LagHistogram()
+        for index in 0..<10_000 { spread.record(base + (index % 2 == 0 ? 1_000 : -1_000)) }
+        let snapshot = StallDetector.LagSnapshot(histogram: spread, window: 1)
+        #expect(snapshot.mean == .nanoseconds(base))
+        #expect(abs(Double((snapshot.standardDeviation - .nanoseconds(1_000)).components.attoseconds)) <= 1e9)
+        var equal = LagHistogram()
+        for _ in 0..<10_000 { equal.record(base + 7) }
+        let flat = StallDetector.LagSnapshot(histogram: equal, window: 1)
+        #expect(flat.standardDeviation == .zero && flat.mean == .nanoseconds(base + 7))
+        let extremes: [([Int64], Int64)] = [
+            ([.max], .max), ([.max, .max], .max), ([1 << 53 + 1], 1 << 53 + 1),
+            ([1 << 60 + 1, 1 << 60 + 3], 1 << 60 + 2),
+        ]
+        for (values, expected) in extremes {
+            var histogram = LagHistogram()
+            for value in values { histogram.record(value) }
+            #expect(histogram.mean == expected, "\(values)")
+        }
+    }
+
+    /// Four threads resetting at once, a 1 ms heartbeat: each window follows
+    /// the one before, so together they never last longer than the detector.
+    @Test("windows taken by concurrent resets do not overlap, and count every probe once")
+    func concurrentResets() async throws {
+        let queue = DispatchQueue(label: "lag-test.resets")
+        let began = ContinuousClock.now
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(500), heartbeat: .milliseconds(1))
+        detector.start()
+        let windows = Locked<[StallDetector.LagSnapshot]>([])
+        DispatchQueue.concurrentPerform(iterations: 4) { _ in
+            let end = ContinuousClock.now + .milliseconds(300)
+            while ContinuousClock.now < end {
+                let snapshot = detector.lagSnapshot(reset: true)
+                windows.withLock { $0.append(snapshot) }
+            }
+        }
+        detector.stop()
+        let last = detector.lagSnapshot(reset: true)
+        let elapsed = ContinuousClock.now - began
+        let all = windows.withLock { $0 } + [last]
+        let total = all.reduce(Duration.zero) { $0 + $1.window }
+        #expect(total <= elapsed, "windows \(total) over \(elapsed)")
+        #expect(all.filter { $0.count > 0 && $0.window == .zero }.count == 0, "windows with probes and no time")
+        #expect(all.reduce(0) { $0 + $1.count } >= 100)
     }
 
     /// A queue blocked three times for 60 ms under a 500 ms threshold: no stall,

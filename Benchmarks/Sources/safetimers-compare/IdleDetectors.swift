@@ -65,7 +65,9 @@ enum IdleDetectors {
         for count in counts {
             let bare = bareHeartbeat(count: count, seconds: seconds)
             let detected = detectors(count: count, seconds: seconds)
-            add("\(count) idle StallDetector(s)", "DispatchSourceTimer per queue, empty handler", detected, bare, "% core")
+            add(
+                "\(count) idle StallDetector(s)", "DispatchSourceTimer per queue, empty handler", detected, bare,
+                "% core")
         }
     }
 }

@@ -49,16 +49,20 @@ final class DetectorCore: Sendable {
     /// begins. (The copy of the buckets is made here, so the next answer on the
     /// target's thread does not make it.)
     func lagSnapshot(reset: Bool) -> StallDetector.LagSnapshot {
-        let now = Monotonic.now()
-        let (histogram, start) = state.withLock { state -> (LagHistogram, Int64) in
-            let taken = (reset ? state.lag : state.lag.detached(), state.lagWindowStart)
-            if reset {
-                state.lag = LagHistogram()
+        // The next window's buckets are allocated here, not on a probe's answer.
+        let next = reset ? LagHistogram.prepared() : nil
+        // The clock is read under the lock: windows taken by concurrent resets
+        // then follow each other without overlap.
+        let (histogram, window) = state.withLock { state -> (LagHistogram, Int64) in
+            let now = Monotonic.now()
+            let taken = (reset ? state.lag : state.lag.detached(), max(0, now - state.lagWindowStart))
+            if let next {
+                state.lag = next
                 state.lagWindowStart = now
             }
             return taken
         }
-        return StallDetector.LagSnapshot(histogram: histogram, window: max(0, now - start))
+        return StallDetector.LagSnapshot(histogram: histogram, window: window)
     }
     private let reportsWhileDebugged: Bool
     /// Whether a debugger is attached; `/proc/self/status` unless a test injects one.
@@ -92,7 +96,7 @@ final class DetectorCore: Sendable {
         var lastLookWaited: Int64 = 0
         var observer: RunLoopObserverHandle?
         /// The lags of this window, and when the window began.
-        var lag = LagHistogram()
+        var lag = LagHistogram.prepared()
         var lagWindowStart = Monotonic.now()
     }
 

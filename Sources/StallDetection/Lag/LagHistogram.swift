@@ -1,11 +1,14 @@
 /// Counts lags (nanoseconds) in log-linear buckets: exact below 64 ns, then 32
 /// buckets for each power of two, so a percentile read from it (a bucket's
-/// middle) is within 1/64 (1.6 %) of the recorded value it stands for. Also keeps the exact count,
-/// minimum, maximum, sum and sum of squares. A pure value: no lock, no clock.
+/// middle) is within 1/64 (1.6 %) of the recorded value it stands for. Also keeps
+/// the exact count, minimum and maximum, and the mean and variance of the values
+/// themselves (Welford's method over each value's distance from the first, so
+/// lags of seconds that differ by nanoseconds keep their spread). A pure value:
+/// no lock, no clock.
 ///
-/// Recording is a few integer operations and one array write (no allocation
-/// after the first value), so it can run under the detector's lock on every
-/// probe's answer.
+/// Recording is a few arithmetic operations and one array write (no allocation
+/// once the buckets exist: ``prepared()`` makes them ahead), so it can run under
+/// the detector's lock on every probe's answer.
 struct LagHistogram: Sendable, Equatable {
     /// Bits of the mantissa kept per power of two (32 buckets each).
     static let subBucketBits = 5
@@ -17,21 +20,50 @@ struct LagHistogram: Sendable, Equatable {
     private(set) var count: UInt64 = 0
     private(set) var minimum: Int64 = .max
     private(set) var maximum: Int64 = 0
-    private(set) var sum: Double = 0
-    private(set) var sumOfSquares: Double = 0
+    /// The first value: the others are kept as distances from it.
+    private var origin: Int64 = 0
+    /// The running mean of the distances from `origin`, and the sum of their
+    /// squared distances from that mean (Welford).
+    private var meanDistance: Double = 0
+    private var squaredDeviations: Double = 0
+
+    /// An empty histogram whose buckets are allocated (so the first record
+    /// allocates nothing).
+    static func prepared() -> LagHistogram {
+        var histogram = LagHistogram()
+        histogram.counts = Array(repeating: 0, count: bucketCount)
+        return histogram
+    }
 
     /// Records one lag; a negative one counts as zero.
     mutating func record(_ nanoseconds: Int64) {
         let value = max(0, nanoseconds)
         if counts.isEmpty { counts = Array(repeating: 0, count: Self.bucketCount) }
         counts[Self.bucket(of: value)] &+= 1
+        if count == 0 { origin = value }
         count &+= 1
         minimum = min(minimum, value)
         maximum = max(maximum, value)
-        let double = Double(value)
-        sum += double
-        sumOfSquares += double * double
+        // Both are non-negative: the distance cannot overflow.
+        let distance = Double(value - origin)
+        let delta = distance - meanDistance
+        meanDistance += delta / Double(count)
+        squaredDeviations += delta * (distance - meanDistance)
     }
+
+    /// The mean, rounded to a nanosecond and kept within the minimum and
+    /// maximum; nil when nothing was recorded.
+    var mean: Int64? {
+        guard count > 0 else { return nil }
+        let offset = meanDistance.rounded()
+        let whole: Int64 =
+            offset >= 9.2e18 ? .max : offset <= -9.2e18 ? .min : Int64(offset)
+        let (sum, overflow) = origin.addingReportingOverflow(whole)
+        return overflow ? (whole > 0 ? maximum : minimum) : Swift.min(maximum, Swift.max(minimum, sum))
+    }
+
+    /// The population variance in square nanoseconds (0 when nothing was recorded).
+    var variance: Double { count > 0 ? Swift.max(0, squaredDeviations / Double(count)) : 0 }
 
     /// A copy whose buckets share no storage with this one's.
     func detached() -> LagHistogram {

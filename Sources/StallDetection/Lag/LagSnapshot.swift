@@ -4,8 +4,10 @@ extension StallDetector {
     ///
     /// Each value is one probe's *lag*: from the moment the heartbeat posted
     /// the probe (the point of the heartbeat's grid it was due) to the moment the
-    /// target ran it. A target that keeps up shows lags of tens of microseconds;
-    /// a congested one (a long queue of short jobs) shows lags that grow with its
+    /// target ran it. The probe timer's own lateness is part of every lag (it
+    /// fires within about a millisecond of its tick), so a target that keeps up
+    /// shows lags from a few hundred microseconds to about a millisecond; a
+    /// congested one (a long queue of short jobs) shows lags that grow with its
     /// backlog; a blocked one shows a lag as long as the block, so a stall is in
     /// the high percentiles long before an operator reads its report. For
     /// ``Target/mainRunLoop``, which has no probe, each value is the time from
@@ -17,10 +19,13 @@ extension StallDetector {
     /// ```
     ///
     /// Percentiles come from a histogram with 32 buckets per power of two: each
-    /// is within 1.6 % of a value the target really took (and never outside
-    /// ``min``...``max``, which, like ``count``, ``mean`` and
-    /// ``standardDeviation``, are exact). With no value recorded every duration
-    /// is zero.
+    /// is within 1.6 % of a value the target really took, and never outside
+    /// ``min``...``max``. ``count``, ``min`` and ``max`` are exact; ``mean`` (to
+    /// the nanosecond, within ``min``...``max``) and ``standardDeviation`` are
+    /// computed from the lags themselves in double precision, from each lag's
+    /// distance to the window's first, so lags of seconds that differ by
+    /// nanoseconds keep their spread. With no value recorded every duration is
+    /// zero.
     public struct LagSnapshot: Sendable, Equatable, CustomStringConvertible {
         /// How many probes answered in the window.
         public let count: Int
@@ -48,11 +53,8 @@ extension StallDetector {
             }
             min = .nanoseconds(histogram.minimum)
             max = .nanoseconds(histogram.maximum)
-            let n = Double(histogram.count)
-            let average = histogram.sum / n
-            mean = Self.duration(average)
-            standardDeviation = Self.duration(
-                (Swift.max(0, histogram.sumOfSquares / n - average * average)).squareRoot())
+            mean = .nanoseconds(histogram.mean ?? 0)
+            standardDeviation = Self.duration(histogram.variance.squareRoot())
         }
 
         /// The lag that `percent` percent of the probes (0...100) did not
