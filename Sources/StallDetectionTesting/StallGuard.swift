@@ -19,18 +19,26 @@ import Darwin
 ///    main run loop, bounded by twice the threshold plus a second;
 /// 2. while the target has owed an answer for the threshold, or a reported
 ///    stall goes on, or a stall is being sampled: wait (at most ``settleLimit``);
-/// 3. stop the detector (a stall still going on ends there, marked as cut
-///    short by the stop) and read every event it yielded.
+/// 3. wait until the detector's `onEvent` handler has been called with every
+///    event so far, then stop the detector (a stall still going on ends there,
+///    marked as cut short by the stop, and the handler is called with it before
+///    `stop()` returns).
 ///
+/// Events are collected by the handler, which runs on the detector's own queue:
+/// a test that saturates the cooperative pool cannot keep them from being read.
 /// A test that does not stall waits for one round trip: microseconds.
 final class StallGuard: Sendable {
     let detector: StallDetector
     let threshold: Duration
+    private let ended = EndedEvents()
     /// How long the end waits for a stall to be sampled or answered.
     static let settleLimit = Duration.seconds(10)
 
     init(target: StallDetector.Target, threshold: Duration, heartbeat: Duration?) {
-        detector = StallDetector(target: target, threshold: threshold, heartbeat: heartbeat)
+        let ended = self.ended
+        detector = StallDetector(target: target, threshold: threshold, heartbeat: heartbeat) { event in
+            if event.phase == .ended { ended.events.withLock { $0.append(event) } }
+        }
         self.threshold = detector.threshold
         detector.start()
     }
@@ -42,10 +50,7 @@ final class StallGuard: Sendable {
         while !detector.isSettled, ContinuousClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(2))
         }
-        detector.stop()
-        var ended: [StallEvent] = []
-        for await event in detector.events where event.phase == .ended { ended.append(event) }
-        return ended
+        return stop()
     }
 
     /// Ends the run from synchronous code (an XCTest test on the main thread):
@@ -57,20 +62,13 @@ final class StallGuard: Sendable {
         while ContinuousClock.now < deadline, callerIsTarget ? detector.isSampling : !detector.isSettled {
             usleep(2_000)
         }
+        return stop()
+    }
+
+    private func stop() -> [StallEvent] {
+        detector.waitForHandler()
         detector.stop()
-        let events = Mutex<[StallEvent]>([])
-        let read = DispatchSemaphore(value: 0)
-        let detector = self.detector
-        Task.detached {
-            for await event in detector.events where event.phase == .ended {
-                events.withLock { $0.append(event) }
-            }
-            read.signal()
-        }
-        // A cooperative pool the test left blocked cannot read the stream: what
-        // was read by then is returned.
-        _ = read.wait(timeout: .now() + .seconds(5))
-        return events.withLock { $0 }
+        return ended.events.withLock { $0 }
     }
 
     /// Posts a block to the target and waits until it runs, or until twice the
@@ -92,10 +90,21 @@ final class StallGuard: Sendable {
         }
     }
 
-    /// The text of a test failure for one stall.
+    /// The text of a test failure for one stall: its report, and for the
+    /// cooperative pool the stack of every thread it found running a Swift job.
     static func failure(_ event: StallEvent, threshold: Duration) -> String {
-        "the code under test stalled \(event.target) beyond \(threshold):\n\(event.description)"
+        var text = "the code under test stalled \(event.target) beyond \(threshold):\n\(event.description)"
+        let others = event.poolBacktraces.filter { $0.threadID != event.backtrace.threadID }
+        for backtrace in others {
+            text += "\n  another thread of the pool running a Swift job:\n\(backtrace.description)"
+        }
+        return text
     }
+}
+
+/// The `.ended` events the detector's handler was called with.
+private final class EndedEvents: Sendable {
+    let events = Mutex<[StallEvent]>([])
 }
 
 /// Resumes a continuation once, from whichever caller comes first.

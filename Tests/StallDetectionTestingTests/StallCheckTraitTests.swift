@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import StallDetection
+import Synchronization
 import Testing
 
 @testable import StallDetectionTesting
@@ -12,6 +13,13 @@ func stallCheckBlocker(_ milliseconds: UInt32) {
 }
 
 let stallCheckQueue = DispatchQueue(label: "stall-check.quiet")
+
+/// Texts gathered from a matcher that may run on any thread.
+final class Texts: Sendable {
+    private let texts = Mutex<[String]>([])
+    func append(_ text: String) { texts.withLock { $0.append(text) } }
+    var all: [String] { texts.withLock { $0 } }
+}
 
 /// Whether one of `issue`'s comments names the blocker and the target.
 func namesBlocker(_ issue: Issue, target: String) -> Bool {
@@ -58,28 +66,42 @@ struct StallCheckTraitTests {
         }
     }
 
+    /// Runs `body` in the trait's scope on a target the whole test process
+    /// shares (other suites run in parallel and may stall it too): every issue
+    /// must be a stall of `target`, and one of them must name the blocker.
+    func sharedTargetFails(
+        _ trait: StallCheckTrait, target: String, _ body: @escaping @Sendable () async throws -> Void
+    ) async throws {
+        let stalls = Texts()
+        try await withKnownIssue {
+            try await scoped(trait, body)
+        } matching: { issue in
+            let text = issue.comments.map(\.rawValue).joined(separator: "\n")
+            guard text.contains("stalled \(target)") else { return false }
+            stalls.append(text)
+            return true
+        }
+        #expect(stalls.all.contains { $0.contains("stallCheckBlocker") }, "\(stalls.all)")
+    }
+
     @Test("the main actor blocked by the test fails it")
     func mainActorBlocked() async throws {
-        try await withKnownIssue {
-            try await scoped(.failsOnStall(of: .mainQueue, threshold: .milliseconds(100))) {
-                await MainActor.run { stallCheckBlocker(300) }
-            }
-        } matching: {
-            namesBlocker($0, target: "main queue")
+        try await sharedTargetFails(.failsOnStall(of: .mainQueue, threshold: .milliseconds(100)), target: "main queue")
+        {
+            await MainActor.run { stallCheckBlocker(300) }
         }
     }
 
+    /// The failure holds every pool thread's stack: the blocker's is among them
+    /// however many threads other tests held at the time.
     @Test("the cooperative pool blocked on every thread fails the test")
     func poolBlocked() async throws {
         let width = ProcessInfo.processInfo.activeProcessorCount
-        try await withKnownIssue {
-            try await scoped(.failsOnStall(of: .cooperativePool, threshold: .milliseconds(150))) {
-                await withTaskGroup(of: Void.self) { group in
-                    for _ in 0..<width { group.addTask { stallCheckBlocker(500) } }
-                }
+        let trait = StallCheckTrait.failsOnStall(of: .cooperativePool, threshold: .milliseconds(150))
+        try await sharedTargetFails(trait, target: "cooperative pool") {
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<width { group.addTask { stallCheckBlocker(500) } }
             }
-        } matching: {
-            namesBlocker($0, target: "cooperative pool")
         }
     }
 

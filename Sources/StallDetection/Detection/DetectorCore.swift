@@ -39,6 +39,10 @@ final class DetectorCore: Sendable {
     /// The target, for ``StallDetector/target``.
     var watchedTarget: StallDetector.Target { target }
 
+    /// Waits until the `onEvent` handler has been called with every event
+    /// published so far.
+    func waitForHandler() { outlet.waitForHandler() }
+
     /// Whether a stop now would lose a stall (see ``DetectorMachine/Settlement``).
     func settlement() -> DetectorMachine.Settlement {
         let now = Monotonic.now()

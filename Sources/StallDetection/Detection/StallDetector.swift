@@ -295,4 +295,8 @@ public final class StallDetector: Sendable {
     /// Whether a stall's `.started` is being sampled (a ``stop()`` now would end
     /// it with nothing).
     package var isSampling: Bool { core.settlement() == .sampling }
+
+    /// Waits until the `onEvent` handler has been called with every event
+    /// published so far (at once when called from that handler, or without one).
+    package func waitForHandler() { core.waitForHandler() }
 }

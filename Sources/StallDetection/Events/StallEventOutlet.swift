@@ -68,6 +68,13 @@ final class StallEventOutlet: Sendable {
         }
     }
 
+    /// Waits until the handler has made every call handed over so far (not
+    /// from the handler itself: that would wait for itself).
+    func waitForHandler() {
+        guard let handlerQueue, DispatchQueue.getSpecific(key: Self.handlerQueueMark) !== mark else { return }
+        handlerQueue.sync {}
+    }
+
     /// Ends the stream, and waits for the handler's calls handed over before
     /// (unless this is called from the handler): a call not begun is dropped,
     /// except one with an `.ended` event whose `.started` the handler was called
