@@ -47,10 +47,14 @@ struct RealConditionTests {
         // beside busy processes the spinning phase gets a core only part of the
         // time, and a running thread is sampled only when it runs. (A debug
         // helper takes 19–21 samples on a quiet machine, 18 needed; inside the
-        // whole parallel suite three runs in a row took 5, 17 and 16.) The
-        // report itself is checked on every run: its stall was not lost.
-        for _ in 1..<5 where !Self.heldPromise(run) {
-            print("\(scenario): tried again after \(String(describing: Self.firstStall(run)))")
+        // whole parallel suite three runs in a row took 5, 17 and 16.) A run
+        // whose stall has no `.ended` profile fails at once: a lost report is
+        // never tried again.
+        for _ in 1..<5 {
+            let stall = try #require(
+                Self.firstStall(run), "lost: \(run.lines.filter { !$0.hasPrefix("stalldetection") })")
+            if Self.heldPromise(run) { break }
+            print("\(scenario): tried again after \(stall)")
             run = try ProbeRun.run([scenario], traced: true)
         }
         let promised = Self.promised(for: run)
