@@ -55,6 +55,8 @@ struct RealConditionTests {
                 Self.firstStall(run), "lost: \(run.lines.filter { !$0.hasPrefix("stalldetection") })")
             if Self.heldPromise(run) { break }
             print("\(scenario): tried again after \(stall)")
+            // A second apart: the parallel suite's load comes in bursts.
+            Thread.sleep(forTimeInterval: 1)
             run = try ProbeRun.run([scenario], traced: true)
         }
         let promised = Self.promised(for: run)
