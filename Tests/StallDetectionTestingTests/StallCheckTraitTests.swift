@@ -73,48 +73,27 @@ struct StallCheckTraitTests {
     }
 
     /// Runs `body` in the trait's scope on a target the whole test process
-    /// shares (other suites run in parallel and may stall it too): every issue
-    /// must be a stall of `target`, and at least one is recorded. One of them
-    /// must name the blocker, unless every stall lasted over a second longer
-    /// than `body`: then another suite's stall began first and took ours in
-    /// (the whole suite held the pool for 8.7 s in one CI run), and its report
-    /// shows that suite's threads, rightly.
+    /// shares: every issue must be a stall of `target`, and at least one is
+    /// recorded. Which thread a report names is not checked here: other suites
+    /// run in parallel and hold the same target (in CI the pool was held 2 s by
+    /// another suite's synchronous work before this body's tasks could start,
+    /// and the report rightly named that thread). The naming is checked on
+    /// private queues above, and for the pool and the main queue in the
+    /// stall-probe suites, in processes of their own.
     func sharedTargetFails(
         _ trait: StallCheckTrait, target: String, _ body: @escaping @Sendable () async throws -> Void
     ) async throws {
         let stalls = Texts()
-        let bodyTook = Texts()
         try await withKnownIssue {
-            try await scoped(trait) {
-                let began = ContinuousClock.now
-                try await body()
-                bodyTook.append("\(Self.seconds(ContinuousClock.now - began))")
-            }
+            try await scoped(trait, body)
         } matching: { issue in
             let text = issue.comments.map(\.rawValue).joined(separator: "\n")
             guard text.contains("stalled \(target)") else { return false }
             stalls.append(text)
             return true
         }
-        let took = bodyTook.all.first.flatMap(Double.init) ?? 0
-        let lengths = stalls.all.map(Self.stallSeconds)
-        if lengths.allSatisfy({ $0 > took + 1 }) {
-            print("\(target): stalls of \(lengths) s took in the body's \(took) s (other suites)")
-            return
-        }
-        #expect(stalls.all.contains { namesBlocker($0, target: target) }, "\(stalls.all)")
-    }
-
-    static func seconds(_ duration: Duration) -> Double {
-        Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
-    }
-
-    /// The length in a report's "was blocked for 0.612 s" (0 when absent).
-    static func stallSeconds(_ text: String) -> Double {
-        guard let range = text.range(of: "blocked for ") else { return 0 }
-        var rest = text[range.upperBound...]
-        if rest.hasPrefix("at least ") { rest = rest.dropFirst("at least ".count) }
-        return Double(rest.prefix { $0.isNumber || $0 == "." }) ?? 0
+        let named = stalls.all.contains { namesBlocker($0, target: target) }
+        print("\(target): \(stalls.all.count) stall(s), the blocker named: \(named)")
     }
 
     @Test("the main actor blocked by the test fails it")
@@ -125,8 +104,8 @@ struct StallCheckTraitTests {
         }
     }
 
-    /// The failure holds every pool thread's stack: the blocker's is among them
-    /// however many threads other tests held at the time.
+    /// A pool blocked on every thread fails the test; its failure lists every
+    /// pool thread found running a Swift job.
     @Test("the cooperative pool blocked on every thread fails the test")
     func poolBlocked() async throws {
         let width = ProcessInfo.processInfo.activeProcessorCount
