@@ -45,15 +45,33 @@ struct StallCheckTraitTests {
         try await trait.provideScope(for: test, testCase: Test.Case.current, performing: body)
     }
 
+    /// Runs `run`, in which the test's blocker stalls `target` (a queue of its
+    /// own): every issue must be a stall of `target`, and one of them must name
+    /// the blocker (or say the detector could report it only after the target
+    /// answered). Other stalls of the same queue are allowed: under
+    /// ThreadSanitizer, in the parallel suite, the queue's thread once waited
+    /// 130 ms for a core after the block, past the 100 ms threshold, and that
+    /// stall was reported (without a stack, saying why).
+    func blockerStallRecorded(target: String, _ run: () async throws -> Void) async rethrows {
+        let stalls = Texts()
+        try await withKnownIssue {
+            try await run()
+        } matching: { issue in
+            let text = issue.comments.map(\.rawValue).joined(separator: "\n")
+            guard text.contains("stalled \(target)") else { return false }
+            stalls.append(text)
+            return true
+        }
+        #expect(stalls.all.contains { namesBlocker($0, target: target) }, "\(stalls.all)")
+    }
+
     @Test("a test that blocks a queue past the threshold fails, its issue naming the blocking function")
     func blockedQueueFails() async throws {
         let queue = DispatchQueue(label: "stall-check.blocked")
-        try await withKnownIssue {
+        try await blockerStallRecorded(target: "queue 'stall-check.blocked'") {
             try await scoped(.failsOnStall(of: .queue(queue), threshold: .milliseconds(100))) {
                 queue.sync { stallCheckBlocker(300) }
             }
-        } matching: {
-            namesBlocker($0, target: "queue 'stall-check.blocked'")
         }
     }
 
@@ -65,10 +83,8 @@ struct StallCheckTraitTests {
         let queue = DispatchQueue(label: "stall-check.edge")
         let trait = StallCheckTrait.failsOnStall(
             of: .queue(queue), threshold: .milliseconds(100), heartbeat: .milliseconds(50))
-        try await withKnownIssue("round \(round)") {
+        try await blockerStallRecorded(target: "queue 'stall-check.edge'") {
             try await scoped(trait) { queue.sync { stallCheckBlocker(200) } }
-        } matching: {
-            namesBlocker($0, target: "queue 'stall-check.edge'")
         }
     }
 
@@ -121,15 +137,13 @@ struct StallCheckTraitTests {
     func errorAndStall() async throws {
         struct Expected: Error {}
         let queue = DispatchQueue(label: "stall-check.throwing")
-        await withKnownIssue {
+        await blockerStallRecorded(target: "queue 'stall-check.throwing'") {
             await #expect(throws: Expected.self) {
                 try await scoped(.failsOnStall(of: .queue(queue), threshold: .milliseconds(100))) {
                     queue.sync { stallCheckBlocker(300) }
                     throw Expected()
                 }
             }
-        } matching: {
-            namesBlocker($0, target: "queue 'stall-check.throwing'")
         }
     }
 
@@ -159,8 +173,9 @@ struct StallCheckTraitTests {
         let stallGuard = StallGuard(target: .queue(queue), threshold: .milliseconds(100), heartbeat: nil)
         queue.sync { stallCheckBlocker(300) }
         let events = stallGuard.finishSynchronously(callerIsTarget: false)
-        #expect(events.count == 1, "\(events)")
-        let text = events.first.map { StallGuard.failure($0, threshold: .milliseconds(100)) } ?? ""
-        #expect(namesBlocker(text, target: "queue 'stall-check.sync'"), "\(text)")
+        // One stall, the blocker's (under load the queue may add a short one
+        // of waiting for a core, as in `blockerStallRecorded`).
+        let texts = events.map { StallGuard.failure($0, threshold: .milliseconds(100)) }
+        #expect(texts.contains { namesBlocker($0, target: "queue 'stall-check.sync'") }, "\(texts)")
     }
 }
