@@ -2,35 +2,17 @@ import Dispatch
 import Foundation
 import StallDetection
 
-#if canImport(Glibc)
-import Glibc
-#elseif canImport(Darwin)
-import Darwin
-#endif
-
 /// What N idle stall detectors cost, one per idle serial queue (threshold 250 ms,
 /// the default 25 ms heartbeat), against the bare heartbeat: one
 /// `DispatchSourceTimer` per queue firing an empty handler on the queue at the
 /// same period. Process CPU (user + system, all threads) over `seconds`.
 enum IdleDetectors {
-    static func processCPUMilliseconds() -> Double {
-        var usage = rusage()
-        #if canImport(Darwin)
-        getrusage(RUSAGE_SELF, &usage)
-        #else
-        getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
-        #endif
-        let user = Double(usage.ru_utime.tv_sec) * 1e3 + Double(usage.ru_utime.tv_usec) / 1e3
-        let system = Double(usage.ru_stime.tv_sec) * 1e3 + Double(usage.ru_stime.tv_usec) / 1e3
-        return user + system
-    }
-
     /// Percent of one core over `seconds`, after a settling second.
     static func percentOfCore(seconds: Double) -> Double {
         Thread.sleep(forTimeInterval: 1)
-        let before = processCPUMilliseconds()
+        let before = ExecutorFiring.processCPUNanoseconds()
         Thread.sleep(forTimeInterval: seconds)
-        return (processCPUMilliseconds() - before) / (seconds * 1e3) * 100
+        return Double(ExecutorFiring.processCPUNanoseconds() - before) / (seconds * 1e9) * 100
     }
 
     static func detectors(count: Int, seconds: Double) -> Double {
