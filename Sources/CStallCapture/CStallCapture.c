@@ -143,6 +143,9 @@ int stallcapture_is_answering(pid_t tid) {
 
 static void fill_sample(stallcapture_sample *out, void *context) {
     ucontext_t *uc = (ucontext_t *)context;
+    struct timespec now;
+    out->time_ns = clock_gettime(CLOCK_MONOTONIC, &now) == 0
+        ? (int64_t)now.tv_sec * 1000000000 + (int64_t)now.tv_nsec : 0;
 #if defined(__x86_64__)
     out->pc = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
     out->sp = (uintptr_t)uc->uc_mcontext.gregs[REG_RSP];
@@ -250,6 +253,8 @@ static void bind_handler_functions(void) {
     (void)process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
     (void)syscall(SYS_gettid);
     (void)sysconf(_SC_PAGESIZE);
+    struct timespec now;
+    (void)clock_gettime(CLOCK_MONOTONIC, &now);
     stack_t alternate;
     (void)sigaltstack(NULL, &alternate);
     int saved_errno = errno;  // __errno_location

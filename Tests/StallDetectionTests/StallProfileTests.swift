@@ -97,6 +97,58 @@ struct StallProfileTests {
         #expect(!profile.functions.contains { $0.name == "early" })
     }
 
+    @Test("a late look counts once per interval it stood for, an interval apart, a quarter of the capacity at most")
+    func lateLooksCountForTheirTime() {
+        let frames = [RawFrame(address: 0x1000, isUncertain: false)]
+        var raw = RawProfile(capacity: 100)
+        raw.add(frames, at: 1_000, standingFor: 0, interval: 10)
+        raw.add(frames, at: 1_010, standingFor: 10, interval: 10)
+        // 44 ms late at a 10 ms interval: 4 copies, the last at the look.
+        raw.add(frames, at: 1_054, standingFor: 44, interval: 10)
+        #expect(raw.samples.map(\.time) == [1_000, 1_010, 1_024, 1_034, 1_044, 1_054])
+        // A pause of 10 s counts for 25 intervals (a quarter of 100), not 1,000.
+        raw.add(frames, at: 11_054, standingFor: 10_000, interval: 10)
+        #expect(raw.count == 31)
+        // A negative or overflowing gap still counts once, and at most the cap.
+        raw.add(frames, at: 11_060, standingFor: -5, interval: 10)
+        raw.add(frames, at: 11_100, standingFor: .max, interval: 0)
+        #expect(raw.count == 57)
+        #expect(raw.samples.map(\.time) == raw.samples.map(\.time).sorted())
+    }
+
+    @Test("a busy phase sampled late keeps its share of the time beside a sleeping one sampled on time")
+    func busyPhaseKeepsItsShare() {
+        let busy = [RawFrame(address: 0xA000, isUncertain: false)]
+        let asleep = [RawFrame(address: 0xB000, isUncertain: false)]
+        var raw = RawProfile()
+        // 600 ms busy, seen every 30–50 ms (its thread waited for a core), then
+        // 300 ms asleep, seen every 10 ms: the time is 2 : 1.
+        var time: Int64 = 0
+        var last: Int64 = 0
+        for step in 0..<15 {
+            time += [30, 50, 40][step % 3]
+            raw.add(busy, at: time, standingFor: time - last, interval: 10)
+            last = time
+        }
+        for _ in 0..<30 {
+            time += 10
+            raw.add(asleep, at: time, standingFor: time - last, interval: 10)
+            last = time
+        }
+        let a = raw.samples.filter { $0.frames == busy }.count
+        let b = raw.samples.filter { $0.frames == asleep }.count
+        #expect(a == 60 && b == 30, "A \(a) : B \(b)")
+    }
+
+    @Test("samples from after the stall ended are dropped")
+    func dropAfterEnd() {
+        let frames = [RawFrame(address: 0x1000, isUncertain: false)]
+        var raw = RawProfile()
+        for time in stride(from: Int64(0), through: 100, by: 10) { raw.add(frames, at: time) }
+        raw.dropSamples(after: 55)
+        #expect(raw.samples.map(\.time) == [0, 10, 20, 30, 40, 50])
+    }
+
     @Test("the report: shares, file:line, callers in every sample summarised, at most 16 lines")
     func description() {
         var recorder = ProfileRecorder()

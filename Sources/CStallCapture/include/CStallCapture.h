@@ -53,6 +53,9 @@ typedef struct stallcapture_sample {
     /// 1 when `sp` lies on the thread's alternate signal stack (`sigaltstack`):
     /// the copy then ends with that stack, not with the thread's own.
     int on_alternate_stack;
+    /// CLOCK_MONOTONIC nanoseconds when the handler ran: the moment the copied
+    /// stack was the thread's.
+    int64_t time_ns;
     unsigned char stack[STALLCAPTURE_STACK_BYTES];
 } stallcapture_sample;
 

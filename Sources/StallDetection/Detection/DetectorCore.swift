@@ -328,6 +328,7 @@ final class DetectorCore: Sendable {
         }
         guard let (step, replaced) = step else { return }
         releaseOnDetectorQueue(replaced)
+        profiler.targetAnswered(at: time)
         let gathered = step.settled ? profiler.end() : nil
         profiler.answered()
         if let outcome = step.outcome { conclude(outcome, gathered: gathered) }
@@ -341,6 +342,7 @@ final class DetectorCore: Sendable {
         }
         guard let (step, replaced) = step else { return }
         releaseOnDetectorQueue(replaced)
+        profiler.targetAnswered(at: time)
         let gathered = step.settled ? profiler.end() : nil
         if idle { profiler.idle() } else { profiler.answered() }
         if let outcome = step.outcome { conclude(outcome, gathered: gathered) }

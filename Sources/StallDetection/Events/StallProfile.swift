@@ -34,6 +34,13 @@
 /// whole stall), and at most 3 % of one core (4 % in a debug build): a token
 /// bucket of CPU time refills at that rate and each sample spends what it cost;
 /// samples are at least ``minimumInterval`` apart.
+///
+/// Counts are counts of time: a sample stands for the time since the sampler's
+/// previous look, once per ``interval`` that passed. On a loaded machine a
+/// running thread is sampled only when it gets a core again, so a look at busy
+/// code can come several intervals late; the thread ran nothing while it waited,
+/// so its stack stood for all of that time, and counting it once would shrink a
+/// busy phase's share beside a sleeping one's (read at once).
 public struct StallProfile: Sendable, Hashable, CustomStringConvertible {
     /// One function of the profile.
     public struct Function: Sendable, Hashable {

@@ -31,9 +31,33 @@ struct RawProfile: Sendable {
         if samples.count > capacity { thinOut() }
     }
 
+    /// Adds one stack for the time since the sampler's previous look (`gap`):
+    /// once per `interval` of the pace that passed, at least once and at most a
+    /// quarter of the capacity (one look after a long pause must not crowd out
+    /// the rest), the copies spread back from `time` an interval apart.
+    ///
+    /// On a loaded machine a running thread answers its signal only when it gets
+    /// a core, while a sleeping one is read at once: a look at running code
+    /// comes late. Its stack could not change while it waited (the thread ran no
+    /// code), so it stands for the whole wait; counted once, a busy phase would
+    /// get a smaller share than its share of the time.
+    mutating func add(_ frames: [RawFrame], at time: Int64, standingFor gap: Int64, interval: Int64) {
+        let interval = max(1, interval)
+        let periods = (Double(max(0, gap)) / Double(interval)).rounded()
+        let copies = Int(min(Double(max(1, capacity / 4)), max(1, periods)))
+        for copy in 0..<copies {
+            add(frames, at: time - Int64(copies - 1 - copy) * interval)
+        }
+    }
+
     /// Drops the samples taken before `time` (before the stall began).
     mutating func dropSamples(before time: Int64) {
         samples.removeAll { $0.time < time }
+    }
+
+    /// Drops the samples taken after `time` (after the stall ended).
+    mutating func dropSamples(after time: Int64) {
+        samples.removeAll { $0.time > time }
     }
 
     /// Keeps every second sample and doubles the stride.

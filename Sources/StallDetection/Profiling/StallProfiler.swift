@@ -40,10 +40,16 @@ final class StallProfiler: Sendable {
         var recorder = RawProfile()
         var activities: [String] = []
         var stall: OpenStall?
-        /// When the last sample joined the profile.
-        var lastTaken: Int64?
+        /// When the sampler last looked at the thread (whether or not its
+        /// sample joined the profile).
+        var lastLook: Int64?
         /// Samples in a row that found no thread (none known yet).
         var searchesWithoutThread = 0
+        /// When the target first answered (or its run loop moved on) while the
+        /// session was open: the stall was over then, and samples taken later
+        /// (the detector's threads may take a while to conclude it on a loaded
+        /// machine) show the target after it, not the stall.
+        var answeredAt: Int64?
         /// Samples whose stacks were handed to be named ahead of `.started`.
         var prefetched = 0
     }
@@ -239,11 +245,15 @@ final class StallProfiler: Sendable {
 
     /// What the open session gathered so far, if one is open.
     private func gathered() -> Gathered? {
-        state.withLock { state in
-            state.session.map {
-                Gathered(recorder: $0.recorder, activities: $0.activities, interval: state.pace.interval)
-            }
-        }
+        state.withLock { state in state.session.map { Self.gathered($0, interval: state.pace.interval) } }
+    }
+
+    /// A session's samples (none from after the target answered), activities
+    /// and interval.
+    private static func gathered(_ session: Session, interval: Int64) -> Gathered {
+        var recorder = session.recorder
+        if let answeredAt = session.answeredAt { recorder.dropSamples(after: answeredAt) }
+        return Gathered(recorder: recorder, activities: session.activities, interval: interval)
     }
 
     /// The profile of gathered samples, each distinct stack named in full (on
@@ -253,6 +263,16 @@ final class StallProfiler: Sendable {
         gathered.recorder.profile(interval: gathered.interval) { [naming] stacks in
             let named = naming.names(stacks.map { $0 == Self.unsampledRaw ? [] : $0 }, awaitsInFull: awaitsInFull)
             return zip(stacks, named).map { $0 == Self.unsampledRaw ? Self.unsampledRunning.frames : $1 }
+        }
+    }
+
+    /// The target answered (or its run loop moved on) at `time`: sampling stops,
+    /// and the open session's samples from after `time` are left out of its
+    /// profile. Safe on any thread; never waits.
+    func targetAnswered(at time: Int64) {
+        guard active.load(ordering: .acquiring) else { return }
+        state.withLock { state in
+            if state.session != nil, state.session?.answeredAt == nil { state.session?.answeredAt = time }
         }
     }
 
@@ -267,9 +287,7 @@ final class StallProfiler: Sendable {
                 state.session = nil
                 active.store(false, ordering: .releasing)
             }
-            return state.session.map {
-                Gathered(recorder: $0.recorder, activities: $0.activities, interval: state.pace.interval)
-            }
+            return state.session.map { Self.gathered($0, interval: state.pace.interval) }
         }
         releaseFilesLater()
         return gathered
@@ -322,7 +340,9 @@ final class StallProfiler: Sendable {
 
     private func sample(generation: UInt64) {
         let look = state.withLock { state -> (thread: Int32?, reported: Bool, misses: Int)? in
-            guard !state.stopped, let session = state.session, session.generation == generation else { return nil }
+            guard !state.stopped, let session = state.session, session.generation == generation,
+                session.answeredAt == nil
+            else { return nil }
             return (session.thread, session.stall != nil, session.searchesWithoutThread)
         }
         guard let (known, reported, misses) = look else { return }
@@ -330,10 +350,14 @@ final class StallProfiler: Sendable {
         let cpuBefore = Self.threadCPU()
         let namingBefore = capture.oneTimeCost
         // Every other search after the likely threads missed tries every thread.
-        let (frames, found) = take(known: known, everyThread: reported || misses % 2 == 1)
+        let (frames, found, seenAt) = take(known: known, everyThread: reported || misses % 2 == 1)
         let cost = Self.threadCPU() - cpuBefore
         let naming = max(0, min(cost, capture.oneTimeCost - namingBefore))
         let taken = Monotonic.now()
+        // When the stack was the thread's: a late answer to the signal (a
+        // thread that waited for a core, or a sampler that did) still shows the
+        // thread as it was when the signal came.
+        let seen = min(taken, seenAt ?? taken)
         var refresh: Gathered?
         // The labels of a thread the profile follows for the first time: a stall
         // no look saw in time (reported from its samples) still says what its
@@ -354,7 +378,7 @@ final class StallProfiler: Sendable {
             state.session?.thread = found
             state.session?.searchesWithoutThread = found == nil ? misses + 1 : 0
             let stride = state.session?.recorder.stride ?? 1
-            if let frames { Self.add(frames, at: taken, interval: state.pace.interval(stride: stride), to: &state) }
+            Self.add(frames, seen: seen, interval: state.pace.interval(stride: stride), to: &state)
             // Work done once (naming functions never seen before by their
             // symbols, tens of microseconds each, then cached for good; the
             // context's first sample) is paid from a one-time allowance first,
@@ -377,19 +401,14 @@ final class StallProfiler: Sendable {
         if let (generation, at) = next { schedule(generation: generation, at: at, now: Monotonic.now()) }
     }
 
-    /// Adds a sample for the time since the last one: once per interval of the
-    /// pace that passed (4 at most). On a loaded machine a running thread
-    /// answers its signal only when it gets a core, so samples of running code
-    /// come further apart than samples of a sleeping thread (read at once from
-    /// `/proc`); counting each for the time it stands for keeps shares of samples
-    /// shares of time.
-    private static func add(_ frames: [RawFrame], at taken: Int64, interval: Int64, to state: inout State) {
-        let gap = state.session?.lastTaken.map { taken - $0 } ?? interval
-        let copies = max(1, min(4, Int((Double(gap) / Double(max(1, interval))).rounded())))
-        for copy in 0..<copies {
-            state.session?.recorder.add(frames, at: taken - Int64(copies - 1 - copy) * interval)
+    /// Adds a look's stack (if it kept one) for the time since the previous
+    /// look (``RawProfile/add(_:at:standingFor:interval:)``).
+    private static func add(_ frames: [RawFrame]?, seen: Int64, interval: Int64, to state: inout State) {
+        if let frames {
+            let gap = state.session?.lastLook.map { seen - $0 } ?? 0
+            state.session?.recorder.add(frames, at: seen, standingFor: gap, interval: interval)
         }
-        state.session?.lastTaken = taken
+        state.session?.lastLook = seen
     }
 
     /// One sample of the blocked thread (`known`, or found as `.started` finds
@@ -403,26 +422,26 @@ final class StallProfiler: Sendable {
     /// threads are tried: a `queue.sync` caller runs the queue's job on its own
     /// thread, and a stall no look saw in time is reported only if a sample saw
     /// its job.
-    private func take(known: Int32?, everyThread: Bool) -> (frames: [RawFrame]?, thread: Int32?) {
+    private func take(known: Int32?, everyThread: Bool) -> (frames: [RawFrame]?, thread: Int32?, seen: Int64?) {
         let (answering, queue) = lastAnswering()
         if let queue, target.ownsProbeQueue, let drained = takeFromDrainer(of: queue) { return drained }
         guard let known else {
             let search = capture.find(
                 target: target, lastAnswering: answering, queue: queue, candidatesOnly: !everyThread)
             if everyThread { capture.releaseFiles(except: search.found?.thread) }
-            guard let raw = search.found, keeps(raw) else { return (nil, nil) }
-            return (raw.frames, raw.thread)
+            guard let raw = search.found, keeps(raw) else { return (nil, nil, nil) }
+            return (raw.frames, raw.thread, raw.time)
         }
         switch capture.sample(known, queue: queue) {
         case .stack(let raw) where keeps(raw):
-            return (raw.frames, known)
+            return (raw.frames, known, raw.time)
         case .failed(let backtrace) where backtrace.whileRunning:
             // The thread ran code it could not be asked about (signals blocked,
             // or no answer): that time counts, as unknown code, rather than
             // vanishing from the shares.
-            return (Self.unsampledRaw, known)
+            return (Self.unsampledRaw, known, nil)
         default:
-            return (nil, nil)
+            return (nil, nil, nil)
         }
     }
 
@@ -441,17 +460,17 @@ final class StallProfiler: Sendable {
     /// libdispatch records it (``QueueDrainer``): the thread is neither searched
     /// for nor judged by its frames, so a sample costs one capture and no naming.
     /// Nil when the drain lock cannot be read (the thread is then found as before).
-    private func takeFromDrainer(of queue: UInt) -> (frames: [RawFrame]?, thread: Int32?)? {
+    private func takeFromDrainer(of queue: UInt) -> (frames: [RawFrame]?, thread: Int32?, seen: Int64?)? {
         switch QueueDrainer.answer(for: queue) {
         case .unknown:
             return nil
         case .noThread:
-            return (nil, nil)
+            return (nil, nil, nil)
         case .thread(let drainer):
             switch capture.sample(drainer, queue: queue) {
-            case .stack(let raw): return (raw.frames, drainer)
-            case .failed(let backtrace) where backtrace.whileRunning: return (Self.unsampledRaw, drainer)
-            default: return (nil, nil)
+            case .stack(let raw): return (raw.frames, drainer, raw.time)
+            case .failed(let backtrace) where backtrace.whileRunning: return (Self.unsampledRaw, drainer, nil)
+            default: return (nil, nil, nil)
             }
         }
     }
@@ -471,7 +490,7 @@ final class StallProfiler: Sendable {
             now - stall.lastWrite >= Self.fatalRefresh
         else { return nil }
         state.session?.stall?.lastWrite = now
-        return Gathered(recorder: session.recorder, activities: session.activities, interval: state.pace.interval)
+        return Self.gathered(session, interval: state.pace.interval)
     }
 
     /// Writes the fatal report of the open stall with `gathered`'s samples

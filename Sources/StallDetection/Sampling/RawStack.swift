@@ -25,4 +25,6 @@ struct RawStack: Sendable {
     /// entry (``AsyncContextChain/Cut``); nil when they reach it, or the thread
     /// runs no async function.
     var awaitsCut: AsyncContextChain.Cut?
+    /// When the stack was the thread's (``StackCopy/time``), if known.
+    var time: Int64?
 }

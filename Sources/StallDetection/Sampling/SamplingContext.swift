@@ -181,6 +181,7 @@ final class SamplingContext: @unchecked Sendable {
             currentQueue: copy.queue ?? (queue == nil ? nil : ThreadPointers.currentQueue(of: thread)),
             wordsHoldQueue: held || !(unwinder.wentBeyondCopy || frames.contains { $0.isSignalReturn }) ? held : nil)
         raw.awaitsCut = awaits?.cut
+        raw.time = copy.time
         return (raw, unwinder.wentBeyondCopy)
     }
 

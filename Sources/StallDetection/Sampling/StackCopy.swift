@@ -20,4 +20,7 @@ struct StackCopy {
     /// The dispatch queue whose job the thread ran when it was signalled; nil for
     /// a thread read from `/proc` (its stack words are searched instead).
     var queue: UInt? = nil
+    /// When the copied stack was the thread's (monotonic nanoseconds): the
+    /// signal handler's moment, or the `/proc` read's.
+    var time: Int64? = nil
 }

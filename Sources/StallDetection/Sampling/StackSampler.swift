@@ -187,6 +187,7 @@ final class StackSampler {
             return .notAsleep
         }
         let limitWords = max(1, min(buffer.count, limit / MemoryLayout<UInt>.size))
+        let readAt = Monotonic.now()
         let (copiedWords, error) = buffer.withUnsafeMutableBytes { bytes in
             Self.copyMemoryNotingError(
                 from: sp,
@@ -200,7 +201,7 @@ final class StackSampler {
             StackCopy(
                 pc: pc, sp: sp, fp: nil,
                 words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
-                truncated: copiedWords == limitWords))
+                truncated: copiedWords == limitWords, time: readAt))
     }
 
     /// The stack pointer and program counter of a thread blocked in the kernel, from
@@ -348,7 +349,8 @@ final class StackSampler {
                 // follows the signal frame there).
                 truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES)
                     || sample.pointee.on_alternate_stack != 0,
-                queue: sample.pointee.queue_known != 0 ? UInt(sample.pointee.queue) : nil)
+                queue: sample.pointee.queue_known != 0 ? UInt(sample.pointee.queue) : nil,
+                time: sample.pointee.time_ns > 0 ? sample.pointee.time_ns : nil)
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
             return .runningUnsampled("thread \(tid) did not answer within \(timeoutMilliseconds) ms")
