@@ -23,7 +23,7 @@ private func profileEndBlocker(_ stop: Locked<Bool>) {
     "A profile ends where its stall ended (real time)",
     .disabled(if: underThreadSanitizer, "real-time sampling is not checked under ThreadSanitizer"))
 struct ProfileEndTests {
-    @Test("samples from after the target answered are left out of the profile, though the session is still open")
+    @Test("sampling stops when the target answers, and later samples are left out, though the session is still open")
     func samplesAfterTheAnswerAreLeftOut() throws {
         let queue = DispatchQueue(label: "profile.end")
         let probe = Locked<ProbeAnswer?>(nil)
@@ -56,7 +56,11 @@ struct ProfileEndTests {
         // while the session stays open for 200 ms (20 or more intervals).
         let answeredAt = Monotonic.now()
         profiler.targetAnswered(at: answeredAt)
+        // A sample under way may still join; then sampling has stopped.
+        usleep(50_000)
+        let stopped = profiler.sessionSampleCount
         usleep(200_000)
+        #expect(profiler.sessionSampleCount == stopped, "samples still taken after the answer")
         let gathered = try #require(profiler.end())
         let times = gathered.recorder.samples.map(\.time)
         #expect(times.count >= 5, "\(times.count) samples")

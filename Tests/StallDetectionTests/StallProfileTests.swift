@@ -97,47 +97,84 @@ struct StallProfileTests {
         #expect(!profile.functions.contains { $0.name == "early" })
     }
 
-    @Test("a late look counts once per interval it stood for, an interval apart, a quarter of the capacity at most")
-    func lateLooksCountForTheirTime() {
-        let frames = [RawFrame(address: 0x1000, isUncertain: false)]
-        var raw = RawProfile(capacity: 100)
-        raw.add(frames, at: 1_000, standingFor: 0, interval: 10)
-        raw.add(frames, at: 1_010, standingFor: 10, interval: 10)
-        // 44 ms late at a 10 ms interval: 4 copies, the last at the look.
-        raw.add(frames, at: 1_054, standingFor: 44, interval: 10)
-        #expect(raw.samples.map(\.time) == [1_000, 1_010, 1_024, 1_034, 1_044, 1_054])
-        // A pause of 10 s counts for 25 intervals (a quarter of 100), not 1,000.
-        raw.add(frames, at: 11_054, standingFor: 10_000, interval: 10)
-        #expect(raw.count == 31)
-        // A negative or overflowing gap still counts once, and at most the cap.
-        raw.add(frames, at: 11_060, standingFor: -5, interval: 10)
-        raw.add(frames, at: 11_100, standingFor: .max, interval: 0)
-        #expect(raw.count == 57)
+    /// The samples of `frames` in `raw`.
+    static func count(_ frames: [RawFrame], in raw: RawProfile) -> Int {
+        raw.samples.filter { $0.frames == frames }.count
+    }
+
+    static let busy = [RawFrame(address: 0xA000, isUncertain: false)]
+    static let asleep = [RawFrame(address: 0xB000, isUncertain: false)]
+
+    @Test("a busy phase whose thread answered late keeps its share of the time beside a sleeping one read at once")
+    func busyPhaseKeepsItsShare() {
+        var raw = RawProfile()
+        // 602 ms busy, a look every 14 ms whose thread took 4 ms to answer
+        // (it waited for a core; counted once a look, or rounded look by look,
+        // 1.4 intervals would count 1), then 300 ms asleep, read at once every
+        // 10 ms: the time is 2 : 1.
+        var time: Int64 = 0
+        for _ in 0..<43 {
+            raw.add(look: Self.busy, start: time, seen: time + 4_000, continued: nil, baseInterval: 10_000)
+            time += 14_000
+        }
+        for _ in 0..<30 {
+            raw.add(look: Self.asleep, start: time, seen: time, continued: nil, baseInterval: 10_000)
+            time += 10_000
+        }
+        let (a, b) = (Self.count(Self.busy, in: raw), Self.count(Self.asleep, in: raw))
+        #expect(a == 60 && b == 30, "A \(a) : B \(b)")
         #expect(raw.samples.map(\.time) == raw.samples.map(\.time).sorted())
     }
 
-    @Test("a busy phase sampled late keeps its share of the time beside a sleeping one sampled on time")
-    func busyPhaseKeepsItsShare() {
-        let busy = [RawFrame(address: 0xA000, isUncertain: false)]
-        let asleep = [RawFrame(address: 0xB000, isUncertain: false)]
+    @Test("the sampler's own wait for a core counts for the stack it last saw, not the one it sees next")
+    func samplersWaitCountsBackward() {
         var raw = RawProfile()
-        // 600 ms busy, seen every 30–50 ms (its thread waited for a core), then
-        // 300 ms asleep, seen every 10 ms: the time is 2 : 1.
-        var time: Int64 = 0
-        var last: Int64 = 0
-        for step in 0..<15 {
-            time += [30, 50, 40][step % 3]
-            raw.add(busy, at: time, standingFor: time - last, interval: 10)
-            last = time
+        // One look in the busy phase, then none for 650 ms (the sampler got no
+        // core while the target spun), then the asleep phase on time: the wait
+        // is the busy phase's but for the 50 ms after it ended (a transition
+        // is off by at most the wait that spans it).
+        raw.add(look: Self.busy, start: 0, seen: 0, continued: nil, baseInterval: 10_000)
+        var time: Int64 = 650_000
+        while time < 900_000 {
+            raw.add(look: Self.asleep, start: time, seen: time, continued: nil, baseInterval: 10_000)
+            time += 10_000
         }
-        for _ in 0..<30 {
-            time += 10
-            raw.add(asleep, at: time, standingFor: time - last, interval: 10)
-            last = time
+        let (a, b) = (Self.count(Self.busy, in: raw), Self.count(Self.asleep, in: raw))
+        #expect(a == 65 && b == 25, "A \(a) : B \(b)")
+    }
+
+    @Test("one stretch counts a quarter of the capacity at most; a stop's time does not count; a look counts once")
+    func longStretchesAndStops() {
+        var raw = RawProfile(capacity: 100)
+        raw.add(look: Self.busy, start: 0, seen: 0, continued: nil, baseInterval: 10)
+        raw.add(look: Self.asleep, start: 10_000_000, seen: 10_000_000, continued: nil, baseInterval: 10)
+        #expect(Self.count(Self.busy, in: raw) == 26 && Self.count(Self.asleep, in: raw) == 1)
+        // Stopped from 10_000_010 to 20_000_000: 5 ns ran after the continue.
+        raw.add(look: Self.busy, start: 20_000_005, seen: 20_000_005, continued: 20_000_000, baseInterval: 10)
+        #expect(Self.count(Self.asleep, in: raw) == 1 && Self.count(Self.busy, in: raw) == 27)
+        // A look that saw none of the target's work counts the last stack up to
+        // it (a quarter of the capacity at most), then nothing more.
+        raw.add(look: nil, start: 30_000_000, seen: 30_000_000, continued: nil, baseInterval: 10)
+        #expect(raw.count == 53)
+        raw.add(look: Self.asleep, start: 40_000_000, seen: 40_000_000, continued: nil, baseInterval: 10)
+        #expect(raw.count == 54)
+    }
+
+    @Test("copies added while the profile is thinned out count at the doubled interval: a look stands for its time")
+    func lateLookAcrossThinning() {
+        let frames = [RawFrame(address: 0x1000, isUncertain: false)]
+        let late = [RawFrame(address: 0x2000, isUncertain: false)]
+        var raw = RawProfile(capacity: 40)
+        for index in 0..<38 {
+            let time = Int64(index) * 10
+            raw.add(look: frames, start: time, seen: time, continued: nil, baseInterval: 10)
         }
-        let a = raw.samples.filter { $0.frames == busy }.count
-        let b = raw.samples.filter { $0.frames == asleep }.count
-        #expect(a == 60 && b == 30, "A \(a) : B \(b)")
+        // Its thread answered 100 ns late: 3 copies fill the profile, it is
+        // thinned out (stride 2), and the rest counts at 20 ns a copy.
+        raw.add(look: late, start: 380, seen: 480, continued: nil, baseInterval: 10)
+        #expect(raw.stride == 2)
+        #expect(Self.count(late, in: raw) * raw.stride * 10 == 100, "\(Self.count(late, in: raw)) copies")
+        #expect(raw.samples.map(\.time) == raw.samples.map(\.time).sorted())
     }
 
     @Test("samples from after the stall ended are dropped")

@@ -40,8 +40,14 @@ final class DetectorCore: Sendable {
     var watchedTarget: StallDetector.Target { target }
 
     /// Waits until the `onEvent` handler has been called with every event
-    /// published so far.
-    func waitForHandler() { outlet.waitForHandler() }
+    /// concluded so far: those the detector queue has still to publish (a
+    /// stall's end, or a stall no look saw in time, is emitted there after the
+    /// target's answer settled the detector), then the handler's calls. Not on
+    /// the detector queue (stop() from the handler waits for it the same way).
+    func waitForHandler() {
+        detectorQueue.sync {}
+        outlet.waitForHandler()
+    }
 
     /// Whether a stop now would lose a stall (see ``DetectorMachine/Settlement``).
     func settlement() -> DetectorMachine.Settlement {

@@ -297,6 +297,7 @@ public final class StallDetector: Sendable {
     package var isSampling: Bool { core.settlement() == .sampling }
 
     /// Waits until the `onEvent` handler has been called with every event
-    /// published so far (at once when called from that handler, or without one).
+    /// concluded so far, those still to be published on the detector's queue
+    /// too (without waiting for the handler when called from it, or without one).
     package func waitForHandler() { core.waitForHandler() }
 }

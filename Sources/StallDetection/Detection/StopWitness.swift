@@ -178,6 +178,10 @@ enum StopWitness {
         return answer(recorded: recorded, after: time, pendingAfterWait: pending, now: Monotonic.now())
     }
 
+    /// The latest continue the witness has recorded, without waiting for one it
+    /// has not (cheap: no file is read).
+    static var recordedContinue: Int64? { state.withLock { $0.continues.last } }
+
     /// What ``latestContinue(after:waitingAtMost:)`` answers: the `recorded`
     /// continue when it is after `time`, and `now` when a continue was still
     /// unrecorded at the end of the wait.

@@ -33,14 +33,18 @@
 /// every second sample and halves the rate, so the samples stay spread over the
 /// whole stall), and at most 3 % of one core (4 % in a debug build): a token
 /// bucket of CPU time refills at that rate and each sample spends what it cost;
-/// samples are at least ``minimumInterval`` apart.
+/// the sampler looks at the thread at most once every ``minimumInterval``.
 ///
-/// Counts are counts of time: a sample stands for the time since the sampler's
-/// previous look, once per ``interval`` that passed. On a loaded machine a
-/// running thread is sampled only when it gets a core again, so a look at busy
-/// code can come several intervals late; the thread ran nothing while it waited,
-/// so its stack stood for all of that time, and counting it once would shrink a
-/// busy phase's share beside a sleeping one's (read at once).
+/// Counts are counts of time: a look counts once for each ``interval`` since
+/// the sampler's previous look (what is left over carries to the next; the time
+/// the process was stopped does not count; one look counts for a quarter of
+/// ``maximumSampleCount`` at most), so ``sampleCount`` × ``interval`` is about
+/// the time the profile covers. On a loaded machine a running thread is sampled
+/// only when it gets a core again, so a look at busy code can come several
+/// intervals late; the thread ran nothing while it waited, so its stack stood
+/// for all of that time, and counting it once would shrink a busy phase's share
+/// beside a sleeping one's (read at once). Samples from after the target
+/// answered are left out.
 public struct StallProfile: Sendable, Hashable, CustomStringConvertible {
     /// One function of the profile.
     public struct Function: Sendable, Hashable {

@@ -18,6 +18,12 @@ struct RawProfile: Sendable {
     /// One sample kept for every `stride` the pace would have taken at its
     /// shortest interval.
     private(set) var stride = 1
+    /// The last look that kept a stack: its stack and when it was the thread's.
+    /// The time after it is that stack's until the next look begins.
+    private var previous: (frames: [RawFrame], seen: Int64)?
+    /// Time seen by looks and not counted yet (nanoseconds; negative: counted
+    /// ahead), less than one sample interval between looks.
+    private(set) var owed: Double = 0
 
     init(capacity: Int = StallProfile.maximumSampleCount) {
         self.capacity = max(2, capacity)
@@ -31,32 +37,88 @@ struct RawProfile: Sendable {
         if samples.count > capacity { thinOut() }
     }
 
-    /// Adds one stack for the time since the sampler's previous look (`gap`):
-    /// once per `interval` of the pace that passed, at least once and at most a
-    /// quarter of the capacity (one look after a long pause must not crowd out
-    /// the rest), the copies spread back from `time` an interval apart.
+    /// Adds a look of the sampler: it began at `start` (its signal was sent)
+    /// and saw `frames` (nil: none of the target's) as they were at `seen`;
+    /// `continued` is the latest continue after a stop, if any. Every sample
+    /// stands for one sample interval (`baseInterval` × ``stride``) of time:
     ///
-    /// On a loaded machine a running thread answers its signal only when it gets
-    /// a core, while a sleeping one is read at once: a look at running code
-    /// comes late. Its stack could not change while it waited (the thread ran no
-    /// code), so it stands for the whole wait; counted once, a busy phase would
-    /// get a smaller share than its share of the time.
-    mutating func add(_ frames: [RawFrame], at time: Int64, standingFor gap: Int64, interval: Int64) {
-        let interval = max(1, interval)
-        let periods = (Double(max(0, gap)) / Double(interval)).rounded()
-        let copies = Int(min(Double(max(1, capacity / 4)), max(1, periods)))
-        for copy in 0..<copies {
-            add(frames, at: time - Int64(copies - 1 - copy) * interval)
+    /// - The previous look's stack counts for the time until this look began:
+    ///   the sampler's own wait for a core, which is longest while the target
+    ///   runs, belongs to the stack it last saw.
+    /// - This look's stack counts once at once, and once more for every
+    ///   interval its thread took to answer (a running thread answers its
+    ///   signal only when it gets a core, and ran nothing meanwhile: its stack
+    ///   stood for that time).
+    ///
+    /// What is left over carries to the next look (gaps of 1.45 intervals count
+    /// 1.45 on average, not 1); the time the process was stopped does not
+    /// count; one stretch counts for a quarter of the capacity at most; a
+    /// profile thinned out meanwhile counts the rest at the doubled interval.
+    /// Counted once a look instead, a busy phase sampled late lost half its
+    /// share beside a sleeping one read at once.
+    mutating func add(
+        look frames: [RawFrame]?, start: Int64, seen: Int64, continued: Int64?, baseInterval: Int64
+    ) {
+        let base = Double(max(1, baseInterval))
+        if let previous {
+            owed += Double(max(0, start - max(previous.seen, continued ?? previous.seen)))
+            var time = previous.seen
+            spend(previous.frames, base: base) { unit, _ in
+                time = min(start, time + Int64(min(unit, Double(Int64.max / 4))))
+                return time
+            }
         }
+        guard let frames else {
+            (previous, owed) = (nil, 0)
+            return
+        }
+        // Once now for the time ahead (paid back by the next look), and for
+        // the time the thread took to answer, the copies an interval apart up
+        // to `seen`; at least once (a stop's time, or looks closer than an
+        // interval, may have left the time counted ahead).
+        let ahead = base * Double(stride)
+        owed += Double(max(0, seen - max(start, continued ?? start))) + ahead
+        let added = spend(frames, base: base) { unit, left in
+            max(start, seen - Int64(min(Double(Int64.max / 4), (max(0, left) / unit).rounded(.down) * unit)))
+        }
+        if added == 0 {
+            add(frames, at: seen)
+            owed -= base * Double(stride)
+        }
+        owed = max(-base * Double(stride), owed - ahead)
+        previous = (frames, seen)
     }
 
-    /// Drops the samples taken before `time` (before the stall began).
+    /// Adds `frames` once for every sample interval of ``owed`` (a quarter of
+    /// the capacity at most; the interval doubles with the stride when the
+    /// profile is thinned out meanwhile), each at `time(interval, owed after
+    /// it)`; what is left, under an interval, stays owed.
+    @discardableResult
+    private mutating func spend(_ frames: [RawFrame], base: Double, at time: (Double, Double) -> Int64) -> Int {
+        let most = max(1, capacity / 4)
+        var unit = base * Double(stride)
+        owed = min(owed, Double(most) * unit)
+        var added = 0
+        while owed >= unit && added < most {
+            owed -= unit
+            add(frames, at: time(unit, owed))
+            added += 1
+            unit = base * Double(stride)
+        }
+        owed = min(owed, unit)
+        return added
+    }
+
+    /// Drops the samples taken before `time` (before the stall began); a
+    /// look from before it no longer counts for the time after it.
     mutating func dropSamples(before time: Int64) {
         samples.removeAll { $0.time < time }
+        if let previous, previous.seen < time { (self.previous, owed) = (nil, 0) }
     }
 
     /// Drops the samples taken after `time` (after the stall ended).
     mutating func dropSamples(after time: Int64) {
+        guard let last = samples.last, last.time > time else { return }
         samples.removeAll { $0.time > time }
     }
 

@@ -40,9 +40,6 @@ final class StallProfiler: Sendable {
         var recorder = RawProfile()
         var activities: [String] = []
         var stall: OpenStall?
-        /// When the sampler last looked at the thread (whether or not its
-        /// sample joined the profile).
-        var lastLook: Int64?
         /// Samples in a row that found no thread (none known yet).
         var searchesWithoutThread = 0
         /// When the target first answered (or its run loop moved on) while the
@@ -276,6 +273,10 @@ final class StallProfiler: Sendable {
         }
     }
 
+    /// How many samples the open session holds, those from after the target
+    /// answered too (for tests: sampling stops at the answer).
+    var sessionSampleCount: Int? { state.withLock { $0.session?.recorder.count } }
+
     /// The target answered: the session ends, and what it gathered is returned
     /// (for the `.ended` event). Safe on any thread (the target's); never waits.
     /// A sample scheduled meanwhile finds its generation stale.
@@ -357,7 +358,9 @@ final class StallProfiler: Sendable {
         // When the stack was the thread's: a late answer to the signal (a
         // thread that waited for a core, or a sampler that did) still shows the
         // thread as it was when the signal came.
-        let seen = min(taken, seenAt ?? taken)
+        // (A thread that never answered was running from the look's start.)
+        let seen = max(start, min(taken, seenAt ?? (frames == Self.unsampledRaw ? start : taken)))
+        let continued = StopWitness.recordedContinue
         var refresh: Gathered?
         // The labels of a thread the profile follows for the first time: a stall
         // no look saw in time (reported from its samples) still says what its
@@ -377,18 +380,10 @@ final class StallProfiler: Sendable {
             }
             state.session?.thread = found
             state.session?.searchesWithoutThread = found == nil ? misses + 1 : 0
-            let stride = state.session?.recorder.stride ?? 1
-            Self.add(frames, seen: seen, interval: state.pace.interval(stride: stride), to: &state)
-            // Work done once (naming functions never seen before by their
-            // symbols, tens of microseconds each, then cached for good; the
-            // context's first sample) is paid from a one-time allowance first,
-            // and charged only beyond it.
-            let forgiven = min(naming, state.namingAllowance)
-            state.namingAllowance -= forgiven
-            let charged = cost - forgiven + Self.overheadPerSample
-            let (nextTime, slower) = state.pace.sampled(
-                start: start, cost: charged, stride: stride, typical: known != nil)
-            if slower { state.session?.recorder.thinOut() }
+            state.session?.recorder.add(
+                look: frames, start: start, seen: seen, continued: continued,
+                baseInterval: state.pace.minimumInterval)
+            let nextTime = Self.charge(cost, naming: naming, start: start, typical: known != nil, to: &state)
             refresh = dueRefresh(&state, now: taken)
             return (generation, nextTime)
         }
@@ -401,14 +396,21 @@ final class StallProfiler: Sendable {
         if let (generation, at) = next { schedule(generation: generation, at: at, now: Monotonic.now()) }
     }
 
-    /// Adds a look's stack (if it kept one) for the time since the previous
-    /// look (``RawProfile/add(_:at:standingFor:interval:)``).
-    private static func add(_ frames: [RawFrame]?, seen: Int64, interval: Int64, to state: inout State) {
-        if let frames {
-            let gap = state.session?.lastLook.map { seen - $0 } ?? 0
-            state.session?.recorder.add(frames, at: seen, standingFor: gap, interval: interval)
-        }
-        state.session?.lastLook = seen
+    /// Charges a sample's CPU to the pace (thinning the profile out when the
+    /// pace slows down) and returns when the next may start. Work done once
+    /// (naming functions never seen before by their symbols, tens of
+    /// microseconds each, then cached for good; the context's first sample) is
+    /// paid from a one-time allowance first, and charged only beyond it.
+    private static func charge(
+        _ cost: Int64, naming: Int64, start: Int64, typical: Bool, to state: inout State
+    ) -> Int64 {
+        let forgiven = min(naming, state.namingAllowance)
+        state.namingAllowance -= forgiven
+        let stride = state.session?.recorder.stride ?? 1
+        let (next, slower) = state.pace.sampled(
+            start: start, cost: cost - forgiven + overheadPerSample, stride: stride, typical: typical)
+        if slower { state.session?.recorder.thinOut() }
+        return next
     }
 
     /// One sample of the blocked thread (`known`, or found as `.started` finds
