@@ -351,6 +351,9 @@ int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, in
     request_slot *slot = take_slot();
     while (sem_trywait(&slot->done) == 0) {}  // nothing stale may count as an answer
     slot->out = out;
+    struct timespec now;
+    out->sent_ns = clock_gettime(CLOCK_MONOTONIC, &now) == 0
+        ? (int64_t)now.tv_sec * 1000000000 + (int64_t)now.tv_nsec : 0;
     atomic_store(&slot->tid, tid);
     if (syscall(SYS_tgkill, getpid(), tid, SIGPROF) != 0) {
         if (error_number) *error_number = errno;

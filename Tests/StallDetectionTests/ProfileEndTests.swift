@@ -56,8 +56,9 @@ struct ProfileEndTests {
         // while the session stays open for 200 ms (20 or more intervals).
         let answeredAt = Monotonic.now()
         profiler.targetAnswered(at: answeredAt)
-        // A sample under way may still join; then sampling has stopped.
-        usleep(50_000)
+        // A sample under way may still join (a signal unanswered for its whole
+        // timeout included); then sampling has stopped.
+        usleep(500_000)
         let stopped = profiler.sessionSampleCount
         usleep(200_000)
         #expect(profiler.sessionSampleCount == stopped, "samples still taken after the answer")

@@ -143,6 +143,25 @@ struct StallProfileTests {
         #expect(a == 65 && b == 25, "A \(a) : B \(b)")
     }
 
+    @Test("closed at the stall's end, the last look's stack counts until then: a starved last phase keeps its time")
+    func closingCountsTheLastStretch() {
+        var raw = RawProfile()
+        // 300 ms asleep read on time, then the busy phase looked at 5 times
+        // before the sampler starved until the stall ended at 900 ms.
+        for index in 0..<30 {
+            let time = Int64(index) * 10
+            raw.add(look: Self.asleep, start: time, seen: time, continued: nil, baseInterval: 10)
+        }
+        for time in stride(from: Int64(300), through: 340, by: 10) {
+            raw.add(look: Self.busy, start: time, seen: time, continued: nil, baseInterval: 10)
+        }
+        let closed = raw.closed(at: 900, continued: nil, baseInterval: 10)
+        #expect(Self.count(Self.busy, in: closed) == 60 && Self.count(Self.asleep, in: closed) == 30)
+        #expect(closed.samples.allSatisfy { $0.time <= 900 })
+        // Closing is a copy: the profile itself goes on from its last look.
+        #expect(Self.count(Self.busy, in: raw) == 5)
+    }
+
     @Test("one stretch counts a quarter of the capacity at most; a stop's time does not count; a look counts once")
     func longStretchesAndStops() {
         var raw = RawProfile(capacity: 100)

@@ -56,6 +56,9 @@ typedef struct stallcapture_sample {
     /// CLOCK_MONOTONIC nanoseconds when the handler ran: the moment the copied
     /// stack was the thread's.
     int64_t time_ns;
+    /// CLOCK_MONOTONIC nanoseconds when the signal was sent (written by the
+    /// sampler, never by the handler).
+    int64_t sent_ns;
     unsigned char stack[STALLCAPTURE_STACK_BYTES];
 } stallcapture_sample;
 

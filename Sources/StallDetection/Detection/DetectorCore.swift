@@ -49,10 +49,12 @@ final class DetectorCore: Sendable {
         outlet.waitForHandler()
     }
 
-    /// Whether a stop now would lose a stall (see ``DetectorMachine/Settlement``).
+    /// Whether a stop now would lose a stall (see ``DetectorMachine/Settlement``);
+    /// `.sampling` too while an outcome the target's answer concluded is still
+    /// to be emitted on the detector queue.
     func settlement() -> DetectorMachine.Settlement {
         let now = Monotonic.now()
-        return state.withLock { $0.machine.settlement(now: now) }
+        return state.withLock { $0.concluding > 0 ? .sampling : $0.machine.settlement(now: now) }
     }
 
     /// The lags recorded since the window began; with `reset`, a new window
@@ -108,6 +110,9 @@ final class DetectorCore: Sendable {
         /// The lags of this window, and when the window began.
         var lag = LagHistogram.prepared()
         var lagWindowStart = Monotonic.now()
+        /// Outcomes an answer or an activity concluded that the detector queue
+        /// has not emitted yet: the detector is not settled until they are.
+        var concluding = 0
     }
 
     private let state: Locked<State>
@@ -330,6 +335,7 @@ final class DetectorCore: Sendable {
                 return nil
             }
             if let lag = step.lag { state.lag.record(lag) }
+            if step.outcome != nil { state.concluding += 1 }
             return (step, apply(step.look, &state))
         }
         guard let (step, replaced) = step else { return }
@@ -344,6 +350,7 @@ final class DetectorCore: Sendable {
         let step = state.withLock { state -> (DetectorMachine.Step, DelayedWork?)? in
             guard let step = state.machine.activity(at: time, idle: idle) else { return nil }
             if let lag = step.lag { state.lag.record(lag) }
+            if step.outcome != nil { state.concluding += 1 }
             return (step, apply(step.look, &state))
         }
         guard let (step, replaced) = step else { return }
@@ -357,7 +364,10 @@ final class DetectorCore: Sendable {
     /// Emits an outcome's events on the detector queue, where the stall's samples
     /// are named: never on the target's thread, whose answer concluded it.
     private func conclude(_ outcome: DetectorMachine.Outcome, gathered: StallProfiler.Gathered?) {
-        detectorQueue.async { [self] in DetectorThreads.work { emit(outcome, gathered: gathered) } }
+        detectorQueue.async { [self] in
+            DetectorThreads.work { emit(outcome, gathered: gathered) }
+            state.withLock { $0.concluding -= 1 }
+        }
     }
 
     private func emit(_ outcome: DetectorMachine.Outcome, gathered: StallProfiler.Gathered?) {

@@ -35,16 +35,17 @@
 /// bucket of CPU time refills at that rate and each sample spends what it cost;
 /// the sampler looks at the thread at most once every ``minimumInterval``.
 ///
-/// Counts are counts of time: a look counts once for each ``interval`` since
-/// the sampler's previous look (what is left over carries to the next; the time
-/// the process was stopped does not count; one look counts for a quarter of
-/// ``maximumSampleCount`` at most), so ``sampleCount`` × ``interval`` is about
-/// the time the profile covers. On a loaded machine a running thread is sampled
-/// only when it gets a core again, so a look at busy code can come several
-/// intervals late; the thread ran nothing while it waited, so its stack stood
-/// for all of that time, and counting it once would shrink a busy phase's share
-/// beside a sleeping one's (read at once). Samples from after the target
-/// answered are left out.
+/// Counts are counts of time: every sample stands for one ``interval``, so
+/// ``sampleCount`` × ``interval`` is about the time the profile covers. A look's
+/// stack counts once, and once more for every interval its thread took to
+/// answer the sampling signal (on a loaded machine a running thread answers
+/// only when it gets a core again, and it ran nothing meanwhile); the time
+/// until the next look (the sampler's own wait for a core included) counts for
+/// the stack the last look saw, up to the stall's end. Remainders carry to the
+/// next look, the time the process was stopped does not count, and one stretch
+/// counts for a quarter of ``maximumSampleCount`` at most. Counted once a look
+/// instead, a busy phase sampled late lost half its share beside a sleeping one
+/// (read at once). Samples from after the target answered are left out.
 public struct StallProfile: Sendable, Hashable, CustomStringConvertible {
     /// One function of the profile.
     public struct Function: Sendable, Hashable {

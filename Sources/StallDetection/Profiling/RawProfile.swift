@@ -60,14 +60,7 @@ struct RawProfile: Sendable {
         look frames: [RawFrame]?, start: Int64, seen: Int64, continued: Int64?, baseInterval: Int64
     ) {
         let base = Double(max(1, baseInterval))
-        if let previous {
-            owed += Double(max(0, start - max(previous.seen, continued ?? previous.seen)))
-            var time = previous.seen
-            spend(previous.frames, base: base) { unit, _ in
-                time = min(start, time + Int64(min(unit, Double(Int64.max / 4))))
-                return time
-            }
-        }
+        countPrevious(until: start, continued: continued, base: base)
         guard let frames else {
             (previous, owed) = (nil, 0)
             return
@@ -85,8 +78,31 @@ struct RawProfile: Sendable {
             add(frames, at: seen)
             owed -= base * Double(stride)
         }
-        owed = max(-base * Double(stride), owed - ahead)
+        // What was counted ahead is paid back by the time after it.
+        owed = max(-Double(max(1, capacity / 4)) * base * Double(stride), owed - ahead)
         previous = (frames, seen)
+    }
+
+    /// The profile at `time` (the stall's end, or now while it lasts): the
+    /// last look's stack counts for the time since it, as the next look would
+    /// count it.
+    func closed(at time: Int64, continued: Int64?, baseInterval: Int64) -> RawProfile {
+        var closed = self
+        closed.countPrevious(until: time, continued: continued, base: Double(max(1, baseInterval)))
+        closed.previous = nil
+        return closed
+    }
+
+    /// Counts the last look's stack for the time from it until `time` (less a
+    /// stop before `continued`), the copies an interval apart after it.
+    private mutating func countPrevious(until time: Int64, continued: Int64?, base: Double) {
+        guard let previous else { return }
+        owed += Double(max(0, time - max(previous.seen, continued ?? previous.seen)))
+        var copyTime = previous.seen
+        spend(previous.frames, base: base) { unit, _ in
+            copyTime = min(time, copyTime + Int64(min(unit, Double(Int64.max / 4))))
+            return copyTime
+        }
     }
 
     /// Adds `frames` once for every sample interval of ``owed`` (a quarter of

@@ -242,15 +242,20 @@ final class StallProfiler: Sendable {
 
     /// What the open session gathered so far, if one is open.
     private func gathered() -> Gathered? {
-        state.withLock { state in state.session.map { Self.gathered($0, interval: state.pace.interval) } }
+        let (now, continued) = (Monotonic.now(), StopWitness.recordedContinue)
+        return state.withLock { state in
+            state.session.map { Self.gathered($0, pace: state.pace, now: now, continued: continued) }
+        }
     }
 
-    /// A session's samples (none from after the target answered), activities
-    /// and interval.
-    private static func gathered(_ session: Session, interval: Int64) -> Gathered {
-        var recorder = session.recorder
-        if let answeredAt = session.answeredAt { recorder.dropSamples(after: answeredAt) }
-        return Gathered(recorder: recorder, activities: session.activities, interval: interval)
+    /// A session's samples up to the target's answer, or up to now while the
+    /// stall lasts (the last look's stack counts until then; none from after
+    /// the answer), its activities and interval.
+    private static func gathered(_ session: Session, pace: SamplingPace, now: Int64, continued: Int64?) -> Gathered {
+        let end = min(now, session.answeredAt ?? now)
+        var recorder = session.recorder.closed(at: end, continued: continued, baseInterval: pace.minimumInterval)
+        recorder.dropSamples(after: end)
+        return Gathered(recorder: recorder, activities: session.activities, interval: pace.interval)
     }
 
     /// The profile of gathered samples, each distinct stack named in full (on
@@ -283,12 +288,13 @@ final class StallProfiler: Sendable {
     @discardableResult
     func end() -> Gathered? {
         guard active.load(ordering: .acquiring) else { return nil }
+        let (now, continued) = (Monotonic.now(), StopWitness.recordedContinue)
         let gathered = state.withLock { state -> Gathered? in
             defer {
                 state.session = nil
                 active.store(false, ordering: .releasing)
             }
-            return state.session.map { Self.gathered($0, interval: state.pace.interval) }
+            return state.session.map { Self.gathered($0, pace: state.pace, now: now, continued: continued) }
         }
         releaseFilesLater()
         return gathered
@@ -351,15 +357,17 @@ final class StallProfiler: Sendable {
         let cpuBefore = Self.threadCPU()
         let namingBefore = capture.oneTimeCost
         // Every other search after the likely threads missed tries every thread.
-        let (frames, found, seenAt) = take(known: known, everyThread: reported || misses % 2 == 1)
+        let (frames, found, timing) = take(known: known, everyThread: reported || misses % 2 == 1)
         let cost = Self.threadCPU() - cpuBefore
         let naming = max(0, min(cost, capture.oneTimeCost - namingBefore))
         let taken = Monotonic.now()
-        // When the stack was the thread's: a late answer to the signal (a
-        // thread that waited for a core, or a sampler that did) still shows the
-        // thread as it was when the signal came.
-        // (A thread that never answered was running from the look's start.)
-        let seen = max(start, min(taken, seenAt ?? (frames == Self.unsampledRaw ? start : taken)))
+        // When the stack was the thread's (a late answer to the signal still
+        // shows the thread as it was when the signal came; one that never
+        // answered was running from the look's start), and when the signal was
+        // sent: the look's time before it (finding the thread, sampling others)
+        // is the sampler's own.
+        let seen = max(start, min(taken, timing?.seen ?? (frames == Self.unsampledRaw ? start : taken)))
+        let sent = max(start, seen - (timing?.answerDelay ?? 0))
         let continued = StopWitness.recordedContinue
         var refresh: Gathered?
         // The labels of a thread the profile follows for the first time: a stall
@@ -381,10 +389,10 @@ final class StallProfiler: Sendable {
             state.session?.thread = found
             state.session?.searchesWithoutThread = found == nil ? misses + 1 : 0
             state.session?.recorder.add(
-                look: frames, start: start, seen: seen, continued: continued,
+                look: frames, start: sent, seen: seen, continued: continued,
                 baseInterval: state.pace.minimumInterval)
             let nextTime = Self.charge(cost, naming: naming, start: start, typical: known != nil, to: &state)
-            refresh = dueRefresh(&state, now: taken)
+            refresh = dueRefresh(&state, now: taken, continued: continued)
             return (generation, nextTime)
         }
         if prefetch, let frames { capture.prefetchNames(frames) }
@@ -424,7 +432,9 @@ final class StallProfiler: Sendable {
     /// threads are tried: a `queue.sync` caller runs the queue's job on its own
     /// thread, and a stall no look saw in time is reported only if a sample saw
     /// its job.
-    private func take(known: Int32?, everyThread: Bool) -> (frames: [RawFrame]?, thread: Int32?, seen: Int64?) {
+    private func take(
+        known: Int32?, everyThread: Bool
+    ) -> (frames: [RawFrame]?, thread: Int32?, timing: RawStack.Timing?) {
         let (answering, queue) = lastAnswering()
         if let queue, target.ownsProbeQueue, let drained = takeFromDrainer(of: queue) { return drained }
         guard let known else {
@@ -432,11 +442,11 @@ final class StallProfiler: Sendable {
                 target: target, lastAnswering: answering, queue: queue, candidatesOnly: !everyThread)
             if everyThread { capture.releaseFiles(except: search.found?.thread) }
             guard let raw = search.found, keeps(raw) else { return (nil, nil, nil) }
-            return (raw.frames, raw.thread, raw.time)
+            return (raw.frames, raw.thread, raw.timing)
         }
         switch capture.sample(known, queue: queue) {
         case .stack(let raw) where keeps(raw):
-            return (raw.frames, known, raw.time)
+            return (raw.frames, known, raw.timing)
         case .failed(let backtrace) where backtrace.whileRunning:
             // The thread ran code it could not be asked about (signals blocked,
             // or no answer): that time counts, as unknown code, rather than
@@ -462,7 +472,7 @@ final class StallProfiler: Sendable {
     /// libdispatch records it (``QueueDrainer``): the thread is neither searched
     /// for nor judged by its frames, so a sample costs one capture and no naming.
     /// Nil when the drain lock cannot be read (the thread is then found as before).
-    private func takeFromDrainer(of queue: UInt) -> (frames: [RawFrame]?, thread: Int32?, seen: Int64?)? {
+    private func takeFromDrainer(of queue: UInt) -> (frames: [RawFrame]?, thread: Int32?, timing: RawStack.Timing?)? {
         switch QueueDrainer.answer(for: queue) {
         case .unknown:
             return nil
@@ -470,7 +480,7 @@ final class StallProfiler: Sendable {
             return (nil, nil, nil)
         case .thread(let drainer):
             switch capture.sample(drainer, queue: queue) {
-            case .stack(let raw): return (raw.frames, drainer, raw.time)
+            case .stack(let raw): return (raw.frames, drainer, raw.timing)
             case .failed(let backtrace) where backtrace.whileRunning: return (Self.unsampledRaw, drainer, nil)
             default: return (nil, nil, nil)
             }
@@ -482,17 +492,18 @@ final class StallProfiler: Sendable {
     /// came meanwhile.
     func refreshFatalReport(now: Int64) {
         guard fatal != nil else { return }
-        if let due = state.withLock({ dueRefresh(&$0, now: now) }) { writeRefresh(due) }
+        let continued = StopWitness.recordedContinue
+        if let due = state.withLock({ dueRefresh(&$0, now: now, continued: continued) }) { writeRefresh(due) }
     }
 
     /// What to write now, if a stall was reported and its file is `fatalRefresh`
     /// old.
-    private func dueRefresh(_ state: inout State, now: Int64) -> Gathered? {
+    private func dueRefresh(_ state: inout State, now: Int64, continued: Int64?) -> Gathered? {
         guard fatal != nil, let session = state.session, let stall = session.stall,
             now - stall.lastWrite >= Self.fatalRefresh
         else { return nil }
         state.session?.stall?.lastWrite = now
-        return Self.gathered(session, interval: state.pace.interval)
+        return Self.gathered(session, pace: state.pace, now: now, continued: continued)
     }
 
     /// Writes the fatal report of the open stall with `gathered`'s samples

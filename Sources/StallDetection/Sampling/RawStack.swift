@@ -27,4 +27,15 @@ struct RawStack: Sendable {
     var awaitsCut: AsyncContextChain.Cut?
     /// When the stack was the thread's (``StackCopy/time``), if known.
     var time: Int64?
+    /// How long the thread took to answer the signal (``StackCopy/answerDelay``).
+    var answerDelay: Int64 = 0
+
+    /// When the stack was the thread's, and how long the thread took to answer.
+    struct Timing: Sendable {
+        var seen: Int64
+        var answerDelay: Int64
+    }
+
+    /// The stack's ``Timing``, when its time is known.
+    var timing: Timing? { time.map { Timing(seen: $0, answerDelay: answerDelay) } }
 }

@@ -182,6 +182,7 @@ final class SamplingContext: @unchecked Sendable {
             wordsHoldQueue: held || !(unwinder.wentBeyondCopy || frames.contains { $0.isSignalReturn }) ? held : nil)
         raw.awaitsCut = awaits?.cut
         raw.time = copy.time
+        raw.answerDelay = copy.answerDelay
         return (raw, unwinder.wentBeyondCopy)
     }
 

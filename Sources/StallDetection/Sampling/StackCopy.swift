@@ -23,4 +23,7 @@ struct StackCopy {
     /// When the copied stack was the thread's (monotonic nanoseconds): the
     /// signal handler's moment, or the `/proc` read's.
     var time: Int64? = nil
+    /// How long the thread took to answer the signal (nanoseconds): it ran
+    /// nothing meanwhile. Zero for a `/proc` read.
+    var answerDelay: Int64 = 0
 }

@@ -350,7 +350,9 @@ final class StackSampler {
                 truncated: Int(sample.pointee.stack_size) == Int(STALLCAPTURE_STACK_BYTES)
                     || sample.pointee.on_alternate_stack != 0,
                 queue: sample.pointee.queue_known != 0 ? UInt(sample.pointee.queue) : nil,
-                time: sample.pointee.time_ns > 0 ? sample.pointee.time_ns : nil)
+                time: sample.pointee.time_ns > 0 ? sample.pointee.time_ns : nil,
+                answerDelay: sample.pointee.time_ns > 0 && sample.pointee.sent_ns > 0
+                    ? max(0, sample.pointee.time_ns - sample.pointee.sent_ns) : 0)
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
             return .runningUnsampled("thread \(tid) did not answer within \(timeoutMilliseconds) ms")
