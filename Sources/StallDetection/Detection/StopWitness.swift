@@ -174,7 +174,7 @@ enum StopWitness {
             }
         }
         #endif
-        let recorded = state.withLock { $0.continues.last }
+        let recorded = recordedContinue
         return answer(recorded: recorded, after: time, pendingAfterWait: pending, now: Monotonic.now())
     }
 
