@@ -59,7 +59,7 @@ struct DetectorMachineTests {
         #expect(decision.second == false && decision.suppressed == nil)
         #expect(decision.duration == 362_500_000 - 112_500_000, "from the midpoint of the answer and the next probe")
         #expect(!machine.owesAnswer, "a stall is open: the profiler's pre-threshold sampling ends")
-        let (report, settled) = machine.sampled(
+        let (report, settled, _) = machine.sampled(
             decision, reported: sample, samples: [7: sample], samplingTime: ms, confirmed: true, suppressed: false)
         guard case .events(nil) = report else {
             Issue.record("expected .started alone, got \(report)")
@@ -85,7 +85,7 @@ struct DetectorMachineTests {
             Issue.record("expected a stall")
             return
         }
-        let (report, settled) = machine.sampled(
+        let (report, settled, _) = machine.sampled(
             first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
         guard case .nothing = report else {
             Issue.record("an unconfirmed sample reports nothing yet, got \(report)")
@@ -148,6 +148,35 @@ struct DetectorMachineTests {
         #expect(id == first.id && processRan)
     }
 
+    @Test("a stall answered while sampled says when it ended (its profile ends there); one still on does not")
+    func answeredWhileSamplingSaysWhen() throws {
+        var machine = running()
+        _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
+        guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        _ = machine.answered(at: 310 * ms, thread: 7, queue: 1)
+        let (report, settled, endedAt) = machine.sampled(
+            first, reported: sample, samples: [:], samplingTime: 20 * ms, confirmed: true, suppressed: false)
+        guard case .events(let ended?) = report else {
+            Issue.record("expected .started and .ended, got \(report)")
+            return
+        }
+        #expect(settled && endedAt == 310 * ms)
+        #expect(ended.duration == first.duration + 10 * ms)
+
+        var other = running()
+        _ = other.answered(at: 25 * ms, thread: 7, queue: 1)
+        guard case (.sample(let stall), _) = other.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        let open = other.sampled(
+            stall, reported: sample, samples: [:], samplingTime: 20 * ms, confirmed: true, suppressed: false)
+        #expect(!open.settled && open.endedAt == nil)
+    }
+
     @Test("an unconfirmed stall that ends while its sample is taken carries whether the process ran meanwhile")
     func unconfirmedEndedWhileSampling() throws {
         var machine = running()
@@ -158,7 +187,7 @@ struct DetectorMachineTests {
         }
         let during = machine.answered(at: 310 * ms, thread: 7, queue: 1, cpu: 1_010 * ms)
         #expect(try #require(during).outcome == nil, "the sample under way concludes it")
-        let (report, settled) = machine.sampled(
+        let (report, settled, _) = machine.sampled(
             first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
         guard case .missed(.missed(let id, _, _, let processRan)) = report else {
             Issue.record("expected a missed stall, got \(report)")
@@ -212,7 +241,7 @@ struct DetectorMachineTests {
         let answer = machine.answered(at: 305 * ms, thread: 7, queue: 1)
         let during = try #require(answer)
         #expect(during.outcome == nil && !during.settled)
-        let (report, settled) = machine.sampled(
+        let (report, settled, _) = machine.sampled(
             decision, reported: sample, samples: [7: sample], samplingTime: ms, confirmed: true, suppressed: false)
         guard case .events(let ended?) = report else {
             Issue.record("expected .started and .ended, got \(report)")
@@ -473,7 +502,7 @@ private struct RandomRun {
         // A debugger attached now and then: the stall is tracked, nothing reported.
         let hidden = decision.suppressed ?? (random.next() % 10 == 0)
         if hidden { suppressed.insert(decision.id) }
-        let (report, isSettled) = machine.sampled(
+        let (report, isSettled, _) = machine.sampled(
             decision, reported: sample, samples: [:], samplingTime: 0, confirmed: confirmed || hidden,
             suppressed: hidden)
         settled = isSettled

@@ -69,4 +69,41 @@ struct ProfileEndTests {
         let names = detectorQueue.sync { profiler.profile(of: gathered).functions.map(\.name) }
         #expect(names.contains { $0.contains("profileEndBlocker") }, "\(names.prefix(8))")
     }
+
+    @Test("an answer that came before .started opened the session ends its profile: no sample from after it")
+    func answerBeforeTheSessionOpened() throws {
+        let queue = DispatchQueue(label: "profile.end.early")
+        let worker = Locked<ProbeAnswer?>(nil)
+        let stop = Locked(false)
+        let blocked = DispatchSemaphore(value: 0)
+        queue.async {
+            worker.withLock { $0 = .here() }
+            blocked.signal()
+            profileEndBlocker(stop)
+        }
+        blocked.wait()
+        defer { stop.withLock { $0 = true } }
+        let thread = try #require(worker.withLock { $0 })
+        let detectorQueue = DispatchQueue(label: "profile.end.early.detector")
+        let profiler = StallProfiler(
+            queue: detectorQueue, scheduler: SystemTimerScheduler.shared, sampling: SamplingContext(),
+            target: .queue(queue), fatalReportPath: nil, lateAfter: 50_000_000,
+            lastAnswering: { (thread.thread, thread.queue) }, owesAnswer: { true })
+        defer { profiler.stop() }
+        // The stall started; the target answered (no session was open to see it);
+        // then the detector, late, reports the stall it decided on before the
+        // answer, and `.started` opens the session.
+        let start = Monotonic.now() - 300_000_000
+        let answeredAt = Monotonic.now()
+        profiler.targetAnswered(at: answeredAt)
+        let backtrace = StallBacktrace(frames: [], threadID: UInt64(thread.thread), unavailableReason: nil)
+        detectorQueue.sync {
+            profiler.stallStarted(backtrace: backtrace, activities: [], start: start, at: Monotonic.now())
+        }
+        // 300 ms: 30 or more intervals of a session's pace, had it sampled.
+        usleep(300_000)
+        #expect(profiler.sessionSampleCount == 0, "samples taken after the answer")
+        let gathered = try #require(profiler.end())
+        #expect(gathered.recorder.samples.allSatisfy { $0.time <= answeredAt })
+    }
 }

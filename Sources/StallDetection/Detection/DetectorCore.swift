@@ -341,7 +341,7 @@ final class DetectorCore: Sendable {
         guard let (step, replaced) = step else { return }
         releaseOnDetectorQueue(replaced)
         profiler.targetAnswered(at: time)
-        let gathered = step.settled ? profiler.end() : nil
+        let gathered = step.settled ? profiler.end(until: time) : nil
         profiler.answered()
         if let outcome = step.outcome { conclude(outcome, gathered: gathered) }
     }
@@ -356,7 +356,7 @@ final class DetectorCore: Sendable {
         guard let (step, replaced) = step else { return }
         releaseOnDetectorQueue(replaced)
         profiler.targetAnswered(at: time)
-        let gathered = step.settled ? profiler.end() : nil
+        let gathered = step.settled ? profiler.end(until: time) : nil
         if idle { profiler.idle() } else { profiler.answered() }
         if let outcome = step.outcome { conclude(outcome, gathered: gathered) }
     }
@@ -475,12 +475,12 @@ final class DetectorCore: Sendable {
         // A heartbeat target's stall is confirmed by a thread running a job (or by a
         // second look); the main run loop's culprit is the main thread by definition.
         let confirmed = decision.second || suppressed || !target.usesHeartbeat || target.isConfirmed(by: reported)
-        let (report, settled) = state.withLock { state in
+        let (report, settled, endedAt) = state.withLock { state in
             state.machine.sampled(
                 decision, reported: reported, samples: samples, samplingTime: samplingTime, confirmed: confirmed,
                 suppressed: suppressed)
         }
-        let gathered = settled ? profiler.end() : nil
+        let gathered = settled ? profiler.end(until: endedAt) : nil
         switch report {
         case .nothing:
             return
@@ -489,26 +489,43 @@ final class DetectorCore: Sendable {
         case .events(let ended):
             let profile =
                 gathered.map { (profiler.profile(of: $0), $0.activities) } ?? profiler.snapshot(awaitsInFull: false)
-            var started = makeEvent(
-                id: decision.id, phase: .started, duration: decision.duration, backtrace: reported,
-                sampling: samplingTime, profile: profile)
-            started.lateness = lateness(
-                duration: decision.duration, sampling: samplingTime, lookWaited: state.withLock { $0.lastLookWaited },
-                second: decision.second, afterEnd: ended != nil)
-            if case .cooperativePool = target {
-                started.poolBacktraces =
-                    [reported]
-                    + samples.sorted { $0.key < $1.key }.map(\.value).filter { $0.threadID != reported.threadID }
-            }
-            var events = [started]
-            if let ended {
-                events.append(
-                    makeEvent(
-                        id: decision.id, phase: .ended, duration: ended.duration, backtrace: ended.backtrace,
-                        sampling: samplingTime, profile: profile))
-            }
-            deliver(events, stallStart: now - decision.duration)
+            let sampled = Sampled(reported: reported, samples: samples, time: samplingTime, profile: profile)
+            deliver(events(decision, sampled, ended: ended), stallStart: now - decision.duration)
         }
+    }
+
+    /// What sampling a stall found: the reported stack, every thread sampled in the
+    /// search, how long it took, and the profile so far.
+    private struct Sampled {
+        let reported: StallBacktrace
+        let samples: [Int32: StallBacktrace]
+        let time: Int64
+        let profile: (StallProfile, [String])
+    }
+
+    /// A sampled stall's `.started` event, and its `.ended` one when the stall
+    /// ended while it was sampled.
+    private func events(
+        _ decision: DetectorMachine.Decision, _ sampled: Sampled, ended: (duration: Int64, backtrace: StallBacktrace)?
+    ) -> [StallEvent] {
+        var started = makeEvent(
+            id: decision.id, phase: .started, duration: decision.duration, backtrace: sampled.reported,
+            sampling: sampled.time, profile: sampled.profile)
+        started.lateness = lateness(
+            duration: decision.duration, sampling: sampled.time, lookWaited: state.withLock { $0.lastLookWaited },
+            second: decision.second, afterEnd: ended != nil)
+        if case .cooperativePool = target {
+            started.poolBacktraces =
+                [sampled.reported]
+                + sampled.samples.sorted { $0.key < $1.key }.map(\.value).filter {
+                    $0.threadID != sampled.reported.threadID
+                }
+        }
+        guard let ended else { return [started] }
+        let end = makeEvent(
+            id: decision.id, phase: .ended, duration: ended.duration, backtrace: ended.backtrace,
+            sampling: sampled.time, profile: sampled.profile)
+        return [started, end]
     }
 
     /// Yields events; a `.started` one is written as the fatal report, an `.ended`

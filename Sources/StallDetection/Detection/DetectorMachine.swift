@@ -99,7 +99,9 @@ struct DetectorMachine: Sendable {
         var suppressed = false
         var sampling: Int64 = 0
         /// `.ended` arrived while `.started` was still being sampled.
-        var endedWhileSampling: (duration: Int64, thread: Int32?, processRan: Bool)?
+        /// The answer that ended the stall while it was sampled: how long it lasted,
+        /// when it ended, the answering thread, whether the process ran meanwhile.
+        var endedWhileSampling: (duration: Int64, at: Int64, thread: Int32?, processRan: Bool)?
         var phase = Phase.sampling
     }
 
@@ -237,7 +239,7 @@ struct DetectorMachine: Sendable {
         }
         lastAnswerCPU = cpu.map { (time, $0) }
         let lag = tracker.pendingSince.map { time - $0 }
-        let outcome = finish(tracker.progress(at: time), thread: thread, processRan: ran ?? false)
+        let outcome = finish(tracker.progress(at: time), at: time, thread: thread, processRan: ran ?? false)
         tracker.probeSent(at: nextProbe(after: time))
         return Step(outcome: outcome, look: .move(timeout: healthyLookTimeout), settled: open == nil, lag: lag)
     }
@@ -248,7 +250,7 @@ struct DetectorMachine: Sendable {
         lastObservation = max(lastObservation, time)
         let lag = tracker.pendingSince.map { time - $0 }
         let event = idle ? tracker.idle(at: time) : tracker.progress(at: time, busyAfterwards: true)
-        let outcome = finish(event, thread: nil)
+        let outcome = finish(event, at: time, thread: nil)
         return Step(
             outcome: outcome, look: idle ? .keep : .move(timeout: healthyLookTimeout), settled: open == nil, lag: lag)
     }
@@ -268,7 +270,9 @@ struct DetectorMachine: Sendable {
     }
 
     /// The outcome of a tracker event for the open stall, if any.
-    private mutating func finish(_ event: StallTracker.Event?, thread: Int32?, processRan: Bool = false) -> Outcome? {
+    private mutating func finish(
+        _ event: StallTracker.Event?, at time: Int64, thread: Int32?, processRan: Bool = false
+    ) -> Outcome? {
         if case .missed(let id, let duration) = event {
             return .missed(id: id, duration: duration, since: lastContinueSeen, processRan: processRan)
         }
@@ -276,7 +280,7 @@ struct DetectorMachine: Sendable {
         switch stall.phase {
         case .sampling:
             // The sample under way emits both events.
-            stall.endedWhileSampling = (duration, thread, processRan)
+            stall.endedWhileSampling = (duration, time, thread, processRan)
             open = stall
             return nil
         case .awaitingConfirmation:
@@ -339,15 +343,18 @@ struct DetectorMachine: Sendable {
 
     /// The stall of `decision` was sampled: `reported` is the stack `.started`
     /// shows, `confirmed` whether it shows the target's own work (or needs no
-    /// confirmation), `suppressed` whether a debugger is attached.
+    /// confirmation), `suppressed` whether a debugger is attached. `endedAt` is
+    /// when the target answered, if it did while the stall was sampled: the
+    /// profile ends there.
     mutating func sampled(
         _ decision: Decision, reported: StallBacktrace, samples: [Int32: StallBacktrace], samplingTime: Int64,
         confirmed: Bool, suppressed: Bool
-    ) -> (report: Report, settled: Bool) {
+    ) -> (report: Report, settled: Bool, endedAt: Int64?) {
+        let endedAt = open.flatMap { $0.id == decision.id ? $0.endedWhileSampling?.at : nil }
         let report = record(
             decision, reported: reported, samples: samples, samplingTime: samplingTime, confirmed: confirmed,
             suppressed: suppressed)
-        return (report, open == nil)
+        return (report, open == nil, endedAt)
     }
 
     private mutating func record(

@@ -81,6 +81,9 @@ final class StallProfiler: Sendable {
     private let state = Locked(State())
     /// Whether a session is open: read on every answer without the lock.
     private let active = Atomic<Bool>(false)
+    /// When the target last answered (or its run loop moved on): a session that
+    /// `.started` opens after an answer it did not see ends its profile there.
+    private let lastAnswer = Atomic<Int64>(0)
     /// The detector's queue: where samples are named.
     private let queue: DispatchQueue
     /// Where samples are taken, and only there.
@@ -187,7 +190,7 @@ final class StallProfiler: Sendable {
             state.generation &+= 1
             state.session = Session(generation: state.generation)
             state.pace.beginStall()
-            active.store(true, ordering: .releasing)
+            active.store(true, ordering: .sequentiallyConsistent)
             return (state.generation, state.pace.next(now: now))
         }
         if let (generation, at) = due { schedule(generation: generation, at: at, now: now) }
@@ -205,8 +208,13 @@ final class StallProfiler: Sendable {
                 state.generation &+= 1
                 state.session = Session(generation: state.generation)
                 state.pace.beginStall()
-                active.store(true, ordering: .releasing)
+                active.store(true, ordering: .sequentiallyConsistent)
                 opened = (state.generation, state.pace.next(now: time))
+                // The target answered after the stall's start, before this session
+                // opened: the profile ends at that answer, as it would in a session
+                // open when the answer came.
+                let answered = lastAnswer.load(ordering: .sequentiallyConsistent)
+                if answered > start { state.session?.answeredAt = answered }
             }
             state.session?.recorder.dropSamples(before: start)
             if backtrace.unavailableReason == nil, let id = backtrace.threadID.map({ Int32(truncatingIfNeeded: $0) }) {
@@ -272,7 +280,17 @@ final class StallProfiler: Sendable {
     /// and the open session's samples from after `time` are left out of its
     /// profile. Safe on any thread; never waits.
     func targetAnswered(at time: Int64) {
-        guard active.load(ordering: .acquiring) else { return }
+        // The latest answer stays (answers of a custom target or the pool come
+        // from several threads, in any order). Sequentially consistent, as the
+        // store and load of `active` in `stallStarted`: one side sees the other.
+        var last = lastAnswer.load(ordering: .sequentiallyConsistent)
+        while time > last {
+            let (exchanged, original) = lastAnswer.compareExchange(
+                expected: last, desired: time, ordering: .sequentiallyConsistent)
+            if exchanged { break }
+            last = original
+        }
+        guard active.load(ordering: .sequentiallyConsistent) else { return }
         state.withLock { state in
             if state.session != nil, state.session?.answeredAt == nil { state.session?.answeredAt = time }
         }
@@ -282,19 +300,22 @@ final class StallProfiler: Sendable {
     /// answered too (for tests: sampling stops at the answer).
     var sessionSampleCount: Int? { state.withLock { $0.session?.recorder.count } }
 
-    /// The target answered: the session ends, and what it gathered is returned
-    /// (for the `.ended` event). Safe on any thread (the target's); never waits.
-    /// A sample scheduled meanwhile finds its generation stale.
+    /// The target answered (at `answer`, when the caller knows it): the session
+    /// ends, and what it gathered up to the answer is returned (for the `.ended`
+    /// event). Safe on any thread (the target's); never waits. A sample
+    /// scheduled meanwhile finds its generation stale.
     @discardableResult
-    func end() -> Gathered? {
-        guard active.load(ordering: .acquiring) else { return nil }
+    func end(until answer: Int64? = nil) -> Gathered? {
+        guard active.load(ordering: .sequentiallyConsistent) else { return nil }
         let (now, continued) = (Monotonic.now(), StopWitness.recordedContinue)
         let gathered = state.withLock { state -> Gathered? in
             defer {
                 state.session = nil
-                active.store(false, ordering: .releasing)
+                active.store(false, ordering: .sequentiallyConsistent)
             }
-            return state.session.map { Self.gathered($0, pace: state.pace, now: now, continued: continued) }
+            return state.session.map {
+                Self.gathered($0, pace: state.pace, now: min(now, answer ?? now), continued: continued)
+            }
         }
         releaseFilesLater()
         return gathered
@@ -346,13 +367,13 @@ final class StallProfiler: Sendable {
     }
 
     private func sample(generation: UInt64) {
-        let look = state.withLock { state -> (thread: Int32?, reported: Bool, misses: Int)? in
+        let due = state.withLock { state -> (thread: Int32?, reported: Bool, misses: Int)? in
             guard !state.stopped, let session = state.session, session.generation == generation,
                 session.answeredAt == nil
             else { return nil }
             return (session.thread, session.stall != nil, session.searchesWithoutThread)
         }
-        guard let (known, reported, misses) = look else { return }
+        guard let (known, reported, misses) = due else { return }
         let start = Monotonic.now()
         let cpuBefore = Self.threadCPU()
         let namingBefore = capture.oneTimeCost
@@ -376,21 +397,12 @@ final class StallProfiler: Sendable {
         let labels = found.flatMap {
             $0 == known ? nil : ActivityRecord.activities(ofThread: UInt64(UInt32(bitPattern: $0)))
         }
+        let look = Look(
+            frames: frames, known: known, found: found, misses: misses, labels: labels, start: sent, seen: seen)
         var prefetch = false
         let next = state.withLock { state -> (UInt64, Int64)? in
             guard !state.stopped, state.session?.generation == generation else { return nil }
-            if let labels, state.session?.stall == nil { state.session?.activities = labels }
-            if frames != nil, frames != Self.unsampledRaw, state.session?.stall == nil,
-                let count = state.session?.prefetched, count < Self.prefetchedSamples
-            {
-                state.session?.prefetched = count + 1
-                prefetch = true
-            }
-            state.session?.thread = found
-            state.session?.searchesWithoutThread = found == nil ? misses + 1 : 0
-            state.session?.recorder.add(
-                look: frames, start: sent, seen: seen, continued: continued,
-                baseInterval: state.pace.minimumInterval)
+            prefetch = Self.keep(look, continued: continued, baseInterval: state.pace.minimumInterval, in: &state)
             let nextTime = Self.charge(cost, naming: naming, start: start, typical: known != nil, to: &state)
             refresh = dueRefresh(&state, now: taken, continued: continued)
             return (generation, nextTime)
@@ -402,6 +414,45 @@ final class StallProfiler: Sendable {
                 cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken }, taken: taken)
         }
         if let (generation, at) = next { schedule(generation: generation, at: at, now: Monotonic.now()) }
+    }
+
+    /// What one look found: the stack (nil: none; ``unsampledRaw``: running, not
+    /// sampled), the thread it followed and the one it found, and when the stack
+    /// was the thread's.
+    private struct Look {
+        let frames: [RawFrame]?
+        let known: Int32?
+        let found: Int32?
+        let misses: Int
+        /// The activities of a thread the profile follows for the first time.
+        let labels: [String]?
+        let start: Int64
+        let seen: Int64
+    }
+
+    /// Adds a look to the open session (under the lock) and returns whether its
+    /// stack's names are to be prefetched. A look is left out when `.started`
+    /// chose another thread while it was under way (and dropped the samples of
+    /// the one it followed): its stack is not the stall's.
+    private static func keep(_ look: Look, continued: Int64?, baseInterval: Int64, in state: inout State) -> Bool {
+        guard var session = state.session else { return false }
+        if let chosen = session.thread, chosen != look.known, chosen != look.found { return false }
+        // Taken out while it changes: the recorder's storage is not copied.
+        state.session = nil
+        var prefetch = false
+        if let labels = look.labels, session.stall == nil { session.activities = labels }
+        if look.frames != nil, look.frames != unsampledRaw, session.stall == nil,
+            session.prefetched < prefetchedSamples
+        {
+            session.prefetched += 1
+            prefetch = true
+        }
+        session.thread = look.found
+        session.searchesWithoutThread = look.found == nil ? look.misses + 1 : 0
+        session.recorder.add(
+            look: look.frames, start: look.start, seen: look.seen, continued: continued, baseInterval: baseInterval)
+        state.session = session
+        return prefetch
     }
 
     /// Charges a sample's CPU to the pace (thinning the profile out when the
