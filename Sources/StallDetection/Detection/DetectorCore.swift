@@ -1,6 +1,7 @@
 import CStallCapture
 import Dispatch
 import SafeTimers
+import Synchronization
 
 /// The engine of a ``StallDetector``. It owns no thread: it runs on SafeTimers'
 /// engine and on one private serial queue.
@@ -89,6 +90,14 @@ final class DetectorCore: Sendable {
     /// `post` that blocks cannot delay the detection of the stall it causes.
     private let postQueue: DispatchQueue
     private let sampling: SamplingContext
+    /// Whether the sampler's warm-up (its signal handler, the symbol tables) was
+    /// started. It starts at the target's first answer or activity, or at the
+    /// first look when none came: the warm-up takes the Swift runtime's locks
+    /// for a long time (type metadata, conformances), and a first probe that
+    /// needed them meanwhile waited for it (a false stall of 0.76 s, the probe
+    /// blocked in `__swift_instantiateConcreteTypeFromMangledName`, in a process
+    /// at nice 19 beside two busy ones).
+    private let warmUpStarted = Atomic<Bool>(false)
     /// Samples the blocked thread while a stall lasts; keeps the fatal report.
     let profiler: StallProfiler
 
@@ -165,8 +174,6 @@ final class DetectorCore: Sendable {
     func start() {
         guard state.withLock({ $0.machine.begin() }) else { return }
         StopWitness.acquire()
-        let sampling = self.sampling
-        detectorQueue.async { DetectorThreads.work { sampling.warmUp() } }
         var observer: RunLoopObserverHandle?
         if case .mainRunLoop = target {
             observer = RunLoopObserverHandle(onActivity: { [weak self] time, idle in
@@ -325,6 +332,14 @@ final class DetectorCore: Sendable {
         detectorQueue.async { _ = work.cancel() }
     }
 
+    /// Starts the sampler's warm-up on the detector queue, once.
+    private func warmUpOnce() {
+        guard !warmUpStarted.load(ordering: .relaxed), !warmUpStarted.exchange(true, ordering: .acquiringAndReleasing)
+        else { return }
+        let sampling = self.sampling
+        detectorQueue.async { DetectorThreads.work { sampling.warmUp() } }
+    }
+
     // MARK: Facts from the target
 
     private func record(answerAt time: Int64, answer: ProbeAnswer) {
@@ -344,6 +359,8 @@ final class DetectorCore: Sendable {
         let gathered = step.settled ? profiler.end(until: time) : nil
         profiler.answered()
         if let outcome = step.outcome { conclude(outcome, gathered: gathered) }
+        // Last: the answer's own first run (type metadata) is done before.
+        warmUpOnce()
     }
 
     private func record(activityAt time: Int64, idle: Bool) {
@@ -359,6 +376,7 @@ final class DetectorCore: Sendable {
         let gathered = step.settled ? profiler.end(until: time) : nil
         if idle { profiler.idle() } else { profiler.answered() }
         if let outcome = step.outcome { conclude(outcome, gathered: gathered) }
+        warmUpOnce()
     }
 
     /// Emits an outcome's events on the detector queue, where the stall's samples
@@ -421,6 +439,7 @@ final class DetectorCore: Sendable {
     // MARK: Looks (on the detector queue)
 
     private func look(generation: UInt64) {
+        warmUpOnce()
         // The moment this look is about. Read before asking the witness: a stop that
         // ends before it is then always seen, and one that starts after it does not
         // concern this look.
