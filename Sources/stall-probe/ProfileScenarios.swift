@@ -52,7 +52,7 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
     case "profile-cost":
         // A stall of `number` ms asleep (stall 2): every CPU millisecond the
         // process spends meanwhile, beyond the sleeping thread's, is the
-        // detector's. Before it, once the symbol warm-up that `start()` begins
+        // detector's. Before it, once the symbol warm-up (begun at the first answer
         // (once per process, 100-700 ms of CPU on its own thread) is over, a
         // 400 ms stall of the same function (stall 1) names its code for the
         // first time: what is measured is what sampling a stall costs.

@@ -90,13 +90,13 @@ final class DetectorCore: Sendable {
     /// `post` that blocks cannot delay the detection of the stall it causes.
     private let postQueue: DispatchQueue
     private let sampling: SamplingContext
-    /// Whether the sampler's warm-up (its signal handler, the symbol tables) was
-    /// started. It starts at the target's first answer or activity, or at the
-    /// first look when none came: the warm-up takes the Swift runtime's locks
-    /// for a long time (type metadata, conformances), and a first probe that
-    /// needed them meanwhile waited for it (a false stall of 0.76 s, the probe
-    /// blocked in `__swift_instantiateConcreteTypeFromMangledName`, in a process
-    /// at nice 19 beside two busy ones).
+    /// Whether the symbol warm-up was started. It starts at the target's first
+    /// answer or activity, or at the first look when none came: reading symbol
+    /// tables takes the Swift runtime's locks many times over (type metadata,
+    /// conformances), and a first probe that needed them meanwhile waited for
+    /// it (a false stall of 0.76 s, the probe blocked in
+    /// `__swift_instantiateConcreteTypeFromMangledName`, in a process at nice 19
+    /// beside two busy ones).
     private let warmUpStarted = Atomic<Bool>(false)
     /// Samples the blocked thread while a stall lasts; keeps the fatal report.
     let profiler: StallProfiler
@@ -174,6 +174,8 @@ final class DetectorCore: Sendable {
     func start() {
         guard state.withLock({ $0.machine.begin() }) else { return }
         StopWitness.acquire()
+        let sampling = self.sampling
+        detectorQueue.async { DetectorThreads.work { sampling.prepare() } }
         var observer: RunLoopObserverHandle?
         if case .mainRunLoop = target {
             observer = RunLoopObserverHandle(onActivity: { [weak self] time, idle in
@@ -332,12 +334,13 @@ final class DetectorCore: Sendable {
         detectorQueue.async { _ = work.cancel() }
     }
 
-    /// Starts the sampler's warm-up on the detector queue, once.
+    /// Starts the symbol warm-up once (from the detector queue, the context's
+    /// own; the warm-up itself runs on a thread of its own).
     private func warmUpOnce() {
         guard !warmUpStarted.load(ordering: .relaxed), !warmUpStarted.exchange(true, ordering: .acquiringAndReleasing)
         else { return }
         let sampling = self.sampling
-        detectorQueue.async { DetectorThreads.work { sampling.warmUp() } }
+        detectorQueue.async { sampling.warmUpSymbols() }
     }
 
     // MARK: Facts from the target

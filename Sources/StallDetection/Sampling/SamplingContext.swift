@@ -55,16 +55,19 @@ final class SamplingContext: @unchecked Sendable {
         sampler?.files.closeAll(except: kept)
     }
 
-    /// Installs the signal handler before the first stall, finds the
+    /// Installs the signal handler before the first stall and finds the
     /// concurrency runtime's job runners (``AsyncJobRunner``, under a
     /// millisecond: every sample this detector takes after its first look
-    /// follows awaits, since the looks come after this on the detector queue),
-    /// and starts loading symbols (once per process) on a thread of its own:
-    /// loading them takes hundreds of milliseconds of CPU in a debug build, and
-    /// the detector queue that calls this must stay free for its looks.
-    func warmUp() {
+    /// follows awaits, since the looks come after this on the detector queue).
+    func prepare() {
         _ = prepared()
         AsyncJobRunner.find()
+    }
+
+    /// Starts loading symbols (once per process) on a thread of its own:
+    /// loading them takes hundreds of milliseconds of CPU in a debug build, and
+    /// the detector queue that calls this must stay free for its looks.
+    func warmUpSymbols() {
         let symbolicator = self.symbolicator
         DispatchQueue.global(qos: .utility).async { DetectorThreads.work { symbolicator.warmUp() } }
     }
