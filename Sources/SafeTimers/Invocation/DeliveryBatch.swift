@@ -171,7 +171,7 @@ extension HandlerExecutor {
         switch self {
         case .mainActor, .serialExecutor: return true
         case .queue, .leasedQueue: return givenQueue.map(MainQueueMarker.isMain) ?? false
-        case .globalQueue, .taskExecutor, .recorder: return false
+        case .globalQueue, .reportQueue, .taskExecutor, .recorder: return false
         }
     }
 
@@ -182,7 +182,7 @@ extension HandlerExecutor {
             return mine === theirs || (MainQueueMarker.isMain(mine) && MainQueueMarker.isMain(theirs))
         }
         switch (self, other) {
-        case (.globalQueue, .globalQueue), (.mainActor, .mainActor): return true
+        case (.globalQueue, .globalQueue), (.reportQueue, .reportQueue), (.mainActor, .mainActor): return true
         case (.serialExecutor(let mine), .serialExecutor(let theirs)): return mine.identity == theirs.identity
         case (.taskExecutor(let mine), .taskExecutor(let theirs)): return mine.identity == theirs.identity
         default: return false

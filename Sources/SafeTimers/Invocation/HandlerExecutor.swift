@@ -19,6 +19,11 @@ enum HandlerExecutor: Sendable {
     /// Linux each `DispatchQueue.global()` allocates a wrapper object, which a
     /// primitive would otherwise allocate when it is made and keep while it lives.
     case globalQueue
+    /// A new serial queue for each delivery: a watchdog's default. On Linux the
+    /// global queue adds a thread about once a second while its threads are
+    /// blocked, so a report sent there waits behind blocked work, the very hang
+    /// a watchdog is there to report; a serial queue of its own gets a thread at once.
+    case reportQueue
     case mainActor
     /// A `SerialExecutor` (an event loop's, an actor's), through an actor of it.
     case serialExecutor(SerialExecutorActor)
@@ -41,6 +46,7 @@ enum HandlerExecutor: Sendable {
         case .queue(let queue): queue.async(execute: body)
         case .leasedQueue(let lease): lease.queue.async(execute: body)
         case .globalQueue: DispatchQueue.global().async(execute: body)
+        case .reportQueue: HandlerExecutor.newReportQueue().async(execute: body)
         case .mainActor: Task { @MainActor in body() }
         case .serialExecutor(let actor): actor.startTask(running: body)
         case .taskExecutor(let destination): destination.run(body)
@@ -60,6 +66,18 @@ enum HandlerExecutor: Sendable {
         return .leasedQueue(QueueLease.current(for: Unmanaged<DispatchQueue>.fromOpaque(address)))
     }
 
+    /// `queue` (leased), or a new serial queue for each delivery when it is
+    /// nil: where a watchdog reports.
+    @inline(__always)
+    static func forReports(on queue: DispatchQueue?) -> HandlerExecutor {
+        queue == nil ? .reportQueue : .on(queue)
+    }
+
+    /// The queue of one watchdog report when none was given (see ``reportQueue``).
+    static func newReportQueue() -> DispatchQueue {
+        DispatchQueue(label: "SafeTimers.Watchdog.onTimeout")
+    }
+
     /// `executor`: a `SerialExecutor` through an actor of it, a `TaskExecutor`
     /// as it is, another kind through a ``JobForwardingExecutor``.
     static func onExecutor(_ executor: any Executor) -> HandlerExecutor {
@@ -75,7 +93,7 @@ enum HandlerExecutor: Sendable {
         switch self {
         case .queue(let queue): return queue
         case .leasedQueue(let lease): return lease.queue
-        case .globalQueue, .mainActor, .serialExecutor, .taskExecutor, .recorder: return nil
+        case .globalQueue, .reportQueue, .mainActor, .serialExecutor, .taskExecutor, .recorder: return nil
         }
     }
 

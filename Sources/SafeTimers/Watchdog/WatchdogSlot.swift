@@ -258,7 +258,7 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
             let claimed = observed & ~Self.phaseMask | Phase.claimed.rawValue
             guard word.compareExchange(expected: observed, desired: claimed, ordering: .acquiringAndReleasing).exchanged
             else { continue }  // the section ended (or another began) meanwhile: look again
-            let target = queue?.takeUnretainedValue() ?? .global()
+            let target = queue?.takeUnretainedValue() ?? HandlerExecutor.newReportQueue()
             let generation = observed &>> Self.phaseBits
             word.store(observed & ~Self.phaseMask | Phase.delivered.rawValue, ordering: .releasing)
             target.async { self.run(generation) }

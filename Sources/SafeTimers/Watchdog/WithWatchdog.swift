@@ -27,8 +27,8 @@ import Dispatch
 /// - Parameters:
 ///   - timeout: How long `body` may take. Zero or negative: report as soon as
 ///     possible; too long to represent: never.
-///   - queue: Where `onTimeout` runs; `nil` (the default) is the default-QoS
-///     global queue.
+///   - queue: Where `onTimeout` runs; `nil` (the default) is a serial queue of
+///     its own, made for that report (see ``Watchdog/init(timeout:queue:scheduler:onTimeout:)``).
 ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default) is
 ///     ``SystemTimerScheduler/shared``.
 ///   - onTimeout: Called once if `body` is still running after `timeout`;
@@ -70,7 +70,7 @@ public func withWatchdog<Result, Failure: Error>(
 /// `queue`) if `body` is still running after `timeout`. `body` always runs to
 /// completion and is not cancelled; to cancel work at a deadline use
 /// ``withTimeout(_:scheduler:isolation:operation:)``. `queue: nil` (the default)
-/// is the default-QoS global queue.
+/// is a serial queue of its own, made for that report.
 ///
 /// ```swift
 /// let image = try await withWatchdog(timeout: .seconds(1), onTimeout: { report("slow decode") }) {
