@@ -19,6 +19,11 @@ struct WatchdogReportQueueTests {
         case nestedSection
         /// A `Watchdog` made and invalidated by hand.
         case watchdog
+        /// A `Watchdog` kicked once before it overruns.
+        case kicked
+        /// Two `Watchdog`s due together (one scheduler round, one batch): the
+        /// first one's report waits for the second's, which must not queue behind it.
+        case dueTogether
     }
 
     @Test(
@@ -82,9 +87,21 @@ struct WatchdogReportQueueTests {
             return withWatchdog(timeout: .seconds(3600), onTimeout: {}) {
                 withWatchdog(timeout: timeout, onTimeout: onTimeout, body)
             }
-        case .watchdog:
+        case .watchdog, .kicked:
             let watchdog = Watchdog(timeout: timeout, onTimeout: onTimeout)
             defer { watchdog.invalidate() }
+            if form == .kicked { watchdog.kick() }
+            return body()
+        case .dueTogether:
+            let secondCame = DispatchSemaphore(value: 0)
+            let first = Watchdog(timeout: timeout) {
+                if secondCame.wait(timeout: .now() + 60) == .success { onTimeout() }
+            }
+            let second = Watchdog(timeout: timeout) { secondCame.signal() }
+            defer {
+                first.invalidate()
+                second.invalidate()
+            }
             return body()
         }
     }

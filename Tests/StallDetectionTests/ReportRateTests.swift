@@ -34,14 +34,16 @@ struct ReportRateTests {
                     let run = try ProbeRun.run([scenario, "\(count)"])
                     let result = RealConditionTests.ManyDetectors(run, count: count)
                     total.add(result)
-                    if result.wrong + result.lost + result.unavailable > 0 {
+                    if result.wrong + result.lost + result.unavailable - result.lateUnavailable > 0 {
                         failedRuns.append("\(result): \(run.lines.filter { $0.hasPrefix("DETECTOR") })")
                     }
                 }
             }
             print("RATE \(scenario) \(Self.build) \(reportRateRuns) runs × \(count) detectors: \(total)")
             #expect(total.wrong == 0, "a detector blamed another target: \(failedRuns)")
-            #expect(total.lost == 0 && total.unavailable == 0, "\(failedRuns)")
+            // A stall the detector saw only after it ended has no stack to take:
+            // late, counted and printed, not lost.
+            #expect(total.lost == 0 && total.unavailable == total.lateUnavailable, "\(failedRuns)")
         }
     }
 

@@ -11,7 +11,8 @@ import Synchronization
 /// A hop must not change what handlers can rely on. Where handlers run one at
 /// a time anyway (``HandlerExecutor/runsOneAtATime``: the main actor, a
 /// `SerialExecutor`, the main queue) it runs them in order. Anywhere else (the
-/// global queue, a given queue, which may be concurrent, a `TaskExecutor`) it
+/// global queue, a given queue, which may be concurrent, a `TaskExecutor`, the
+/// watchdogs' report queues, a new one per block) it
 /// is *work-stealing* (``DeliveryHop``): before a block runs a handler while
 /// others of its hop are unclaimed, it makes sure one more block is on its way
 /// to the same destination, which claims and runs the rest. So a handler that
@@ -175,7 +176,9 @@ extension HandlerExecutor {
         }
     }
 
-    /// Whether deliveries to both go to the same place (one batch group).
+    /// Whether deliveries to both go to the same place (one batch group); for
+    /// watchdog reports with no queue, whether both go to report queues (each
+    /// block of the hop makes its own).
     fileprivate func isSame(as other: HandlerExecutor) -> Bool {
         if let mine = givenQueue {
             guard let theirs = other.givenQueue else { return false }

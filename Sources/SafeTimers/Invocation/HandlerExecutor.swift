@@ -19,7 +19,8 @@ enum HandlerExecutor: Sendable {
     /// Linux each `DispatchQueue.global()` allocates a wrapper object, which a
     /// primitive would otherwise allocate when it is made and keep while it lives.
     case globalQueue
-    /// A new serial queue for each delivery: a watchdog's default. On Linux the
+    /// A new serial queue for each block (a delivery, or a batch's hop and each
+    /// of its helpers): a watchdog's default. On Linux the
     /// global queue adds a thread about once a second while its threads are
     /// blocked, so a report sent there waits behind blocked work, the very hang
     /// a watchdog is there to report; a serial queue of its own gets a thread at once.

@@ -36,7 +36,10 @@ public final class Watchdog: Sendable {
     ///     on Linux it adds a thread about once a second while its threads are
     ///     blocked, so a report sent there would wait behind the blocked work
     ///     it may be about (measured: 7 s behind 8 blocked blocks, 14 s behind 16).
-    ///     A queue of its own gets a thread at once.
+    ///     A queue of its own gets a thread at once, so each report that is
+    ///     running holds a thread of its own: reports that block (on one lock,
+    ///     say) add a thread each, up to libdispatch's limit. Give a `queue` to
+    ///     bound them.
     ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default) is
     ///     ``SystemTimerScheduler/shared``.
     ///   - onTimeout: Called once if the deadline passes before ``invalidate()``;

@@ -258,9 +258,11 @@ final class WatchdogSlot: TimerEntry, @unchecked Sendable {
             let claimed = observed & ~Self.phaseMask | Phase.claimed.rawValue
             guard word.compareExchange(expected: observed, desired: claimed, ordering: .acquiringAndReleasing).exchanged
             else { continue }  // the section ended (or another began) meanwhile: look again
-            let target = queue?.takeUnretainedValue() ?? HandlerExecutor.newReportQueue()
+            let given = queue?.takeUnretainedValue()
             let generation = observed &>> Self.phaseBits
             word.store(observed & ~Self.phaseMask | Phase.delivered.rawValue, ordering: .releasing)
+            // Made after the owner may leave again (`run` checks the generation).
+            let target = given ?? HandlerExecutor.newReportQueue()
             target.async { self.run(generation) }
             return
         }
