@@ -26,7 +26,9 @@ func report(_ event: StallEvent) {
     if event.phase == .started {
         emit("SAMPLING \(milliseconds(event.samplingTime))")
         if !event.poolBacktraces.isEmpty {
-            let naming = event.poolBacktraces.filter { "\($0)".contains("uniquelyNamedPoolBlocker") }
+            let naming = event.poolBacktraces.filter {
+                "\($0)".contains("uniquelyNamedPoolBlocker") || "\($0)".contains("uniquelyNamedGlobalQueueBlocker")
+            }
             emit("POOLTHREADS \(event.poolBacktraces.count) \(naming.count)")
         }
         for (index, frame) in event.backtrace.frames.enumerated() {
@@ -81,6 +83,18 @@ func uniquelyNamedQueueBlocker(_ ms: Int) {
 /// Blocks a thread of the cooperative pool (in a task) for `ms` milliseconds. Its
 /// body must differ from `uniquelyNamedQueueBlocker`'s: a release build merges
 /// functions with identical bodies (`…Tm`), and the merged code has no file:line.
+/// A dispatch block on the global queue that sleeps `ms` (once, resumed after a
+/// signal), in `pool-global`; its body differs from the others' (see above).
+@inline(never)
+func uniquelyNamedGlobalQueueBlocker(_ ms: Int) {
+    let start = ContinuousClock.now
+    emit("BEGIN \(monotonicMilliseconds())")
+    var request = timespec(tv_sec: ms / 1000, tv_nsec: (ms % 1000) * 1_000_000)
+    var remaining = timespec()
+    while nanosleep(&request, &remaining) != 0 { request = remaining }
+    emit("REAL \(milliseconds(ContinuousClock.now - start)) global")
+}
+
 @inline(never)
 func uniquelyNamedPoolBlocker(_ ms: Int) {
     emit("BEGIN \(monotonicMilliseconds())")

@@ -29,7 +29,7 @@ let arguments =
     : CommandLine.arguments.dropFirst()
 guard let scenario = arguments.first else {
     print(
-        "usage: stall-probe queue|custom|pool [ms [threads]]|pool-busy|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
+        "usage: stall-probe queue|custom|pool [ms [threads]]|pool-global [ms]|pool-busy|runloop|mainqueue-runloop|mainqueue-dispatchmain|busy|idle|recall|overhead|burn [N]"
     )
     print("       stall-probe matrix <case> queue|main|mainqueue [ms]   cases: \(matrixCases.keys.sorted())")
     print("       stall-probe repeat <count> [ms]")
@@ -73,6 +73,19 @@ case "pool":
         for _ in 0..<blocked { Task.detached(priority: .medium) { uniquelyNamedPoolBlocker(number) } }
     }
     if blocked < width { DispatchQueue.main.asyncAfter(deadline: .now() + 2, execute: finishAndExit(detector)) }
+    dispatchMain()
+
+case "pool-global":
+    // Linux: every thread of the default-QoS global queue, which Swift's pool
+    // shares there, blocked for `number` ms by dispatch blocks, not tasks (a
+    // synchronous driver called from `DispatchQueue.global()`): new tasks wait.
+    let detector = StallDetector(target: .cooperativePool, threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, priority: .high, then: finishAndExit(detector))
+    let width = ProcessInfo.processInfo.activeProcessorCount
+    emit("WIDTH \(width)")
+    DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+        for _ in 0..<width { DispatchQueue.global().async { uniquelyNamedGlobalQueueBlocker(number) } }
+    }
     dispatchMain()
 
 case "pool-busy":

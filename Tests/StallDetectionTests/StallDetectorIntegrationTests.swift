@@ -67,6 +67,21 @@ struct StallDetectorIntegrationTests {
         #expect(pool.count == 2 && pool[0] >= width && pool[1] == width, "\(run.lines)")
     }
 
+    #if os(Linux)
+    @Test(
+        "Linux: every thread of the global queue, which the pool shares, blocked 600 ms by dispatch blocks: a pool stall naming the blocks"
+    )
+    func cooperativePoolHeldByGlobalQueueBlocks() throws {
+        let run = try expectOneStall(function: "uniquelyNamedGlobalQueueBlocker") {
+            try ProbeRun.run(["pool-global", "600"])
+        }
+        let width = Int(run.value("WIDTH").first ?? 0)
+        // POOLTHREADS <sampled> <naming the blocker>
+        let pool = run.value("POOLTHREADS").map { Int($0) }
+        #expect(pool.count == 2 && pool[0] >= width && pool[1] == width, "\(run.lines)")
+    }
+    #endif
+
     @Test("all but one cooperative pool thread blocked 600 ms: new work still runs, no event")
     func cooperativePoolPartlyBlocked() throws {
         let run = try ProbeRun.run(["pool", "600", "1"])

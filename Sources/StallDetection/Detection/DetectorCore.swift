@@ -596,7 +596,7 @@ extension StallDetector.Target {
     func isConfirmed(by sample: StallBacktrace) -> Bool {
         switch self {
         case .cooperativePool:
-            sample.unavailableReason == nil && StackShape.runsSwiftJob(sample.frames)
+            sample.unavailableReason == nil && StackShape.holdsPoolThread(sample.frames)
         case .custom:
             sample.unavailableReason == nil
                 && !SamplingContext.isIdle(sample, thread: Int32(truncatingIfNeeded: sample.threadID ?? 0))

@@ -588,7 +588,9 @@ final class StallProfiler: Sendable {
             return !capture.isInEventWait(raw.thread)
         case .custom: return !capture.isIdle(raw)
         case .mainRunLoop: return true
-        case .cooperativePool: return capture.summary(raw).runsSwiftJob
+        case .cooperativePool:
+            let summary = capture.summary(raw)
+            return summary.runsSwiftJob || (StackShape.poolSharesGlobalQueue && summary.runsJob)
         default: return capture.summary(raw).runsJob
         }
     }

@@ -517,14 +517,22 @@ final class SamplingContext: @unchecked Sendable {
         let mainThread = ProcessFacts.mainThreadID
         let threads = ProcessFacts.threads().filter { id, name in
             id != own && id != mainThread && name.contains("qos")
-        }.map(\.id)
+        }
         var running: [RawStack] = []
-        for thread in threads {
-            guard case .stack(let raw) = sample(thread), summary(raw).runsSwiftJob else { continue }
-            running.append(raw)
+        // Linux: global-queue blocks on the probe's pool (see `poolSharesGlobalQueue`).
+        var blocks: [RawStack] = []
+        for (thread, name) in threads {
+            guard case .stack(let raw) = sample(thread) else { continue }
+            let summary = summary(raw)
+            if summary.runsSwiftJob {
+                running.append(raw)
+            } else if StackShape.poolSharesGlobalQueue && summary.runsJob && name.hasSuffix("default-qos") {
+                blocks.append(raw)
+            }
         }
         return Search(
-            found: running.first, failure: .unavailable("no thread was running a Swift job"), others: running)
+            found: running.first ?? blocks.first, failure: .unavailable("no thread was running a Swift job"),
+            others: running + blocks)
     }
 
     /// Whether the kernel says thread `thread` sleeps in `epoll_wait` (an event

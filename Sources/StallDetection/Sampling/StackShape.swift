@@ -16,6 +16,25 @@ enum StackShape {
         frames.contains { $0.function?.contains("swift_job_run") == true }
     }
 
+    /// Whether Swift's global executor runs its jobs on libdispatch's global
+    /// queues, so that a block sent with `DispatchQueue.global().async` holds a
+    /// thread of the cooperative pool as a task does (Linux; on Apple platforms
+    /// the pool has threads of its own). Such a block that blocks is then a
+    /// culprit of a pool stall.
+    static var poolSharesGlobalQueue: Bool {
+        #if os(Linux)
+        true
+        #else
+        false
+        #endif
+    }
+
+    /// Whether a thread of the cooperative pool is busy with the pool's work: a
+    /// Swift job, or (where they share threads) a global-queue block.
+    static func holdsPoolThread(_ frames: [StackFrame]) -> Bool {
+        runsSwiftJob(frames) || (poolSharesGlobalQueue && runsJob(frames))
+    }
+
     /// Frames of libdispatch's manager thread, which drains internal queues
     /// (timers, event sources) with the same functions as a queue's worker but
     /// never runs a job of the program.
