@@ -91,12 +91,12 @@ final class StallGuard: Sendable {
     }
 
     /// The text of a test failure for one stall: its report, and for the
-    /// cooperative pool the stack of every thread it found running a Swift job.
+    /// cooperative pool the stack of every thread of the pool it found running its work.
     static func failure(_ event: StallEvent, threshold: Duration) -> String {
         var text = "the code under test stalled \(event.target) beyond \(threshold):\n\(event.description)"
         let others = event.poolBacktraces.filter { $0.threadID != event.backtrace.threadID }
         for backtrace in others {
-            text += "\n  another thread of the pool running a Swift job:\n\(backtrace.description)"
+            text += "\n  another thread of the pool running its work:\n\(backtrace.description)"
         }
         return text
     }

@@ -30,6 +30,8 @@ func report(_ event: StallEvent) {
                 "\($0)".contains("uniquelyNamedPoolBlocker") || "\($0)".contains("uniquelyNamedGlobalQueueBlocker")
             }
             emit("POOLTHREADS \(event.poolBacktraces.count) \(naming.count)")
+            let bystanders = event.poolBacktraces.filter { "\($0)".contains("uniquelyNamedBystander") }
+            emit("POOLBYSTANDERS \(bystanders.count)")
         }
         for (index, frame) in event.backtrace.frames.enumerated() {
             let location = frame.file.map { "\($0):\(frame.line ?? 0)" } ?? "-"
@@ -80,11 +82,9 @@ func uniquelyNamedQueueBlocker(_ ms: Int) {
     emit("REAL \(milliseconds(ContinuousClock.now - start))")
 }
 
-/// Blocks a thread of the cooperative pool (in a task) for `ms` milliseconds. Its
-/// body must differ from `uniquelyNamedQueueBlocker`'s: a release build merges
-/// functions with identical bodies (`…Tm`), and the merged code has no file:line.
 /// A dispatch block on the global queue that sleeps `ms` (once, resumed after a
-/// signal), in `pool-global`; its body differs from the others' (see above).
+/// signal), in `pool-global`. Its body differs from the other blockers' (see
+/// `uniquelyNamedPoolBlocker`).
 @inline(never)
 func uniquelyNamedGlobalQueueBlocker(_ ms: Int) {
     let start = ContinuousClock.now
@@ -95,6 +95,18 @@ func uniquelyNamedGlobalQueueBlocker(_ ms: Int) {
     emit("REAL \(milliseconds(ContinuousClock.now - start)) global")
 }
 
+/// Work that runs beside a pool stall on threads that are not the probe's pool
+/// (another priority's pool, a serial queue's thread): never to be blamed.
+@inline(never)
+func uniquelyNamedBystander(_ ms: Int) {
+    let end = ContinuousClock.now + .milliseconds(ms)
+    while ContinuousClock.now < end { usleep(5_000) }
+    emit("BYSTANDER done")
+}
+
+/// Blocks a thread of the cooperative pool (in a task) for `ms` milliseconds. Its
+/// body must differ from `uniquelyNamedQueueBlocker`'s: a release build merges
+/// functions with identical bodies (`…Tm`), and the merged code has no file:line.
 @inline(never)
 func uniquelyNamedPoolBlocker(_ ms: Int) {
     emit("BEGIN \(monotonicMilliseconds())")

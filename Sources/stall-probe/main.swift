@@ -83,6 +83,12 @@ case "pool-global":
     watch(detector, endedCount: 1, priority: .high, then: finishAndExit(detector))
     let width = ProcessInfo.processInfo.activeProcessorCount
     emit("WIDTH \(width)")
+    // Bystanders, on threads that are not that pool's, busy for the whole stall:
+    // a high-priority task, a serial queue's block, a user-initiated global block.
+    let bystanding = number + 600
+    Task.detached(priority: .high) { uniquelyNamedBystander(bystanding) }
+    DispatchQueue(label: "probe.bystander").async { uniquelyNamedBystander(bystanding) }
+    DispatchQueue.global(qos: .userInitiated).async { uniquelyNamedBystander(bystanding) }
     DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
         for _ in 0..<width { DispatchQueue.global().async { uniquelyNamedGlobalQueueBlocker(number) } }
     }

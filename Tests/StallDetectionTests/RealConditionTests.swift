@@ -129,9 +129,12 @@ struct RealConditionTests {
         /// queue had waited for a thread, 8 spinning blocks on 2 cores), before
         /// its blocker: this target's job, so right.
         var right = 0, starting = 0, wrong = 0, unavailable = 0, lost = 0, late = 0
-        /// Of `unavailable`: reports whose `.started` came after the stall had
-        /// ended (the detector's threads got no CPU while it lasted), when no
-        /// thread is stuck any more and there is no stack to take.
+        /// Of `unavailable`: reports the detector decided on only after the stall
+        /// had ended (the stall's begin plus the duration `.started` gives is at
+        /// or after its end: the detector's threads got no CPU while it lasted),
+        /// when no thread is stuck any more and there is no stack to take. A
+        /// report decided while the stall lasted has no such excuse, however
+        /// late it was delivered.
         var lateUnavailable = 0
 
         /// Whether every detector named its own target's function, or, when it
@@ -151,17 +154,19 @@ struct RealConditionTests {
         }
 
         init(_ run: ProbeRun, count: Int) {
-            var blockedEnd: [Int: Double] = [:]
-            var started: [Int: (received: Double, depth: Int)] = [:]
+            var blocked: [Int: (begin: Double, end: Double)] = [:]
+            var started: [Int: (received: Double, duration: Double, depth: Int)] = [:]
             for line in run.lines {
                 let fields = line.split(separator: " ")
-                if fields.first == "BLOCKED", fields.count >= 4, let index = Int(fields[1]), let end = Double(fields[3])
+                if fields.first == "BLOCKED", fields.count >= 4, let index = Int(fields[1]),
+                    let begin = Double(fields[2]), let end = Double(fields[3])
                 {
-                    blockedEnd[index] = end
+                    blocked[index] = (begin, end)
                 } else if fields.first == "DETECTOR", fields.count >= 6, fields[2] == "started",
-                    let index = Int(fields[1]), let received = Double(fields[3]), let depth = Int(fields[5])
+                    let index = Int(fields[1]), let received = Double(fields[3]), let duration = Double(fields[4]),
+                    let depth = Int(fields[5])
                 {
-                    started[index] = (received, depth)
+                    started[index] = (received, duration, depth)
                 }
             }
             for index in 0..<count {
@@ -178,9 +183,9 @@ struct RealConditionTests {
                 } else {
                     wrong += 1
                 }
-                if let end = blockedEnd[index], event.received > end {
+                if let stall = blocked[index], event.received > stall.end {
                     late += 1
-                    if event.depth == -1 { lateUnavailable += 1 }
+                    if event.depth == -1 && stall.begin + event.duration >= stall.end { lateUnavailable += 1 }
                 }
             }
         }

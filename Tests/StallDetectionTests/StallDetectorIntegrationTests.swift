@@ -79,6 +79,10 @@ struct StallDetectorIntegrationTests {
         // POOLTHREADS <sampled> <naming the blocker>
         let pool = run.value("POOLTHREADS").map { Int($0) }
         #expect(pool.count == 2 && pool[0] >= width && pool[1] == width, "\(run.lines)")
+        // A high-priority task, a serial queue's block and a user-initiated global
+        // block, busy all along on other threads, are never blamed.
+        #expect(run.value("POOLBYSTANDERS") == [0], "\(run.lines)")
+        #expect(run.started.first.map { !$0.report.contains("uniquelyNamedBystander") } == true)
     }
     #endif
 

@@ -129,9 +129,12 @@ public final class StallDetector: Sendable {
         ///
         /// Every heartbeat the detector starts a tiny detached task of medium
         /// priority (the default) and notes when it runs. At `.started` every thread
-        /// running a Swift job is sampled: ``StallEvent/poolBacktraces`` holds them
-        /// all (the blocked threads are the culprits) and ``StallEvent/backtrace`` is
-        /// the first. A pool busy with short tasks is not stalled: the probe runs
+        /// of the pool running a Swift job is sampled: ``StallEvent/poolBacktraces``
+        /// holds them all (the blocked threads are the culprits) and
+        /// ``StallEvent/backtrace`` is the first. On Linux the medium-priority pool's
+        /// threads are the default-QoS global queue's, so a `DispatchQueue.global()`
+        /// block that blocks holds the pool as a task does: such blocks are sampled
+        /// too, after the Swift jobs. A pool busy with short tasks is not stalled: the probe runs
         /// between them. A backlog of queued tasks longer than `threshold` delays new
         /// work just as much, and is reported.
         ///

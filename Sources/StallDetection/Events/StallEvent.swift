@@ -44,8 +44,10 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// delivered that long after the stall was detected.
     public let samplingTime: Duration
     /// For ``StallDetector/Target/cooperativePool``: at `.started`, the stack of
-    /// every thread that was running a Swift job (the blocked pool threads), the
-    /// one in ``backtrace`` first. Empty otherwise.
+    /// every thread of the pool that was running a Swift job (the blocked pool
+    /// threads), and on Linux then every one running a global-queue block (the
+    /// pool's threads are the global queue's there), the one in ``backtrace``
+    /// first. Empty otherwise.
     public internal(set) var poolBacktraces: [StallBacktrace] = []
     /// Where the time went: stack samples of the blocked thread taken every few
     /// milliseconds while the stall lasted, per function. On `.ended` the whole

@@ -275,7 +275,7 @@ final class SamplingContext: @unchecked Sendable {
 
     /// What looking for a target's blocked thread found: the thread running the
     /// target's job (its raw stack), or why none was found; for the cooperative
-    /// pool, every thread running a Swift job.
+    /// pool, every thread of it running its work (``findPoolThreads()``).
     struct Search {
         var found: RawStack?
         var failure: StallBacktrace
@@ -314,7 +314,7 @@ final class SamplingContext: @unchecked Sendable {
     }
 
     /// Finds the thread that runs the target's job, naming nothing in full. For
-    /// the pool, every dispatch worker running a Swift job. For a watched queue
+    /// the pool, every thread of it running its work. For a watched queue
     /// or the main queue (`queue`, from the probes' answers), libdispatch's
     /// drain lock names its thread (``QueueDrainer``), whatever the number of
     /// threads: that thread is taken; when it says no thread drains the queue,
@@ -505,9 +505,15 @@ final class SamplingContext: @unchecked Sendable {
         return Search(found: nil, failure: failure)
     }
 
-    /// Every dispatch worker running a Swift job: the pool's blocked threads;
-    /// the first is `found`. The pool's threads are libdispatch's workers, named
-    /// after their root queue (the name's last 15 bytes, "…qos…"); every one is
+    /// Every thread of the pool running its work: the pool's blocked threads,
+    /// Swift jobs first; the first is `found`. The pool's threads are
+    /// libdispatch's workers, named after their root queue (the name's last 15
+    /// bytes, "…qos…"). On Linux the probe's (medium-priority) pool is the
+    /// default-QoS global queue's threads ("…default-qos"), where
+    /// `DispatchQueue.global()` blocks run too
+    /// (``StackShape/poolSharesGlobalQueue``): a block running there holds the
+    /// pool as a task does, and a task of another priority runs on another
+    /// pool, taken only when the probe's pool shows nothing. Every worker is
     /// looked at, and no other thread: a server's own threads (event loops,
     /// drivers' threads, idle pools), however many, cost nothing here.
     private func findPoolThreads() -> Search {
@@ -515,24 +521,28 @@ final class SamplingContext: @unchecked Sendable {
         // The main thread is never a pool thread (it runs an async `main` or the
         // main actor's jobs with the same frames).
         let mainThread = ProcessFacts.mainThreadID
+        let shared = StackShape.poolSharesGlobalQueue
         let threads = ProcessFacts.threads().filter { id, name in
             id != own && id != mainThread && name.contains("qos")
         }
         var running: [RawStack] = []
-        // Linux: global-queue blocks on the probe's pool (see `poolSharesGlobalQueue`).
         var blocks: [RawStack] = []
+        var otherPools: [RawStack] = []
         for (thread, name) in threads {
             guard case .stack(let raw) = sample(thread) else { continue }
             let summary = summary(raw)
+            let probesPool = !shared || name.hasSuffix("default-qos")
             if summary.runsSwiftJob {
-                running.append(raw)
-            } else if StackShape.poolSharesGlobalQueue && summary.runsJob && name.hasSuffix("default-qos") {
+                if probesPool { running.append(raw) } else { otherPools.append(raw) }
+            } else if shared && probesPool && summary.runsJob && !summary.looksIdle {
                 blocks.append(raw)
             }
         }
+        let pool = running + blocks
+        let failure =
+            shared ? "no thread of the pool was running a Swift job or a block" : "no thread was running a Swift job"
         return Search(
-            found: running.first ?? blocks.first, failure: .unavailable("no thread was running a Swift job"),
-            others: running + blocks)
+            found: (pool + otherPools).first, failure: .unavailable(failure), others: pool.isEmpty ? otherPools : pool)
     }
 
     /// Whether the kernel says thread `thread` sleeps in `epoll_wait` (an event
