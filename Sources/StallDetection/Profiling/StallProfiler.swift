@@ -588,9 +588,7 @@ final class StallProfiler: Sendable {
             return !capture.isInEventWait(raw.thread)
         case .custom: return !capture.isIdle(raw)
         case .mainRunLoop: return true
-        case .cooperativePool:
-            let summary = capture.summary(raw)
-            return summary.runsSwiftJob || (StackShape.poolSharesGlobalQueue && summary.runsJob)
+        case .cooperativePool: return capture.summary(raw).holdsPoolThread
         default: return capture.summary(raw).runsJob
         }
     }

@@ -9,6 +9,11 @@ struct StackSummary: Sendable {
     let runsSwiftJob: Bool
     /// The certain frames reach the thread's root.
     let reachesRoot: Bool
+
+    /// A cooperative-pool thread busy with the pool's work: a Swift job, or
+    /// (where they share threads) a global-queue block, as
+    /// ``StackShape/holdsPoolThread(_:)`` judges named frames.
+    var holdsPoolThread: Bool { runsSwiftJob || (StackShape.poolSharesGlobalQueue && runsJob) }
     /// How many job blocks libdispatch is calling on the thread (``FrameKind/callout``).
     let callouts: Int
 
