@@ -15,6 +15,7 @@ let matrixCases: [String: @Sendable (Int) -> Void] = [
     "sleep": { ms in matrixSleep(ms) },
     "ccallback": { ms in matrixSortWithCallback(ms) },
     "inlined": { ms in inlinedOuter(ms) },
+    "destroy": { ms in matrixDestroy(ms) },
 ]
 
 /// Runs one case and reports how long it really took.
@@ -195,4 +196,34 @@ func executableBase() -> UInt? {
         return UInt(start, radix: 16)
     }
     return nil
+}
+
+/// An object whose deinit sleeps `ms`.
+final class MatrixSlowToFree {
+    let ms: Int
+    init(_ ms: Int) { self.ms = ms }
+    deinit {
+        matrixSleep(ms)  // matrix:deinit
+    }
+}
+
+/// A value whose destroy blocks: it holds the last reference to a `MatrixSlowToFree`.
+struct MatrixSlowBox {
+    var object: MatrixSlowToFree
+}
+
+/// Discards what `make` returns, in a generic function (kept generic in a release
+/// build too): the value's destroy is a call through its value witness table that
+/// the compiler added, which the debug information gives line 0, amid the code of
+/// the loop's line.
+@inline(never)
+@_semantics("optimize.sil.specialize.generic.never")
+func matrixDiscard<T>(_ make: () -> T) {
+    var count = 0
+    while count < 1 { _ = make(); count += 1 }  // matrix:destroy
+}
+
+@inline(never)
+func matrixDestroy(_ ms: Int) {
+    matrixDiscard { MatrixSlowBox(object: MatrixSlowToFree(ms)) }  // matrix:destroy-call
 }

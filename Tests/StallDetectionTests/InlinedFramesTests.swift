@@ -49,7 +49,7 @@ extension StallDetectorIntegrationTests {
             for group in groups {
                 // Only the last frame of a group is the real one; the others are inlined into it.
                 #expect(group.frames.dropLast().allSatisfy(\.inlined) && !group.frames.last!.inlined)
-                let expected = try symbolize(
+                let expected = try Self.symbolize(
                     symbolizer, binary: ProbeRun.probeURL.path, offset: group.address - base - 1)
                 let ours = group.frames.map { $0.location.map(Self.fileAndLine) ?? "??:0" }
                 #expect(ours == expected, "0x\(String(group.address, radix: 16)): ours \(ours), llvm \(expected)")
@@ -74,7 +74,7 @@ extension StallDetectorIntegrationTests {
 
         /// llvm-symbolizer's frames for one file offset: "file:line" per frame,
         /// innermost first.
-        func symbolize(_ symbolizer: String, binary: String, offset: UInt) throws -> [String] {
+        static func symbolize(_ symbolizer: String, binary: String, offset: UInt) throws -> [String] {
             let process = Process()
             process.executableURL = URL(fileURLWithPath: symbolizer)
             process.arguments = ["--inlining", "--obj=\(binary)", "0x" + String(offset, radix: 16)]

@@ -205,6 +205,44 @@ struct StackUnwinderTests {
         #expect(frames.allSatisfy { !$0.isUncertain })
     }
 
+    @Test("a stale return address in the sleeping function's own locals is not proven by its caller's record")
+    func staleWordInSameFunction() {
+        // As above, but the leftover return address lies in userSleep itself
+        // (starts 0x1000_0080): a call userSleep made before a dynamic allocation
+        // moved its stack pointer down (a resilient value in a debug build, seen
+        // as `matrixSleep` twice in a row). The record's call reaches userSleep,
+        // which the live return address below already is.
+        let pc: UInt = 0x1800_0040
+        let inNanosleep: UInt = 0x1800_1020
+        let inUsleep: UInt = 0x1800_2030
+        let inUserSleep: UInt = 0x1000_0100
+        let staleInUserSleep: UInt = 0x1000_0090
+        let recurseCallsSleep: UInt = 0x1000_0200
+        var stack = Stack()
+        stack.push(0x42)
+        stack.push(inNanosleep)
+        stack.push(inUsleep)
+        stack.push(inUserSleep)
+        stack.push(0x2)
+        stack.push(staleInUserSleep)
+        stack.push(0x43)
+        let returns = [recurseCallsSleep, 0x1000_0600]
+        _ = pushChain(&stack, returns: returns)
+        let starts: [UInt: UInt] = [
+            inUserSleep: 0x1000_0080, staleInUserSleep: 0x1000_0080, recurseCallsSleep: 0x1000_0180,
+        ]
+        for staleCall in [CallSite.Target.unknown, .known(0x1100_0000)] {
+            let calls: [UInt: CallSite.Target] = [
+                inNanosleep: .known(0x1800_0000), inUsleep: .known(0x1800_1000), inUserSleep: .known(0x1800_2000),
+                staleInUserSleep: staleCall, recurseCallsSleep: .known(0x1000_0080), 0x1000_0600: .unknown,
+            ]
+            let jumps: [UInt: CallSite.TailJumps] = [0x1100_0000: CallSite.TailJumps(indirect: true)]
+            let frames = unwind(stack, pc: pc, fp: nil, calls: calls, jumps: jumps, exactStarts: starts)
+            #expect(frames.map(\.address) == [pc, inNanosleep, inUsleep, inUserSleep] + returns, "\(staleCall)")
+            #expect(frames.allSatisfy { !$0.isUncertain })
+        }
+    }
+
     @Test("a stale frame record after an indirect call, linking into the live chain, is not taken for a frame")
     func staleIndirectRecordBelowLiveFrame() {
         // As above, but the leftover is a whole frame record (a saved frame pointer

@@ -541,6 +541,8 @@ struct StackUnwinder {
         // after it were stale leftovers in a frame's locals.
         for position in stride(from: scan.added.count - 1, through: scan.certainCount, by: -1) {
             guard let frame = bySlot[scan.added[position]] else { continue }
+            let below = position > 0 ? bySlot[scan.added[position - 1]]?.address : nil
+            if let below, sameFunction(frame.address, below) { continue }
             if call(from: returnAddress, to: target, reaches: frame.address) {
                 for slot in scan.added[(position + 1)...] { bySlot[slot] = nil }
                 bySlot[scan.added[position]] = RawFrame(address: frame.address, isUncertain: false)
@@ -554,6 +556,18 @@ struct StackUnwinder {
             return true
         }
         return false
+    }
+
+    /// Whether two return addresses lie in the same function, as far as the
+    /// executable's symbol table tells (false when it cannot). An uncertain word
+    /// in the function of the frame right below it is no caller of that frame but
+    /// a leftover in its locals (a return address from a call that returned,
+    /// above a stack pointer a dynamic allocation moved down since, as for a
+    /// resilient value in a debug build); a record whose call reaches that
+    /// function proves the frame below, not the leftover.
+    private func sameFunction(_ first: UInt, _ second: UInt) -> Bool {
+        guard let exactStart, let start = exactStart(first, first, true) else { return false }
+        return exactStart(second, second, true) == start
     }
 
     /// Keeps the word at slot `index` as a frame when it is a return address
