@@ -1,4 +1,5 @@
 import CStallCapture
+import Foundation
 import Testing
 
 @testable import StallDetection
@@ -47,3 +48,54 @@ struct ElfSymbolTableTests {
     }
     #endif
 }
+
+#if os(Linux)
+@Suite("Naming that fails is tried again")
+struct NamingFailureTests {
+    @Test("an address a symbol table puts in a function, left unnamed by a failed naming, is named by the next try")
+    func failedNamingIsNotKept() throws {
+        let address = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: 0), "swift_retain")).address + 4
+        try #require(ElfSymbolTable.function(at: address) != nil)
+        let key = Symbolicator.Key(address: address, isReturnAddress: false)
+        let symbolicator = Symbolicator()
+        symbolicator.namingFailsForTesting.withLock { $0 = 1 }
+        #expect(symbolicator.functionNames([key]) == [nil])
+        #expect(symbolicator.functionNames([key]) == ["swift_retain"])
+    }
+
+    @Test("an address whose naming fails every time is kept unnamed after the last attempt, at no further cost")
+    func lastingFailureIsKept() throws {
+        let address = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: 0), "swift_release")).address + 4
+        let key = Symbolicator.Key(address: address, isReturnAddress: false)
+        let symbolicator = Symbolicator()
+        symbolicator.namingFailsForTesting.withLock { $0 = Symbolicator.namingAttempts }
+        for _ in 0..<Symbolicator.namingAttempts { #expect(symbolicator.functionNames([key]) == [nil]) }
+        #expect(symbolicator.namingFailsForTesting.withLock { $0 } == 0)
+        // Kept: no naming is tried again (a failure left to consume would stay).
+        symbolicator.namingFailsForTesting.withLock { $0 = 1 }
+        #expect(symbolicator.functionNames([key]) == [nil])
+        #expect(symbolicator.namingFailsForTesting.withLock { $0 } == 1)
+    }
+}
+
+extension UnsafeMutableRawPointer {
+    fileprivate var address: UInt { UInt(bitPattern: self) }
+}
+#endif
+
+#if os(Linux)
+@Suite("Taking the image map again")
+struct ImageMapRefreshTests {
+    @Test("a word in the rest of the page an image's text ends in takes the image map again never")
+    func pageTailIsNoNewImage() throws {
+        let symbolicator = Symbolicator()
+        let page = UInt(sysconf(Int32(_SC_PAGESIZE)))
+        let image = try #require(
+            symbolicator.loadedImages.first { $0.end % page != 0 && symbolicator.isFileBackedText($0.end) },
+            "an image whose text ends inside a page")
+        let generation = symbolicator.imageGeneration
+        for _ in 0..<3 { _ = symbolicator.symbolicate([RawFrame(address: image.end, isUncertain: false)]) }
+        #expect(symbolicator.imageGeneration == generation, "\(image.name) ends at 0x\(String(image.end, radix: 16))")
+    }
+}
+#endif

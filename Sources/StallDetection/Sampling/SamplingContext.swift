@@ -268,7 +268,9 @@ final class SamplingContext: @unchecked Sendable {
             let names = symbolicator.functionNames(missing)
             oneTimeCost += StallProfiler.threadCPU() - before
             if kinds.count > 100_000 { kinds.removeAll() }
-            for (key, name) in zip(missing, names) { kinds[key] = FrameKind(name: name) }
+            // An unnamed address is judged again next time: its naming may
+            // have failed, and the symbolicator caches a lasting lack of a name.
+            for (key, name) in zip(missing, names) where name != nil { kinds[key] = FrameKind(name: name) }
         }
         return StackSummary(kinds: keys.map { kinds[$0] ?? [] }, certain: raw.frames.map { !$0.isUncertain })
     }

@@ -74,6 +74,12 @@ final class Symbolicator: Sendable {
         /// Function names alone per function start (``ElfSymbolTable``), so that
         /// a new address in a known function costs no symbolication.
         var namesByStart: [UInt: String] = [:]
+        /// Addresses a symbol table puts in a function that `Runtime` named
+        /// nothing for, and how many times (``namingAttempts``).
+        var namingFailures: [Key: Int] = [:]
+        /// Pages of file-backed text that a map taken again did not place in an
+        /// image: never a reason to take it again.
+        var unplaceablePages: Set<UInt> = []
         /// How many times the image map was taken again.
         var imageGeneration = 0
         var namingCost: Int64 = 0
@@ -291,10 +297,16 @@ final class Symbolicator: Sendable {
         var runtimeCost: Int64 = 0
         if !unknown.isEmpty {
             let (images, encoded) = state.withLock { ($0.images, $0.encodedImages) }
+            let failing = namingFailsForTesting.withLock { count in
+                defer { count = max(0, count - 1) }
+                return count > 0
+            }
             let (symbolicated, cpu) = SymbolicationThread.shared.run {
-                Self.decodeBacktrace(unknown.map(\.lookupAddress), images: encoded).flatMap {
-                    $0.symbolicated(with: images, options: [.useSymbolCache])
-                }
+                failing
+                    ? nil
+                    : Self.decodeBacktrace(unknown.map(\.lookupAddress), images: encoded).flatMap {
+                        $0.symbolicated(with: images, options: [.useSymbolCache])
+                    }
             }
             runtimeCost = cpu
             for frame in symbolicated?.frames ?? [] where !frame.inlined {
@@ -308,11 +320,36 @@ final class Symbolicator: Sendable {
             for (key, start) in zip(keys, starts) where state.shortNames[key] == nil {
                 let name =
                     found[key.lookupAddress] ?? ElfSymbolTable.vdso?.function(containing: key.address)?.name ?? ""
+                if name.isEmpty && start != nil && Self.triesAgain(key, &state) { continue }
                 state.shortNames[key] = name
                 if let start, !name.isEmpty { state.namesByStart[start] = name }
             }
             state.namingCost += cost
         }
+    }
+
+    /// How many times an address a symbol table puts in a function is given to
+    /// `Runtime` before its lack of a name is kept: a naming that failed once (a
+    /// fresh process's first stall, beside busy processes, once had every frame
+    /// unnamed) does not leave the address unnamed, and its frames unjudged, for
+    /// the process's life.
+    static let namingAttempts = 3
+
+    /// Runtime namings of this symbolicator that fail, for tests: each of the
+    /// next `n` calls names nothing.
+    let namingFailsForTesting = Locked(0)
+
+    /// Whether `key`, which a symbol table puts in a function but `Runtime` did
+    /// not name, is left uncached to be named again (counting the failure).
+    private static func triesAgain(_ key: Key, _ state: inout State) -> Bool {
+        let failures = state.namingFailures[key, default: 0] + 1
+        guard failures < namingAttempts else {
+            state.namingFailures[key] = nil
+            return false
+        }
+        if state.namingFailures.count > 10_000 { state.namingFailures.removeAll() }
+        state.namingFailures[key] = failures
+        return true
     }
 
     /// Symbolicates `keys` and fills the cache, one entry per key.
@@ -438,18 +475,28 @@ final class Symbolicator: Sendable {
     /// A new image (a `dlopen` since the map was taken): executable text of a
     /// file the map does not know. (The vDSO is in no image map: taking the map
     /// again for it lost every library's symbols.)
+    ///
+    /// Not a new image: an address in the rest of the page after an image's
+    /// text (`ImageMap` ends an image's text at its last byte, the mapping at
+    /// the page's end: a word of a stack equal to that end is no reason to take
+    /// the map again), and an address a map taken again did not place before.
+    /// Taking the map again empties every cache, so a word that kept doing it
+    /// would leave every stack unnamed while the names are read anew.
     private func refreshImagesIfNeeded(for keys: [Key]) {
         let stale = state.withLock { state in
-            keys.contains {
-                state.code.isFileBackedText($0.address)
-                    && state.images.indexOfImage(at: Backtrace.Address(UInt64($0.address))) == nil
+            keys.filter {
+                state.code.isFileBackedText($0.address) && !Self.imageCovers($0.address, state.images)
+                    && !state.unplaceablePages.contains($0.address / Self.pageSize)
             }
         }
-        guard stale else { return }
+        guard !stale.isEmpty else { return }
         let images = Self.processImages(refreshing: true)
         let encoded = Self.encode(images)
         let code = Self.codeRanges(images)
         state.withLock { state in
+            for key in stale where !Self.imageCovers(key.address, images) {
+                state.unplaceablePages.insert(key.address / Self.pageSize)
+            }
             state.imageGeneration += 1
             (state.images, state.encodedImages, state.code) = (images, encoded, code)
             // A library closed and another loaded at its addresses: nothing named
@@ -458,6 +505,18 @@ final class Symbolicator: Sendable {
             state.starts.removeAll()
             state.shortNames.removeAll()
             state.namesByStart.removeAll()
+        }
+    }
+
+    private static let pageSize = UInt(sysconf(Int32(_SC_PAGESIZE)))
+
+    /// Whether an image of `images` holds `address`, counting the rest of the
+    /// page its text ends in.
+    static func imageCovers(_ address: UInt, _ images: ImageMap) -> Bool {
+        if images.indexOfImage(at: Backtrace.Address(UInt64(address))) != nil { return true }
+        return images.contains { image in
+            guard let base = UInt(image.baseAddress), let end = UInt(image.endOfText) else { return false }
+            return address >= base && address < (end + pageSize - 1) / pageSize * pageSize
         }
     }
 
