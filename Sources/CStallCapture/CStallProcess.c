@@ -31,6 +31,15 @@ int stallcapture_image_of(uintptr_t address, char *path, size_t size, uintptr_t 
     *base = (uintptr_t)info.dli_fbase;
     return 1;
 }
+
+int stallcapture_exported_name(uintptr_t address, char *name, size_t size) {
+    Dl_info info;
+    if (size == 0 || dladdr((void *)address, &info) == 0 || info.dli_sname == NULL) return 0;
+    if ((uintptr_t)info.dli_saddr != address) return 0;
+    strncpy(name, info.dli_sname, size - 1);
+    name[size - 1] = 0;
+    return 1;
+}
 #else
 uintptr_t stallcapture_current_queue(void) { return 0; }
 
@@ -43,6 +52,11 @@ uintptr_t stallcapture_auxiliary_value(unsigned long type) {
 
 int stallcapture_image_of(uintptr_t address, char *path, size_t size, uintptr_t *base) {
     (void)address; (void)path; (void)size; (void)base;
+    return 0;
+}
+
+int stallcapture_exported_name(uintptr_t address, char *name, size_t size) {
+    (void)address; (void)name; (void)size;
     return 0;
 }
 #endif

@@ -27,4 +27,9 @@ uintptr_t stallcapture_auxiliary_value(unsigned long type);
 /// zero). Returns 1 when an image holds it, else 0.
 int stallcapture_image_of(uintptr_t address, char *path, size_t size, uintptr_t *base);
 
+/// The exported symbol that starts exactly at `address` (`dladdr`), copied
+/// into `name` (NUL-terminated, at most `size` bytes); 1 when found, else 0
+/// (0 everywhere but Linux).
+int stallcapture_exported_name(uintptr_t address, char *name, size_t size);
+
 #endif

@@ -311,7 +311,7 @@ final class Symbolicator: Sendable {
             runtimeCost = cpu
             for frame in symbolicated?.frames ?? [] where !frame.inlined {
                 if let original = UInt(frame.captured.originalProgramCounter), let symbol = frame.symbol {
-                    found[original] = symbol.name
+                    found[original] = Self.readableFunction(symbol.name, offset: symbol.offset, at: original)
                 }
             }
         }
@@ -421,7 +421,9 @@ final class Symbolicator: Sendable {
             group.append(
                 StackFrame(
                     address: original,
-                    function: symbol.map { readableName($0.name, file: file) },
+                    function: symbol.map {
+                        readableName(readableFunction($0.name, offset: $0.offset, at: original), file: file)
+                    },
                     file: file,
                     line: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.line : nil },
                     image: symbol?.imageName,

@@ -163,6 +163,16 @@ enum CallSite {
         #endif
     }
 
+    /// Where the PLT stub at `stub` jumps: the function its GOT slot holds; nil
+    /// for anything else (the PLT's first entry, other code) and off x86-64.
+    static func pltTarget(ofStub stub: UInt, readWord: (UInt) -> UInt?) -> UInt? {
+        #if arch(x86_64)
+        return resolvePLT(stub, readWord: readWord)
+        #else
+        return nil
+        #endif
+    }
+
     #if arch(x86_64)
     private static func resolvePLT(_ stub: UInt, readWord: (UInt) -> UInt?) -> UInt? {
         let bytes = codeBytes(at: stub, words: 2, readWord: readWord)
