@@ -15,8 +15,13 @@ extension Symbolicator {
     static func readableFunction(_ name: String, offset: Int, at address: UInt) -> String {
         guard name == "_init", offset >= initFunctionSize else { return name }
         let blocks = MemoryBlocks()
-        // Stubs are 16 bytes, 16-byte aligned.
-        guard let target = CallSite.pltTarget(ofStub: address & ~0xF, readWord: { blocks.word(at: $0) }) else {
+        // `.plt` and `.plt.sec` stubs are 16 bytes, 16-byte aligned; `.plt.got`
+        // stubs (`jmp *slot(%rip)` and a 2-byte nop) 8 bytes, 8-byte aligned: the
+        // 8-byte start is tried first, so that an address in the second of two
+        // short stubs is not named after the first.
+        let starts = [address & ~0x7, address & ~0xF]
+        let read: (UInt) -> UInt? = { blocks.word(at: $0) }
+        guard let target = starts.lazy.compactMap({ CallSite.pltTarget(ofStub: $0, readWord: read) }).first else {
             return name
         }
         var buffer = [CChar](repeating: 0, count: 512)

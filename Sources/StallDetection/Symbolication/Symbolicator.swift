@@ -377,7 +377,17 @@ final class Symbolicator: Sendable {
             let batchKeys = Array(batch)
             let symbolicated = Self.decodeBacktrace(batchKeys.map(\.lookupAddress), images: encoded)?
                 .symbolicated(with: images)
-            state.withLock { _ = Self.store(symbolicated, for: batchKeys, in: &$0) }
+            // PLT stubs are named outside the lock: `dladdr` takes the dynamic
+            // loader's lock, which a `dlopen` in progress holds.
+            var plt: [UInt: String] = [:]
+            for frame in symbolicated?.frames ?? [] where !frame.inlined {
+                guard let original = UInt(frame.captured.originalProgramCounter), let symbol = frame.symbol else {
+                    continue
+                }
+                let name = Self.readableFunction(symbol.name, offset: symbol.offset, at: original)
+                if name != symbol.name { plt[original] = name }
+            }
+            state.withLock { _ = Self.store(symbolicated, for: batchKeys, plt: plt, in: &$0) }
         }.cpu
         let named = state.withLock { state in
             state.namingCost += StallProfiler.threadCPU() - before + runtimeCost
@@ -410,7 +420,7 @@ final class Symbolicator: Sendable {
 
     /// Caches the frames `symbolicated` gives for `keys`; returns the keys named.
     private static func store(
-        _ symbolicated: SymbolicatedBacktrace?, for keys: [Key], in state: inout State
+        _ symbolicated: SymbolicatedBacktrace?, for keys: [Key], plt: [UInt: String], in state: inout State
     ) -> Set<Key> {
         var named = Set<Key>(keys.filter { state.cache[$0] != nil })
         var group: [StackFrame] = []
@@ -421,9 +431,7 @@ final class Symbolicator: Sendable {
             group.append(
                 StackFrame(
                     address: original,
-                    function: symbol.map {
-                        readableName(readableFunction($0.name, offset: $0.offset, at: original), file: file)
-                    },
+                    function: symbol.map { readableName(plt[original] ?? $0.name, file: file) },
                     file: file,
                     line: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.line : nil },
                     image: symbol?.imageName,
