@@ -522,7 +522,7 @@ final class Symbolicator: Sendable {
 
     /// Whether an image of `images` holds `address`, counting the rest of the
     /// page its text ends in.
-    static func imageCovers(_ address: UInt, _ images: ImageMap) -> Bool {
+    private static func imageCovers(_ address: UInt, _ images: ImageMap) -> Bool {
         if images.indexOfImage(at: Backtrace.Address(UInt64(address))) != nil { return true }
         return images.contains { image in
             guard let base = UInt(image.baseAddress), let end = UInt(image.endOfText) else { return false }
