@@ -9,12 +9,13 @@ import Glibc
 // Attacks on the sampler. Extra output lines (besides PROFILE and FUNCTION):
 //   FDS <label> <open descriptors>        /proc/self/fd entries at a point of the scenario
 //   OPENED <0|1> <errno>                  whether the program could still open a file after a stall
+//   SLEEPS <sleeps> <cut short>           sleeps of the stalled job and how many a signal ended early
 
 /// The scenarios this file runs.
 let samplerAttackScenarios: Set<String> = [
     "sampler-phases", "sampler-masked", "sampler-masked-only", "sampler-nofile", "sampler-pool-crowd",
     "sampler-custom-crowd",
-    "sampler-tailcall",
+    "sampler-tailcall", "sampler-sleep-cut",
 ]
 
 func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
@@ -49,6 +50,14 @@ func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
 
     case "sampler-pool-crowd", "sampler-custom-crowd":
         runCrowdScenario(scenario, number, queue: queue)
+
+    case "sampler-sleep-cut":
+        // One stall of `number` ms (default 3 s) that alternates 1 ms of spinning
+        // with 1 ms asleep, so that looks often find the thread running just
+        // before it sleeps: a signal sent then ends the sleep early (EINTR).
+        watchWithProfile(detector, endedCount: 1)
+        queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackSpinSleep(number) }
+        dispatchMain()
 
     case "sampler-tailcall":
         // Two stalls in a function the job's closure reaches by a tail call (a
@@ -241,4 +250,21 @@ func samplerAttackMaskedSpinPhase(_ ms: Int) {
     pthread_sigmask(SIG_BLOCK, &set, &old)
     samplerAttackSpinPhase(ms)
     pthread_sigmask(SIG_SETMASK, &old, nil)
+}
+
+/// Alternates 1 ms of spinning with 1 ms asleep for `ms` and prints how many
+/// sleeps a signal cut short (`SLEEPS`).
+@inline(never)
+func samplerAttackSpinSleep(_ ms: Int) {
+    let end = ContinuousClock.now + .milliseconds(ms)
+    var (sleeps, cut) = (0, 0)
+    while ContinuousClock.now < end {
+        let spinEnd = ContinuousClock.now + .milliseconds(1)
+        while ContinuousClock.now < spinEnd {}
+        var request = timespec(tv_sec: 0, tv_nsec: 1_000_000)
+        var left = timespec()
+        sleeps += 1
+        if nanosleep(&request, &left) != 0 && errno == EINTR { cut += 1 }
+    }
+    emit("SLEEPS \(sleeps) \(cut)")
 }

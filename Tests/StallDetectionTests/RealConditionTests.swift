@@ -68,7 +68,9 @@ struct RealConditionTests {
         }
         let promised = Self.promised(for: run)
         #expect(run.exitStatus == 0)
-        #expect(sampled, "the last run's sampler looked too seldom: the machine gave it no core")
+        #expect(
+            sampled,
+            "the last run's sampler looked too seldom (the machine gave it no core), or B's sleep was cut short")
         let rate = stall.samples / 0.9
         let interval = Self.profileInterval(run) ?? .infinity
         print(
@@ -100,10 +102,21 @@ struct RealConditionTests {
     /// Whether the sampler looked at least a third as often as its pace asked
     /// over the 0.9 s stall (the looks are the machine's speed: printed); if it
     /// did, the profile's split is checked (``expectSplit(_:scenario:)``).
+    /// A run whose B sleep returned early is not judged either: a look's signal
+    /// reached the thread in the microseconds it took to fall asleep, and its
+    /// `usleep` returned at once with `EINTR`, as under any signal-based profiler
+    /// (documented in HowStallReportsAreMade; `sleepsCutShort` in
+    /// SamplerAttackTests bounds how often). The stall staged did not happen, and
+    /// the profile, which shows no B, says what did.
     static func looked(_ run: ProbeRun, scenario: String, stall: (samples: Double, a: Double, b: Double)) -> Bool {
         let looks = run.tracedSamples.filter(\.kept).count
         let needed = 900 / (profileInterval(run) ?? 10) / 3
         print("\(scenario): \(looks) looks (\(needed) needed to judge the split), A \(stall.a) : B \(stall.b)")
+        if let sleep = run.sleeps.first, sleep.result != 0 || sleep.milliseconds < 299 {
+            print(
+                "\(scenario): B's usleep returned \(sleep.result) after \(sleep.milliseconds) ms (cut short by a look)")
+            return false
+        }
         guard Double(looks) >= needed else { return false }
         expectSplit(stall, scenario: scenario)
         return true
