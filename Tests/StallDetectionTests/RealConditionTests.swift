@@ -111,7 +111,10 @@ struct RealConditionTests {
     static func looked(_ run: ProbeRun, scenario: String, stall: (samples: Double, a: Double, b: Double)) -> Bool {
         let looks = run.tracedSamples.filter(\.kept).count
         let needed = 900 / (profileInterval(run) ?? 10) / 3
-        print("\(scenario): \(looks) looks (\(needed) needed to judge the split), A \(stall.a) : B \(stall.b)")
+        let unkept = run.tracedSamples.count - looks
+        print(
+            "\(scenario): \(looks) looks (\(needed) needed to judge the split; \(unkept) found no stack), "
+                + "A \(stall.a) : B \(stall.b), stall \(run.realMilliseconds) ms, B asleep \(run.sleeps)")
         if let sleep = run.sleeps.first, sleep.result != 0 || sleep.milliseconds < 299 {
             print(
                 "\(scenario): B's usleep returned \(sleep.result) after \(sleep.milliseconds) ms (cut short by a look)")

@@ -22,28 +22,49 @@ struct StallDetectorIntegrationTests {
 
     /// Runs a scenario until its stall was detected within ``detectionBound`` (3
     /// runs at most: on a loaded machine the detector's look, like any thread,
-    /// can wait for a core), then checks the rest on that run.
+    /// can wait for a core), then checks the rest on that run. Only lateness is
+    /// tried again: what a late run reported is checked as well
+    /// (``expectReport(_:function:sourceLocation:)``).
     @discardableResult
     func expectOneStall(
         function: String, sourceLocation: SourceLocation = #_sourceLocation, _ makeRun: () throws -> ProbeRun
     ) rethrows -> ProbeRun {
         var run = try makeRun()
-        for _ in 1..<3 where (run.started.first?.milliseconds ?? 0) > detectionBound { run = try makeRun() }
+        for _ in 1..<3 where (run.started.first?.milliseconds ?? 0) > detectionBound {
+            print("\(function): detected after \(run.started.first?.milliseconds ?? 0) ms: run again")
+            expectReport(run, function: function, sourceLocation: sourceLocation)
+            run = try makeRun()
+        }
         #expect(run.exitStatus == 0, sourceLocation: sourceLocation)
-        #expect(run.started.count == 1, "\(run.lines)", sourceLocation: sourceLocation)
-        #expect(run.ended.count == 1, "\(run.lines)", sourceLocation: sourceLocation)
+        expectReport(run, function: function, sourceLocation: sourceLocation)
         guard let started = run.started.first, let ended = run.ended.first, let real = run.realMilliseconds.first
         else { return run }
-        #expect(started.id == ended.id, sourceLocation: sourceLocation)
         #expect(
             started.milliseconds <= detectionBound, "detected after \(started.milliseconds) ms in 3 runs",
             sourceLocation: sourceLocation)
-        #expect(started.report.contains(function), "\(started.report)", sourceLocation: sourceLocation)
-        #expect(started.report.contains(".swift:"), "file and line are shown", sourceLocation: sourceLocation)
         #expect(
             abs(ended.milliseconds - real) <= real * 0.05, "\(ended.milliseconds) vs real \(real)",
             sourceLocation: sourceLocation)
         return run
+    }
+
+    /// One stall, started and ended once, whose `.started` names `function` with
+    /// its file and line; a `.started` decided only after the stall had ended
+    /// (its time at or past the stall's length: the detector got no core while
+    /// the job ran) has no stack to take, and may say so instead.
+    func expectReport(_ run: ProbeRun, function: String, sourceLocation: SourceLocation) {
+        #expect(run.started.count == 1, "\(run.lines)", sourceLocation: sourceLocation)
+        #expect(run.ended.count == 1, "\(run.lines)", sourceLocation: sourceLocation)
+        guard let started = run.started.first, let ended = run.ended.first else { return }
+        #expect(started.id == ended.id, sourceLocation: sourceLocation)
+        if let real = run.realMilliseconds.first, started.milliseconds >= real,
+            !started.report.contains(function)
+        {
+            print("\(function): decided after the stall ended (\(started.milliseconds) ms of \(real)), no stack")
+            return
+        }
+        #expect(started.report.contains(function), "\(started.report)", sourceLocation: sourceLocation)
+        #expect(started.report.contains(".swift:"), "file and line are shown", sourceLocation: sourceLocation)
     }
 
     @Test("a serial queue blocked 600 ms: started on time with the blocking function, ended within 5 %")
