@@ -11,12 +11,13 @@ import Glibc
 // do its work. Extra output lines:
 //   SECCOMP <0|errno>   whether the filter refusing process_vm_readv was installed
 //   HANDLER <result>    whether the thread's own signal handler was entered
+//   HOSTTICKS <count>   SIGPROF signals of the host profiler's timer its handler received
 
 /// The scenarios this file runs.
 let degradedScenarios: Set<String> = [
     "degraded-seccomp-busy", "degraded-seccomp-sleep", "degraded-sleep", "degraded-handler-replaced",
     "degraded-sigprof-blocked", "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
-    "degraded-in-handler-spin-altstack",
+    "degraded-in-handler-spin-altstack", "degraded-host-profiler", "degraded-sigprof-blocked-sync",
 ]
 
 func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
@@ -48,6 +49,24 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
             matrixBusy1(milliseconds)
         }
         RunLoop.main.run()
+    case "degraded-host-profiler":
+        degradedHostProfiler(milliseconds)
+    case "degraded-sigprof-blocked-sync":
+        // The queue's job runs with SIGPROF blocked on a thread of the program's
+        // own (`queue.sync` runs it on the caller), never the thread that
+        // answered the detector's last probe.
+        let queue = DispatchQueue(label: "probe.degraded")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        Thread {
+            usleep(300_000)
+            var set = sigset_t()
+            sigemptyset(&set)
+            sigaddset(&set, SIGPROF)
+            pthread_sigmask(SIG_BLOCK, &set, nil)
+            queue.sync { matrixBusy1(milliseconds) }
+        }.start()
+        dispatchMain()
     case "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
         "degraded-in-handler-spin-altstack":
         // The stalled job raises SIGUSR1; its handler sleeps (the detector reads
@@ -75,6 +94,44 @@ private func degradedQueueStall(_ milliseconds: Int, block: @escaping @Sendable 
     watch(detector, endedCount: 1, then: finishAndExit(detector))
     queue.asyncAfter(deadline: .now() + 0.3) { block(milliseconds) }
     dispatchMain()
+}
+
+/// SIGPROF signals the host profiler's handler received.
+private let degradedHostTicks = Atomic<Int>(0)
+
+/// A host profiler (gperftools, a language runtime's) installed its SIGPROF
+/// handler and an `ITIMER_PROF` of 1 ms of process CPU before the detector
+/// started; then 6 stalls of `milliseconds` on a queue, spinning and asleep in
+/// turn, 300 ms apart.
+private func degradedHostProfiler(_ milliseconds: Int) {
+    var action = sigaction()
+    setPlainHandler(&action) { _ in degradedHostTicks.add(1, ordering: .relaxed) }
+    action.sa_flags = SA_RESTART
+    sigemptyset(&action.sa_mask)
+    sigaction(SIGPROF, &action, nil)
+    setProfilingTimer(microseconds: 1_000)
+    let queue = DispatchQueue(label: "probe.host-profiler")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    watch(detector, endedCount: 6) {
+        emit("HOSTTICKS \(degradedHostTicks.load(ordering: .relaxed))")
+        finishAndExit(detector)()
+    }
+    for index in 0..<6 {
+        let start = 0.3 + Double(index) * (0.3 + Double(milliseconds) / 1_000)
+        queue.asyncAfter(deadline: .now() + start) {
+            if index.isMultiple(of: 2) { matrixBusy1(milliseconds) } else { degradedSleepThrough(milliseconds) }
+        }
+    }
+    dispatchMain()
+}
+
+/// Asleep for `milliseconds`, through the signals that interrupt the sleep (the
+/// host profiler's timer signals whichever thread it likes).
+@inline(never)
+func degradedSleepThrough(_ milliseconds: Int) {
+    var request = timespec(tv_sec: milliseconds / 1_000, tv_nsec: (milliseconds % 1_000) * 1_000_000)
+    var remaining = timespec()
+    while nanosleep(&request, &remaining) != 0 && errno == EINTR { request = remaining }
 }
 
 @inline(never)

@@ -45,6 +45,18 @@ func setOpenFilesLimit(_ limit: rlimit) {
     #endif
 }
 
+/// Arms this process's `ITIMER_PROF` (SIGPROF every `microseconds` of the
+/// process's CPU time); glibc spells the timer's kind as an enum.
+func setProfilingTimer(microseconds: Int) {
+    let interval = timeval(tv_sec: microseconds / 1_000_000, tv_usec: .init(microseconds % 1_000_000))
+    var timer = itimerval(it_interval: interval, it_value: interval)
+    #if canImport(Darwin)
+    setitimer(ITIMER_PROF, &timer, nil)
+    #else
+    setitimer(__itimer_which_t(ITIMER_PROF.rawValue), &timer, nil)
+    #endif
+}
+
 /// Opens `path` for reading (the C library's `open`, not Foundation's).
 func openReadOnly(_ path: String) -> Int32 {
     #if canImport(Darwin)

@@ -43,7 +43,8 @@ struct ProbeRun {
         if let iterations {
             process.arguments = ["-c", "i=0; while [ $i -lt \(iterations) ]; do i=$((i+1)); done"]
         } else {
-            process.arguments = ["-c", "while :; do :; done"]
+            // Ends with the test process too (a killed test leaves no busy loop).
+            process.arguments = ["-c", "while kill -0 \(getpid()) 2>/dev/null; do :; done"]
         }
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice

@@ -85,6 +85,32 @@ struct DegradedEnvironmentTests {
         #expect(run.ended.first?.report.contains("runs with SIGPROF blocked") == true, "\(run.lines)")
     }
 
+    @Test("SIGPROF blocked in a queue's job run by queue.sync on another thread: the profile says so, not empty")
+    func signalBlockedOnAnotherThread() throws {
+        let (report, run) = try started(["degraded-sigprof-blocked-sync", "800"])
+        #expect(report.contains("runs with SIGPROF blocked"), "\(report)")
+        let ended = run.ended.first?.report ?? ""
+        #expect(ended.contains("runs with SIGPROF blocked"), "\(run.lines)")
+        #expect(ended.contains("<running, stack unavailable"), "the profile counts the time: \(ended)")
+    }
+
+    @Test("a host profiler's SIGPROF handler and 1 ms ITIMER_PROF installed first: every stall names its function")
+    func hostProfilerFirst() throws {
+        // No retry: the host's signals and the detector's share SIGPROF; a stall
+        // reported without its function (spinning or asleep) is a lost stack.
+        let run = try ProbeRun.run(["degraded-host-profiler", "400"])
+        #expect(run.exitStatus == 0)
+        #expect(run.started.count == 6 && run.ended.count == 6, "\(run.lines.filter { !$0.hasPrefix("EVENT") })")
+        for (index, event) in run.started.enumerated() {
+            let function = index.isMultiple(of: 2) ? "matrixBusy" : "degradedSleepThrough"
+            #expect(event.report.contains(function), "stall \(index + 1): \(event.report)")
+            let ended = run.ended.first { $0.id == event.id }?.report ?? ""
+            #expect(ended.contains(function), "stall \(index + 1) ended: \(ended)")
+        }
+        // The host's handler still gets its timer's signals (chained).
+        #expect((run.value("HOSTTICKS").first ?? 0) > 100, "\(run.lines.filter { $0.hasPrefix("HOSTTICKS") })")
+    }
+
     /// gdb attached while the handler sleeps; its frames' addresses, innermost
     /// first, to `start_thread` (`<signal handler called>` and frames gdb prints without an address
     /// are nil).
