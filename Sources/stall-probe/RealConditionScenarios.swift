@@ -11,11 +11,13 @@ import Synchronization
 //     -2: in the queue's block before its blocker>
 //   BLOCKED <index> <begin ms> <end ms>      monotonic times a queue's block began and ended
 //   LATE <index> <text>   a late `.started`: how late and why (StallEvent.Lateness)
+//   DEPTHS <depth>:<samples> …   the profile's samples by how many queueBlocker frames they show
+//     (-1: looks the thread did not answer); ODD <samples> <stack>: a stack without 3 such frames
 
 /// The scenarios this file runs.
 let realConditionScenarios: Set<String> = [
     "first-stall", "first-stall-main", "many-queues", "many-loops", "runloop-start-pass", "suspended-queue",
-    "short-stalls", "crowded",
+    "short-stalls", "crowded", "recursion-depth",
 ]
 
 func runRealConditionScenario(_ scenario: String, _ number: Int) {
@@ -26,6 +28,7 @@ func runRealConditionScenario(_ scenario: String, _ number: Int) {
     case "short-stalls": runShortStalls(number)
     case "suspended-queue": runSuspendedQueue(number)
     case "crowded": runCrowded(threads: number)
+    case "recursion-depth": runRecursionDepth(number)
     default:
         print("unknown scenario \(scenario)")
         exit(2)
@@ -59,6 +62,35 @@ func runFirstStall(onMain: Bool) {
         }
     }
     if onMain { RunLoop.main.run() } else { dispatchMain() }
+}
+
+/// One stall of `ms` in queueBlocker recursed 3 deep: every sample of its
+/// profile must show the 3 frames (`DEPTHS`), as a detector per event loop tells
+/// its target's blocker from its neighbours' by that depth.
+func runRecursionDepth(_ ms: Int) {
+    let queue = DispatchQueue(label: "probe.recursion")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    detector.start()
+    Task.detached {
+        for await event in detector.events where event.phase == .ended {
+            let profile = event.profile
+            var depths: [Int: Int] = [:]
+            for stack in profile.stacks {
+                let names = stack.functionIndices.map { profile.functions[$0].name }
+                // -1: a look the thread did not answer (no stack to judge).
+                let unanswered = names.count == 1 && names[0].hasPrefix("<running, stack unavailable")
+                let depth = unanswered ? -1 : names.filter { $0.contains("queueBlocker") }.count
+                depths[depth, default: 0] += stack.samples
+                if depth != 3 && !unanswered {
+                    emit("ODD \(stack.samples) " + names.joined(separator: " ← "))
+                }
+            }
+            emit("DEPTHS " + depths.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" }.joined(separator: " "))
+            finishAndExit(detector)()
+        }
+    }
+    queue.asyncAfter(deadline: .now() + 0.3) { queueBlocker(depth: 3, ms: ms) }
+    dispatchMain()
 }
 
 /// `count` serial queues (default 8), one detector each (`.queue`, or `.custom`

@@ -234,6 +234,34 @@ struct RealConditionTests {
         #expect(result.right == count, "\(result) \(details)")
     }
 
+    @Test("a stall in a function recursed 3 deep: every sample of its profile shows the 3 frames")
+    func recursionDepthInEverySample() throws {
+        // One detector per event loop tells its target's blocker from its
+        // neighbours' by this depth: a sample that loses a recursive frame reads
+        // as another loop's stall (a 200-run rate of 8 event loops beside two busy
+        // processes, release: 1 of 1,600 reports). Known open defect: 2 of 294
+        // samples showed 2 frames in one of about 130 release runs; printed,
+        // never retried. A sample without the function (0 frames) is the job's
+        // first or last microseconds (its block called or released, or the
+        // probe that ends the stall): at most 2. More than 3 frames is a phantom.
+        let run = try ProbeRun.run(["recursion-depth", "3000"])
+        #expect(run.exitStatus == 0)
+        let line = run.lines.first { $0.hasPrefix("DEPTHS ") } ?? ""
+        var depths: [Int: Int] = [:]
+        for field in line.split(separator: " ").dropFirst() {
+            let parts = field.split(separator: ":").compactMap { Int($0) }
+            if parts.count == 2 { depths[parts[0]] = parts[1] }
+        }
+        let odd = run.lines.filter { $0.hasPrefix("ODD ") }
+        print("recursion-depth: \(line) \(odd)")
+        #expect((depths[3] ?? 0) >= 30, "\(run.lines.suffix(5))")
+        #expect((depths[0] ?? 0) <= 2, "samples outside the function: \(odd)")
+        #expect(!depths.keys.contains { $0 > 3 }, "a phantom recursive frame: \(odd)")
+        withKnownIssue("a sample lost a recursive frame", isIntermittent: true) {
+            #expect(depths[1] == nil && depths[2] == nil, "\(odd)")
+        }
+    }
+
     @Test("50 stalls just over the threshold (275 ms at 250 ms), beside two busy processes: each reported once")
     func stallsJustOverTheThreshold() throws {
         let run = try ProbeRun.withBurners(2) { try ProbeRun.run(["short-stalls", "275"], timeLimit: 90) }
