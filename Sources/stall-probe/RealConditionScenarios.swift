@@ -89,6 +89,7 @@ func runRecursionDepth(_ ms: Int) {
             finishAndExit(detector)()
         }
     }
+    emit("BASE \(String(executableBase() ?? 0, radix: 16))")
     queue.asyncAfter(deadline: .now() + 0.3) { queueBlocker(depth: 3, ms: ms) }
     dispatchMain()
 }

@@ -134,8 +134,21 @@ private func runNoFileScenario(_ number: Int, queue: DispatchQueue, detector: St
     limit.rlim_cur = rlim_t(open + 40)
     setOpenFilesLimit(limit)
     watchWithProfile(detector, endedCount: 2)
-    // The detector's own descriptors (its thread, timers) are open by now.
-    usleep(200_000)
+    // libdispatch opens descriptors lazily, once each, and crashes when it
+    // cannot (SIGILL): its manager's epoll, eventfd and timer, its worker
+    // monitor's timer, the main queue's eventfd under dispatchMain(). The
+    // filling waits until all exist, whatever the machine's load: a timer has
+    // fired on a worker, and the main queue runs under dispatchMain(). The
+    // detector's own descriptors (its thread, its stop witness) are open by then.
+    DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) {
+        DispatchQueue.main.async { samplerAttackFillAndStall(number, queue: queue) }
+    }
+    dispatchMain()
+}
+
+/// Opens `/dev/null` until no descriptor is left, closes `number` of them, then
+/// two stalls of `queue` and the report of what the program can still open.
+private func samplerAttackFillAndStall(_ number: Int, queue: DispatchQueue) {
     var filler: [Int32] = []
     while true {
         let descriptor = openReadOnly("/dev/null")
@@ -147,7 +160,6 @@ private func runNoFileScenario(_ number: Int, queue: DispatchQueue, detector: St
     queue.asyncAfter(deadline: .now() + 0.2) { samplerAttackSleepPhase(500) }
     queue.asyncAfter(deadline: .now() + 1.2) { samplerAttackSleepPhase(500) }
     queue.asyncAfter(deadline: .now() + 1.8) { samplerAttackReportDescriptors(number) }
-    dispatchMain()
 }
 
 /// After the `sampler-nofile` stalls: whether the program can still open its

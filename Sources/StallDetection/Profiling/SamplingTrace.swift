@@ -16,6 +16,10 @@ import Darwin
 /// joined the profile, when the next sample is due, and when this one was taken
 /// (monotonic clock), from which gaps between samples are read. The stall probe's
 /// `first-stall` scenario and `Benchmarks/stall-rates.sh` read these lines.
+/// A look that took a stack also prints its raw frames (innermost first, an
+/// uncertain one marked `?`), to trace a frame an unwind lost or made up:
+///
+///     stalldetection frames <address hex>[?] …
 ///
 /// Every search for a target's blocked thread prints what it saw, to trace a
 /// report that blames the wrong thread:
@@ -33,6 +37,13 @@ enum SamplingTrace {
             "stalldetection sample \(cost / 1_000) \(naming / 1_000) \(kept ? 1 : 0) \((next ?? -1_000) / 1_000) "
             + "\(taken / 1_000)\n"
         _ = line.withCString { write(2, $0, strlen($0)) }
+    }
+
+    /// Prints a look's raw frames (`frames`).
+    static func frames(_ frames: [RawFrame]) {
+        let words = frames.map { String($0.address, radix: 16) + ($0.isUncertain ? "?" : "") }
+        let text = "stalldetection frames " + words.joined(separator: " ") + "\n"
+        _ = text.withCString { write(2, $0, strlen($0)) }
     }
 
     /// Prints one search's line (`find`), when the trace is on.

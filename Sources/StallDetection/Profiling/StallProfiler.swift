@@ -412,6 +412,7 @@ final class StallProfiler: Sendable {
         if Self.traced {
             SamplingTrace.sample(
                 cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken }, taken: taken)
+            if let frames, frames != Self.unsampledRaw { SamplingTrace.frames(frames) }
         }
         if let (generation, at) = next { schedule(generation: generation, at: at, now: Monotonic.now()) }
     }
