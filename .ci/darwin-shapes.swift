@@ -70,7 +70,7 @@ public struct stack_t {
 
 @discardableResult public func sigaltstack(_ stack: UnsafePointer<stack_t>!, _ old: UnsafeMutablePointer<stack_t>!) -> Int32 { 0 }
 
-// MARK: Resource limits and usage: plain `Int32` constants, not enums.
+// MARK: Resource limits, usage and interval timers: plain `Int32` constants, not enums.
 
 public var RLIMIT_NOFILE: Int32 { 8 }
 public var RLIMIT_STACK: Int32 { 3 }
@@ -82,6 +82,10 @@ public var SOCK_DGRAM: Int32 { 2 }
 @discardableResult public func getrlimit(_ resource: Int32, _ limit: UnsafeMutablePointer<rlimit>!) -> Int32 { 0 }
 @discardableResult public func setrlimit(_ resource: Int32, _ limit: UnsafePointer<rlimit>!) -> Int32 { 0 }
 @discardableResult public func getrusage(_ who: Int32, _ usage: UnsafeMutablePointer<rusage>!) -> Int32 { 0 }
+public var ITIMER_PROF: Int32 { 2 }
+@discardableResult public func setitimer(
+    _ which: Int32, _ value: UnsafePointer<itimerval>!, _ old: UnsafeMutablePointer<itimerval>!
+) -> Int32 { 0 }
 
 // MARK: Not on Darwin at all.
 
