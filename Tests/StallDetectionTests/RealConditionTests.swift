@@ -240,7 +240,7 @@ struct RealConditionTests {
         // neighbours' by this depth: a sample that loses a recursive frame reads
         // as another loop's stall (a 200-run rate of 8 event loops beside two busy
         // processes, release: 1 of 1,600 reports). Known open defect: 2 of 294
-        // samples showed 2 frames in one of about 130 release runs; printed,
+        // samples showed 2 frames in one of about 160 release runs; printed,
         // never retried. A sample without the function (0 frames) is the job's
         // first or last microseconds (its block called or released, or the
         // probe that ends the stall): at most 2. More than 3 frames is a phantom.
