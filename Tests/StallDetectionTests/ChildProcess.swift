@@ -15,6 +15,13 @@ struct ProbeRun {
     var realMilliseconds: [Double] = []
     /// `SLEEP <result> <ms>` lines: what a stalled `usleep` returned and took.
     var sleeps: [(result: Int, milliseconds: Double)] = []
+
+    /// Whether the first `SLEEP` line's sleep of `milliseconds` returned early: a
+    /// look's signal reached the thread as it fell asleep (`EINTR`), so the stall
+    /// the scenario staged did not happen.
+    func firstSleepCutShort(of milliseconds: Double) -> Bool {
+        sleeps.first.map { $0.result != 0 || $0.milliseconds < milliseconds - 1 } ?? false
+    }
     /// `SAMPLING <ms>` lines, one per `.started`.
     var samplingMilliseconds: [Double] = []
     var lines: [String] = []

@@ -58,7 +58,7 @@ extension StallDetectorIntegrationTests {
             // HowStallReportsAreMade; bounded by SamplerAttackTests'
             // `sleepsCutShort`), so the stall staged did not happen.
             var run = try ProbeRun.run([scenario])
-            for _ in 1..<3 where run.sleeps.first.map({ $0.result != 0 && $0.milliseconds < 299 }) == true {
+            for _ in 1..<3 where run.firstSleepCutShort(of: 300) {
                 print("\(scenario): B's sleep was cut short (\(run.sleeps)): run again")
                 run = try ProbeRun.run([scenario])
             }

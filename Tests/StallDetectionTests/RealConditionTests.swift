@@ -115,9 +115,8 @@ struct RealConditionTests {
         print(
             "\(scenario): \(looks) looks (\(needed) needed to judge the split; \(unkept) found no stack), "
                 + "A \(stall.a) : B \(stall.b), stall \(run.realMilliseconds) ms, B asleep \(run.sleeps)")
-        if let sleep = run.sleeps.first, sleep.result != 0 || sleep.milliseconds < 299 {
-            print(
-                "\(scenario): B's usleep returned \(sleep.result) after \(sleep.milliseconds) ms (cut short by a look)")
+        if run.firstSleepCutShort(of: 300) {
+            print("\(scenario): B's usleep was cut short by a look: \(run.sleeps)")
             return false
         }
         guard Double(looks) >= needed else { return false }
