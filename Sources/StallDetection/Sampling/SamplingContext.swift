@@ -139,12 +139,13 @@ final class SamplingContext: @unchecked Sendable {
                 return .failed(.unavailable(installError, threadID: Self.reportedID(thread)))
             }
             let (raw, wentBeyond) = unwind(copy, thread: thread, queue: queue)
-            if !signalled, copy.truncated, wentBeyond || !summary(raw).reachesRoot,
-                case .copied(let whole, signalled: false) = sampler.capture(thread: thread)
-            {
-                return .stack(unwind(whole, thread: thread, queue: queue).raw)
-            }
-            return .stack(raw)
+            guard !signalled, copy.truncated, wentBeyond || !summary(raw).reachesRoot else { return .stack(raw) }
+            // Taken again whole; a thread that woke meanwhile is signalled, and
+            // its whole stack of a moment later is the sample.
+            guard case .copied(let whole, let signalledNow) = sampler.capture(thread: thread),
+                !signalledNow || installError == nil
+            else { return .stack(raw) }
+            return .stack(unwind(whole, thread: thread, queue: queue).raw)
         }
     }
 
