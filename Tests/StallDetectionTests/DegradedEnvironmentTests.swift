@@ -19,7 +19,13 @@ struct DegradedEnvironmentTests {
     /// (800 ms at a 250 ms threshold) is reported once, however late, so a run
     /// with no report or two is a lost or a false one, and fails.
     private func started(_ arguments: [String], through launcher: [String] = []) throws -> (String, ProbeRun) {
-        let run = try runProbe(arguments, through: launcher)
+        var run = try runProbe(arguments, through: launcher)
+        if run.lines.isEmpty && run.exitStatus != 0 {
+            // The launcher failed before the probe printed anything (the
+            // namespace or mount not made): no stall was staged. Printed.
+            print("\(launcher.first ?? "probe") failed (exit \(run.exitStatus), no output): run again")
+            run = try runProbe(arguments, through: launcher)
+        }
         #expect(run.started.count == 1, "one stall staged, \(run.started.count) reported: \(run.lines.suffix(8))")
         return (run.started.first?.report ?? "", run)
     }
@@ -34,10 +40,18 @@ struct DegradedEnvironmentTests {
         process.environment = environment
         let output = Pipe()
         process.standardOutput = output
-        process.standardError = FileHandle.nullDevice
+        // Into a file: a pipe read after stdout could fill and block the child.
+        let errorPath = FileManager.default.temporaryDirectory.appendingPathComponent("degraded-\(UUID()).err")
+        _ = FileManager.default.createFile(atPath: errorPath.path, contents: nil)
+        defer { try? FileManager.default.removeItem(at: errorPath) }
+        process.standardError = try FileHandle(forWritingTo: errorPath)
         try process.run()
         let data = output.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
+        if process.terminationStatus != 0 {
+            let errorText = (try? String(contentsOf: errorPath, encoding: .utf8)) ?? ""
+            print("\(launcher[0]) exit \(process.terminationStatus): \(errorText.suffix(2_000))")
+        }
         var run = ProbeRun()
         run.exitStatus = process.terminationStatus
         run.lines = String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
