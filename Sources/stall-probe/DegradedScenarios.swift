@@ -17,7 +17,8 @@ import Glibc
 let degradedScenarios: Set<String> = [
     "degraded-seccomp-busy", "degraded-seccomp-sleep", "degraded-sleep", "degraded-handler-replaced",
     "degraded-sigprof-blocked", "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
-    "degraded-in-handler-spin-altstack", "degraded-host-profiler", "degraded-sigprof-blocked-sync",
+    "degraded-in-handler-spin-altstack", "degraded-host-profiler", "degraded-host-profiler-slow",
+    "degraded-sigprof-blocked-sync",
 ]
 
 func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
@@ -50,7 +51,9 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
         }
         RunLoop.main.run()
     case "degraded-host-profiler":
-        degradedHostProfiler(milliseconds)
+        degradedHostProfiler(milliseconds, slowInfoHandler: false)
+    case "degraded-host-profiler-slow":
+        degradedHostProfiler(milliseconds, slowInfoHandler: true)
     case "degraded-sigprof-blocked-sync":
         // The queue's job runs with SIGPROF blocked on a thread of the program's
         // own (`queue.sync` runs it on the caller), never the thread that
@@ -98,15 +101,35 @@ private func degradedQueueStall(_ milliseconds: Int, block: @escaping @Sendable 
 
 /// SIGPROF signals the host profiler's handler received.
 private let degradedHostTicks = Atomic<Int>(0)
+/// Signals the slow host handler got without their `siginfo_t` or with another
+/// signal's, or that its timer did not send.
+private let degradedHostBadInfo = Atomic<Int>(0)
 
 /// A host profiler (gperftools, a language runtime's) installed its SIGPROF
 /// handler and an `ITIMER_PROF` of 1 ms of process CPU before the detector
 /// started; then 6 stalls of `milliseconds` on a queue, spinning and asleep in
-/// turn, 300 ms apart.
-private func degradedHostProfiler(_ milliseconds: Int) {
+/// turn, 300 ms apart. With `slowInfoHandler`, the host's handler takes its
+/// `siginfo_t` (`SA_SIGINFO`) and spins 300 µs each time (a profiler that
+/// unwinds in its handler).
+private func degradedHostProfiler(_ milliseconds: Int, slowInfoHandler: Bool) {
     var action = sigaction()
-    setPlainHandler(&action) { _ in degradedHostTicks.add(1, ordering: .relaxed) }
-    action.sa_flags = SA_RESTART
+    if slowInfoHandler {
+        setInfoHandler(&action) { signal, info, _ in
+            degradedHostTicks.add(1, ordering: .relaxed)
+            // The timer's signals come from the kernel (SI_KERNEL), never tgkill.
+            if signal != SIGPROF || info == nil || info!.pointee.si_signo != SIGPROF
+                || info!.pointee.si_code == SI_TKILL
+            {
+                degradedHostBadInfo.add(1, ordering: .relaxed)
+            }
+            let end = degradedNanoseconds() + 300_000
+            while degradedNanoseconds() < end {}
+        }
+        action.sa_flags = SA_RESTART | SA_SIGINFO
+    } else {
+        setPlainHandler(&action) { _ in degradedHostTicks.add(1, ordering: .relaxed) }
+        action.sa_flags = SA_RESTART
+    }
     sigemptyset(&action.sa_mask)
     sigaction(SIGPROF, &action, nil)
     setProfilingTimer(microseconds: 1_000)
@@ -114,6 +137,7 @@ private func degradedHostProfiler(_ milliseconds: Int) {
     let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
     watch(detector, endedCount: 6) {
         emit("HOSTTICKS \(degradedHostTicks.load(ordering: .relaxed))")
+        emit("HOSTBADINFO \(degradedHostBadInfo.load(ordering: .relaxed))")
         finishAndExit(detector)()
     }
     for index in 0..<6 {
@@ -123,6 +147,13 @@ private func degradedHostProfiler(_ milliseconds: Int) {
         }
     }
     dispatchMain()
+}
+
+/// The monotonic clock in nanoseconds (async-signal-safe).
+private func degradedNanoseconds() -> Int {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return Int(now.tv_sec) * 1_000_000_000 + Int(now.tv_nsec)
 }
 
 /// Asleep for `milliseconds`, through the signals that interrupt the sleep (the

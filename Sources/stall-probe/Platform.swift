@@ -76,6 +76,18 @@ func setPlainHandler(_ action: inout sigaction, _ handler: @escaping @convention
     #endif
 }
 
+/// Sets `action`'s three-argument handler (`SA_SIGINFO`).
+func setInfoHandler(
+    _ action: inout sigaction,
+    _ handler: @escaping @convention(c) (Int32, UnsafeMutablePointer<siginfo_t>?, UnsafeMutableRawPointer?) -> Void
+) {
+    #if canImport(Darwin)
+    action.__sigaction_u.__sa_sigaction = handler
+    #else
+    action.__sigaction_handler.sa_sigaction = handler
+    #endif
+}
+
 /// An alternate signal stack description (the members' order differs: glibc's
 /// `ss_sp, ss_flags, ss_size`, Darwin's `ss_sp, ss_size, ss_flags`).
 func signalStack(_ memory: UnsafeMutableRawPointer?, size: Int, flags: Int32) -> stack_t {

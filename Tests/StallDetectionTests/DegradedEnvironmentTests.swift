@@ -108,11 +108,14 @@ struct DegradedEnvironmentTests {
         #expect(ended.contains("<running, stack unavailable"), "the profile counts the time: \(ended)")
     }
 
-    @Test("a host profiler's SIGPROF handler and 1 ms ITIMER_PROF installed first: every stall names its function")
-    func hostProfilerFirst() throws {
+    @Test(
+        "a host profiler's SIGPROF handler and 1 ms ITIMER_PROF installed first: every stall names its function",
+        arguments: ["degraded-host-profiler", "degraded-host-profiler-slow"])
+    func hostProfilerFirst(scenario: String) throws {
         // No retry: the host's signals and the detector's share SIGPROF; a stall
         // reported without its function (spinning or asleep) is a lost stack.
-        let run = try ProbeRun.run(["degraded-host-profiler", "400"])
+        // The slow variant's handler takes its siginfo and spins 300 µs a signal.
+        let run = try ProbeRun.run([scenario, "400"])
         #expect(run.exitStatus == 0)
         #expect(run.started.count == 6 && run.ended.count == 6, "\(run.lines.filter { !$0.hasPrefix("EVENT") })")
         for (index, event) in run.started.enumerated() {
@@ -123,6 +126,8 @@ struct DegradedEnvironmentTests {
         }
         // The host's handler still gets its timer's signals (chained).
         #expect((run.value("HOSTTICKS").first ?? 0) > 100, "\(run.lines.filter { $0.hasPrefix("HOSTTICKS") })")
+        // Each with its own siginfo: the timer's, never one the detector sent.
+        #expect(run.value("HOSTBADINFO").first == 0, "\(run.lines.filter { $0.hasPrefix("HOST") })")
     }
 
     /// gdb attached while the handler sleeps; its frames' addresses, innermost
