@@ -21,6 +21,12 @@ import Darwin
 ///
 ///     stalldetection frames <address hex>[?] …
 ///
+/// With `STALLDETECTION_TRACE=2`, every unwind also prints the copy it unwound
+/// (its first 1,024 words), so that such a look can be unwound again by hand or
+/// in a test:
+///
+///     stalldetection copy <thread> <pc> <sp> <fp|-> <truncated 0|1> <word hex> …
+///
 /// Every search for a target's blocked thread prints what it saw, to trace a
 /// report that blames the wrong thread:
 ///
@@ -30,7 +36,10 @@ import Darwin
 /// its thread-specific data names, whether its stack's words hold the watched
 /// queue, whether it runs a job, and `took` or `skip`).
 enum SamplingTrace {
-    static let isEnabled = getenv("STALLDETECTION_TRACE").map { String(cString: $0) == "1" } ?? false
+    static let isEnabled = level >= 1
+    /// Whether each unwind's copy is printed too (`copy`).
+    static let printsCopies = level >= 2
+    private static let level = getenv("STALLDETECTION_TRACE").flatMap { Int(String(cString: $0)) } ?? 0
 
     static func sample(cost: Int64, naming: Int64, kept: Bool, next: Int64?, taken: Int64) {
         let line =
@@ -43,6 +52,16 @@ enum SamplingTrace {
     static func frames(_ frames: [RawFrame]) {
         let words = frames.map { String($0.address, radix: 16) + ($0.isUncertain ? "?" : "") }
         let text = "stalldetection frames " + words.joined(separator: " ") + "\n"
+        _ = text.withCString { write(2, $0, strlen($0)) }
+    }
+
+    /// Prints the copy an unwind reads (`copy`).
+    static func copy(_ copy: StackCopy, thread: Int32) {
+        let head = [copy.pc, copy.sp].map { String($0, radix: 16) } + [copy.fp.map { String($0, radix: 16) } ?? "-"]
+        let words = copy.words.prefix(1_024).map { String($0, radix: 16) }
+        let text =
+            "stalldetection copy \(thread) " + (head + [copy.truncated ? "1" : "0"] + words).joined(separator: " ")
+            + "\n"
         _ = text.withCString { write(2, $0, strlen($0)) }
     }
 

@@ -152,6 +152,7 @@ final class SamplingContext: @unchecked Sendable {
     /// Unwinds a captured stack; also whether the unwind followed the chain
     /// beyond the copy.
     private func unwind(_ copy: StackCopy, thread: Int32, queue: UInt?) -> (raw: RawStack, wentBeyond: Bool) {
+        if SamplingTrace.printsCopies { SamplingTrace.copy(copy, thread: thread) }
         let ranges = symbolicator.code
         let generation = symbolicator.imageGeneration
         if codeGeneration != generation {
