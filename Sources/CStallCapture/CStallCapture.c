@@ -222,9 +222,40 @@ static void chain(int signal_number, siginfo_t *info, void *context) {
     // SIG_DFL would end the process for a stray SIGPROF; SafeTimers ignores it instead.
 }
 
+// The threads inside the handler or just out of it, at index tid % 64: the
+// thread's id in the high half, in the low half the millisecond it left
+// (monotonic, wrapping) or INSIDE_HANDLER. The handler runs with SIGPROF
+// blocked until it has returned, so a thread preempted on its way out (the
+// sampler it woke runs first) shows the signal blocked for a time slice or
+// more: such a thread does not block the signal itself. Two threads at one
+// index overwrite each other; the one overwritten is then taken at its mask's
+// word, as before this table.
+#define HANDLER_THREADS 64
+#define INSIDE_HANDLER 0xFFFFFFFFu
+static _Atomic uint64_t handler_threads[HANDLER_THREADS];
+
+static uint32_t monotonic_milliseconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint32_t)((uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u);
+}
+
+static void note_handler(pid_t self, uint32_t left) {
+    atomic_store_explicit(&handler_threads[(uint32_t)self % HANDLER_THREADS],
+                          ((uint64_t)(uint32_t)self << 32) | left, memory_order_release);
+}
+
+int stallcapture_in_handler(pid_t tid, uint32_t within_ms) {
+    uint64_t entry = atomic_load_explicit(&handler_threads[(uint32_t)tid % HANDLER_THREADS], memory_order_acquire);
+    if ((pid_t)(entry >> 32) != tid) return 0;
+    uint32_t left = (uint32_t)entry;
+    return left == INSIDE_HANDLER || monotonic_milliseconds() - left <= within_ms;
+}
+
 static void handler(int signal_number, siginfo_t *info, void *context) {
     int saved_errno = errno;
     pid_t self = (pid_t)syscall(SYS_gettid);
+    note_handler(self, INSIDE_HANDLER);
     int answered = 0;
     if (info != NULL && info->si_code == SI_TKILL && info->si_pid == getpid()) {
         for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
@@ -239,6 +270,8 @@ static void handler(int signal_number, siginfo_t *info, void *context) {
         }
     }
     if (!answered) chain(signal_number, info, context);
+    uint32_t left = monotonic_milliseconds();
+    note_handler(self, left == INSIDE_HANDLER ? left - 1 : left);
     errno = saved_errno;
 }
 
@@ -375,6 +408,7 @@ int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, in
 }
 pid_t stallcapture_current_tid(void) { return 0; }
 int stallcapture_is_answering(pid_t tid) { (void)tid; return 0; }
+int stallcapture_in_handler(pid_t tid, uint32_t within_ms) { (void)tid; (void)within_ms; return 0; }
 uintptr_t stallcapture_thread_pointer(void) { return 0; }
 int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t *queue) {
     (void)tid; (void)thread_pointer; (void)queue;

@@ -153,6 +153,69 @@ struct SignalPathTests {
         #expect(lost.isEmpty, "samples in the stub lost the function that called it: \(lost)")
         #expect(outsideBoth >= 3, "only \(outsideBoth) of \(taken) samples landed in the stub")
     }
+
+    @Test("a thread just out of the SIGPROF handler is known as such for 20 ms; one never signalled is not")
+    func handlerExitKnown() throws {
+        signalPathStop.store(false, ordering: .relaxed)
+        let spin: @Sendable () -> Void = {
+            var spins = 0
+            while !signalPathStop.load(ordering: .relaxed) { spins &+= 1 }
+            blackHoleForTests(spins)
+        }
+        let thread = startRunningThread(spin)
+        let other = startRunningThread(spin)
+        defer {
+            signalPathStop.store(true, ordering: .relaxed)
+            thread.done.wait()
+            other.done.wait()
+        }
+        let context = SamplingContext()
+        // The first sample names the process' images (seconds, in a debug build).
+        #expect(context.backtrace(of: thread.tid).unavailableReason == nil)
+        guard case .stack = context.sample(thread.tid) else {
+            Issue.record("no stack taken")
+            return
+        }
+        let window = StackSampler.handlerExitMilliseconds
+        #expect(stallcapture_in_handler(thread.tid, window) == 1)
+        #expect(stallcapture_in_handler(other.tid, window) == 0, "never signalled")
+        usleep(60_000)
+        #expect(stallcapture_in_handler(thread.tid, window) == 0, "left 60 ms ago")
+    }
+
+    /// Samples taken back to back: the sampler, woken by the handler's answer,
+    /// can preempt the sampled thread before it has left the handler (SIGPROF
+    /// still blocked), most often beside busy processes. Before the handler
+    /// noted its threads, 6 to 20 of these 2,000 samples said so (3 of 3 runs).
+    @Test("2,000 samples of a spinning thread back to back, beside two busy threads: none says SIGPROF is blocked")
+    func backToBackSamplesNeverBlocked() throws {
+        signalPathStop.store(false, ordering: .relaxed)
+        let busy = (0..<2).map { _ in
+            startRunningThread {
+                var spins = 0
+                while !signalPathStop.load(ordering: .relaxed) { spins &+= 1 }
+                blackHoleForTests(spins)
+            }
+        }
+        let count = 64
+        let buffer = UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 64)
+        defer { buffer.deallocate() }
+        let address = UInt(bitPattern: buffer)
+        let thread = startRunningThread {
+            _ = signalPathMemsetCaller(UnsafeMutableRawPointer(bitPattern: address)!, count)
+        }
+        defer {
+            signalPathStop.store(true, ordering: .relaxed)
+            for each in busy + [thread] { each.done.wait() }
+        }
+        let context = SamplingContext()
+        var reasons: [String] = []
+        for _ in 0..<2_000 {
+            if let reason = context.backtrace(of: thread.tid).unavailableReason { reasons.append(reason) }
+        }
+        print("back to back: \(reasons.count) of 2,000 samples took no stack: \(reasons.prefix(3))")
+        #expect(!reasons.contains { $0.contains("SIGPROF blocked") }, "\(reasons.prefix(3))")
+    }
 }
 
 #endif

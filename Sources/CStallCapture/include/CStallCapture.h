@@ -119,4 +119,10 @@ int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t 
 /// from outside would show the handler, not the code it interrupted.
 int stallcapture_is_answering(pid_t tid);
 
+/// Whether thread `tid` is inside the SIGPROF handler (answering, or running a
+/// handler installed before it) or left it at most `within_ms` milliseconds
+/// ago: a thread that shows SIGPROF blocked then is on its way out of the
+/// handler, not blocking the signal itself.
+int stallcapture_in_handler(pid_t tid, uint32_t within_ms);
+
 #endif

@@ -94,12 +94,17 @@ final class StackSampler {
                 // from the last sample's handler (which runs with SIGPROF blocked)
                 // or starting up (glibc blocks every signal meanwhile) blocks it
                 // for microseconds only.
+                // A thread inside the handler (a handler installed before this
+                // one runs there too) or on its way out of it, preempted, is
+                // looked at for as long as one answering (about 50 ms).
                 if blocked & (1 << UInt32(SIGPROF - 1)) != 0 {
                     blockedLooks += 1
-                    if blockedLooks < 4 {
-                        usleep(UInt32(100) << blockedLooks)  // 0.2, 0.4, 0.8 ms
+                    let inHandler = stallcapture_in_handler(tid, Self.handlerExitMilliseconds) != 0
+                    if blockedLooks < (inHandler ? 9 : 4) {
+                        usleep(UInt32(100) << blockedLooks)  // 0.2, 0.4, 0.8 ms (… 25.6 ms)
                         continue
                     }
+                    if inHandler { return .runningUnsampled(Self.insideHandler(tid)) }
                     return .runningUnsampled("thread \(tid) runs with SIGPROF blocked, so it is not signalled")
                 }
                 return captureBySignal(tid)
@@ -122,6 +127,16 @@ final class StackSampler {
         }
         return .unavailable("thread \(tid) kept changing state while it was sampled")
         #endif
+    }
+
+    /// How long after leaving the SIGPROF handler a thread that shows the signal
+    /// blocked is taken to be still on its way out (a time slice and more).
+    static let handlerExitMilliseconds: UInt32 = 20
+
+    /// Why a thread that showed SIGPROF blocked inside or just out of the
+    /// handler was not sampled: it stayed so for every look (about 50 ms).
+    private static func insideHandler(_ tid: Int32) -> String {
+        "thread \(tid) was inside the SIGPROF handler (the detector's or one it calls) for every look"
     }
 
     /// Why a thread inside the handler, answering another detector's sample, was
