@@ -48,6 +48,13 @@ private func signalPathStubCaller(_ buffer: UnsafeMutableRawPointer) -> Int {
     signalPathStubLoop(buffer) &+ 1
 }
 
+/// Spins until `signalPathStop` is set: a thread that runs user code only.
+@Sendable private func signalPathSpin() {
+    var spins = 0
+    while !signalPathStop.load(ordering: .relaxed) { spins &+= 1 }
+    blackHoleForTests(spins)
+}
+
 /// A thread that runs `body` (which must keep running in user code), and its id.
 private func startRunningThread(_ body: @escaping @Sendable () -> Void) -> (tid: Int32, done: DispatchSemaphore) {
     let tid = Atomic<Int32>(0)
@@ -157,13 +164,8 @@ struct SignalPathTests {
     @Test("a thread just out of the SIGPROF handler is known as such for 20 ms; one never signalled is not")
     func handlerExitKnown() throws {
         signalPathStop.store(false, ordering: .relaxed)
-        let spin: @Sendable () -> Void = {
-            var spins = 0
-            while !signalPathStop.load(ordering: .relaxed) { spins &+= 1 }
-            blackHoleForTests(spins)
-        }
-        let thread = startRunningThread(spin)
-        let other = startRunningThread(spin)
+        let thread = startRunningThread(signalPathSpin)
+        let other = startRunningThread(signalPathSpin)
         defer {
             signalPathStop.store(true, ordering: .relaxed)
             thread.done.wait()
@@ -190,13 +192,7 @@ struct SignalPathTests {
     @Test("2,000 samples of a spinning thread back to back, beside two busy threads: none says SIGPROF is blocked")
     func backToBackSamplesNeverBlocked() throws {
         signalPathStop.store(false, ordering: .relaxed)
-        let busy = (0..<2).map { _ in
-            startRunningThread {
-                var spins = 0
-                while !signalPathStop.load(ordering: .relaxed) { spins &+= 1 }
-                blackHoleForTests(spins)
-            }
-        }
+        let busy = (0..<2).map { _ in startRunningThread(signalPathSpin) }
         let count = 64
         let buffer = UnsafeMutableRawPointer.allocate(byteCount: count, alignment: 64)
         defer { buffer.deallocate() }

@@ -93,10 +93,10 @@ final class StackSampler {
                 // mask is looked at again shortly first: a thread still returning
                 // from the last sample's handler (which runs with SIGPROF blocked)
                 // or starting up (glibc blocks every signal meanwhile) blocks it
-                // for microseconds only.
-                // A thread inside the handler (a handler installed before this
-                // one runs there too) or on its way out of it, preempted, is
-                // looked at for as long as one answering (about 50 ms).
+                // for microseconds only. A thread inside the handler (a handler
+                // installed before this one runs there too) or on its way out of
+                // it, preempted, is looked at for as long as one answering
+                // (about 50 ms).
                 if blocked & (1 << UInt32(SIGPROF - 1)) != 0 {
                     blockedLooks += 1
                     let inHandler = stallcapture_in_handler(tid, Self.handlerExitMilliseconds) != 0
