@@ -219,6 +219,24 @@ struct DetectorMachineTests {
         #expect(processRan == expected)
     }
 
+    @Test(
+        "a stall from the start that the first answer ends, no look having seen it, is weighed against the CPU time at the start",
+        arguments: [(cpuMs: Int64(200), expected: true), (cpuMs: Int64(20), expected: false)])
+    func missedFirstStallCarriesProcessCPU(cpuMs: Int64, expected: Bool) throws {
+        var machine = DetectorMachine(threshold: threshold, heartbeat: heartbeat, usesHeartbeat: true, now: 0)
+        _ = machine.begin()
+        _ = machine.watch(from: 0, inRunLoopPass: false, cpu: 1_000 * ms)
+        // The target was blocked from its first probe on (a `queue.sync` right after
+        // `start()`), and the looks were late: the first answer comes at 400 ms.
+        let answer = machine.answered(at: 400 * ms, thread: 7, queue: 1, cpu: (1_000 + cpuMs) * ms)
+        guard case .missed(_, let duration, _, let processRan)? = try #require(answer).outcome else {
+            Issue.record("expected a missed stall, got \(String(describing: answer?.outcome))")
+            return
+        }
+        #expect(duration == 400 * ms - 12_500_000, "from the midpoint of the start and the first probe")
+        #expect(processRan == expected)
+    }
+
     @Test("without the process's CPU time at both answers, a missed stall has no evidence from it")
     func missedStallWithoutCPU() throws {
         var machine = running()

@@ -183,11 +183,14 @@ final class DetectorCore: Sendable {
             })
         }
         let now = Monotonic.now()
+        let cpu = ProcessFacts.cpuTime()
         // Started from the main run loop's own pass (an app's launch): that pass
         // is busy now, and the observer sees its end, not its start.
         let inRunLoopPass = observer != nil && RunLoopObserverHandle.isInMainRunLoopPass
         let watching = state.withLock { state -> Bool in
-            guard let plan = state.machine.watch(from: now, inRunLoopPass: inRunLoopPass) else { return false }
+            guard let plan = state.machine.watch(from: now, inRunLoopPass: inRunLoopPass, cpu: cpu) else {
+                return false
+            }
             state.observer = observer
             if target.usesHeartbeat { startProbe(&state) }
             _ = apply(plan, &state)  // nothing was armed before
@@ -406,12 +409,18 @@ final class DetectorCore: Sendable {
             // need a moment to record the continue), nor while debugged.
             let now = Monotonic.now()
             let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
-            guard continued.map({ $0 < now - duration }) ?? true, reportsWhileDebugged || !isTraced() else { return }
+            guard continued.map({ $0 < now - duration }) ?? true else {
+                return traceMissed(duration, "stopped")
+            }
+            guard reportsWhileDebugged || !isTraced() else { return traceMissed(duration, "debugged") }
             // Only with evidence that the target ran its own code meanwhile (a
             // sample of the thread running its job, or the process's CPU time):
             // a process that did not get the CPU at all (stopped, or starved)
             // answers late too.
-            guard let backtrace = lastSample(gathered) ?? (processRan ? Self.unsampledMissedStall : nil) else { return }
+            guard let backtrace = lastSample(gathered) ?? (processRan ? Self.unsampledMissedStall : nil) else {
+                return traceMissed(duration, "no-evidence")
+            }
+            traceMissed(duration, "reported")
             let waited = state.withLock { $0.lastLookWaited }
             for phase in [StallEvent.Phase.started, .ended] {
                 var event = makeEvent(
@@ -426,10 +435,14 @@ final class DetectorCore: Sendable {
         }
     }
 
+    private func traceMissed(_ duration: Int64, _ verdict: String) {
+        if SamplingTrace.isEnabled { SamplingTrace.missed(duration: duration, verdict) }
+    }
+
     /// A missed stall's stack when no sample showed the target's job while it
     /// lasted.
     static let unsampledMissedStall = StallBacktrace.unavailable(
-        "no sample showed the target's job while the stall lasted (the detector's threads waited for a core; the process used over a quarter of one)"
+        "no sample of the target's job was finished before the stall ended (the detector's threads waited for a core, or its sample was still under way); the process used over a quarter of a core meanwhile"
     )
 
     /// The last sample a session took, named: a missed stall's stack.

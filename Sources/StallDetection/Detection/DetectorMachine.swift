@@ -122,7 +122,8 @@ struct DetectorMachine: Sendable {
     private var lastObservation: Int64
     /// The latest continue after a stop that a look has taken into account.
     private(set) var lastContinueSeen: Int64 = 0
-    /// The process's CPU time at the last answer that carried it, and when.
+    /// The process's CPU time at the last answer that carried it (or at the
+    /// start, before the first), and when.
     private var lastAnswerCPU: (time: Int64, cpu: Int64)?
     private var open: OpenStall?
 
@@ -178,12 +179,15 @@ struct DetectorMachine: Sendable {
 
     /// The detector's timers are set up at `now`: the first probe is sent a
     /// heartbeat later, or the run loop is busy from now (`start()` was called
-    /// inside a pass). Nil when the detector was stopped meanwhile.
-    mutating func watch(from now: Int64, inRunLoopPass: Bool) -> LookPlan? {
+    /// inside a pass). `cpu` is the process's CPU time at `now`, if read: a
+    /// stall the first answer ends is weighed against it like any later one.
+    /// Nil when the detector was stopped meanwhile.
+    mutating func watch(from now: Int64, inRunLoopPass: Bool, cpu: Int64? = nil) -> LookPlan? {
         guard lifecycle == .running else { return nil }
         tracker = StallTracker(threshold: threshold, now: now)
         lastObservation = now
         lastContinueSeen = now
+        lastAnswerCPU = cpu.map { (now, $0) }
         if usesHeartbeat {
             probeGridStart = now
             tracker.probeSent(at: now + heartbeat)

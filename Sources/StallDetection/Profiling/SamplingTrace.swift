@@ -35,6 +35,11 @@ import Darwin
 /// each thread it sampled with its verdict (`detector`, `failed`, or the queue
 /// its thread-specific data names, whether its stack's words hold the watched
 /// queue, whether it runs a job, and `took` or `skip`).
+///
+/// A stall no look saw before it ended (a missed stall) prints what was decided,
+/// to trace a stall that went unreported:
+///
+///     stalldetection missed <duration µs> <reported|stopped|debugged|no-evidence>
 enum SamplingTrace {
     static let isEnabled = level >= 1
     /// Whether each unwind's copy is printed too (`copy`).
@@ -62,6 +67,12 @@ enum SamplingTrace {
         let text =
             "stalldetection copy \(thread) " + (head + [copy.truncated ? "1" : "0"] + words).joined(separator: " ")
             + "\n"
+        _ = text.withCString { write(2, $0, strlen($0)) }
+    }
+
+    /// Prints what became of a missed stall (`missed`).
+    static func missed(duration: Int64, _ verdict: String) {
+        let text = "stalldetection missed \(duration / 1_000) \(verdict)\n"
         _ = text.withCString { write(2, $0, strlen($0)) }
     }
 
