@@ -38,6 +38,53 @@ struct DetectorMachineTests {
         #expect(blocked != nil && blocked?.outcome == nil, "under the threshold")
     }
 
+    @Test("a probe the detector posted late: the time before its post is not the target's")
+    func latePostIsNotTheTargets() {
+        var machine = running()
+        _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
+        // Owed from 50 ms by the grid; the detector's threads waited for a core
+        // and handed the probe over at 400 ms.
+        machine.posted(at: 400 * ms)
+        let (look, _) = machine.look(now: 420 * ms, continued: nil)
+        #expect(look == .nothing, "no stall: \(look)")
+        let answer = machine.answered(at: 401 * ms, thread: 7, queue: 1)
+        #expect(answer?.outcome == nil, "nothing missed either")
+        #expect(answer?.lag == 1 * ms, "the lag counts from the post")
+    }
+
+    @Test("a probe posted late that then blocks: the stall starts half a heartbeat before the post")
+    func latePostThenBlocked() {
+        var machine = running()
+        _ = machine.answered(at: 100 * ms, thread: 7, queue: 1)
+        machine.posted(at: 400 * ms)
+        let (early, _) = machine.look(now: 600 * ms, continued: nil)
+        #expect(early == .nothing)
+        let (look, _) = machine.look(now: 637_500_000, continued: nil)
+        guard case .sample(let decision) = look else {
+            Issue.record("expected a stall to sample, got \(look)")
+            return
+        }
+        #expect(decision.duration == 250 * ms, "from 387.5 ms")
+    }
+
+    @Test("a probe posted on its grid point changes nothing; a second post before the answer is ignored")
+    func onTimePostChangesNothing() {
+        var onTime = running()
+        _ = onTime.answered(at: 100 * ms, thread: 7, queue: 1)
+        onTime.posted(at: 125 * ms)
+        onTime.posted(at: 300 * ms)  // the first is still owed: no effect
+        var plain = running()
+        _ = plain.answered(at: 100 * ms, thread: 7, queue: 1)
+        let (a, _) = onTime.look(now: 362_500_000, continued: nil)
+        let (b, _) = plain.look(now: 362_500_000, continued: nil)
+        #expect(a == b)
+        guard case .sample(let decision) = a else {
+            Issue.record("expected a stall to sample, got \(a)")
+            return
+        }
+        #expect(decision.duration == 250 * ms)
+    }
+
     @Test("healthy answers move the look; a stall is sampled once, goes on each heartbeat, ends at the answer")
     func confirmedStall() throws {
         var machine = running()

@@ -284,7 +284,15 @@ final class DetectorCore: Sendable {
         }
         // A block of its own, after this timer handler has returned: cancelling the
         // timer waits for a handler under way, and `stop()` must not wait for `post`.
-        postQueue.async { post(probe.closure) }
+        postQueue.async { [weak self] in
+            self?.probePosted()
+            post(probe.closure)
+        }
+    }
+
+    /// Tells the machine a probe is being handed to the target now.
+    private func probePosted() {
+        state.withLock { $0.machine.posted(at: Monotonic.now()) }
     }
 
     /// A custom probe ran (an answer), or was released without running (nil:

@@ -118,6 +118,10 @@ struct DetectorMachine: Sendable {
     private(set) var lastAnsweringQueue: UInt?
     /// A posted probe is outstanding: it has neither run nor been released.
     private var postedProbeOutstanding = false
+    /// Whether the answer owed now is owed from the timer's grid point, as
+    /// assumed after an answer, rather than from a probe really handed to the
+    /// target (``posted(at:)``).
+    private var owedFromGrid = false
     /// The last moment the detector saw the process run (answers, looks).
     private var lastObservation: Int64
     /// The latest continue after a stop that a look has taken into account.
@@ -191,6 +195,7 @@ struct DetectorMachine: Sendable {
         if usesHeartbeat {
             probeGridStart = now
             tracker.probeSent(at: now + heartbeat)
+            owedFromGrid = true
         } else if inRunLoopPass {
             _ = tracker.progress(at: now, busyAfterwards: true)
         }
@@ -224,6 +229,16 @@ struct DetectorMachine: Sendable {
         return true
     }
 
+    /// A probe was handed to the target at `time` (a posted probe: `.custom`,
+    /// the cooperative pool). An answer owed only from the timer's grid point
+    /// is owed from this moment when it is later: the detector's own threads
+    /// posted late (they waited for a core), and that time was not the target's.
+    mutating func posted(at time: Int64) {
+        guard lifecycle == .running, owedFromGrid else { return }
+        owedFromGrid = false
+        tracker.probePosted(at: time, heartbeat: heartbeat)
+    }
+
     /// The posted probe ran or was released unrun: the next heartbeat may post.
     mutating func releasePostSlot() {
         postedProbeOutstanding = false
@@ -245,6 +260,7 @@ struct DetectorMachine: Sendable {
         let lag = tracker.pendingSince.map { time - $0 }
         let outcome = finish(tracker.progress(at: time), at: time, thread: thread, processRan: ran ?? false)
         tracker.probeSent(at: nextProbe(after: time))
+        owedFromGrid = true
         return Step(outcome: outcome, look: .move(timeout: healthyLookTimeout), settled: open == nil, lag: lag)
     }
 
