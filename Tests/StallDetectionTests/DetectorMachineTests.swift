@@ -108,7 +108,7 @@ struct DetectorMachineTests {
         #expect(!machine.owesAnswer, "a stall is open: the profiler's pre-threshold sampling ends")
         let (report, settled, _) = machine.sampled(
             decision, reported: sample, samples: [7: sample], samplingTime: ms, confirmed: true, suppressed: false)
-        guard case .events(nil) = report else {
+        guard case .events(_, nil) = report else {
             Issue.record("expected .started alone, got \(report)")
             return
         }
@@ -147,7 +147,7 @@ struct DetectorMachineTests {
         #expect(second.id == first.id && second.second && second.suppressed == false)
         #expect(second.duration == first.duration + 25 * ms)
         guard
-            case .events(nil) = machine.sampled(
+            case .events(_, nil) = machine.sampled(
                 second, reported: sample, samples: [:], samplingTime: ms, confirmed: true, suppressed: false
             ).report
         else {
@@ -195,6 +195,36 @@ struct DetectorMachineTests {
         #expect(id == first.id && processRan)
     }
 
+    @Test(
+        "a stack taken after the target answered is not the stall's: neither event shows it, and they say why; one taken before is shown",
+        arguments: [(seenMs: Int64(330), shown: false), (seenMs: Int64(305), shown: true), (seenMs: nil, shown: true)])
+    func stackSeenAfterTheAnswer(seenMs: Int64?, shown: Bool) throws {
+        var machine = running()
+        _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
+        guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        // The target answers at 310 ms, while its thread is searched for.
+        _ = machine.answered(at: 310 * ms, thread: 7, queue: 1)
+        let frame = StackFrame(
+            address: 0x1000, function: "laterWork", file: nil, line: nil, image: nil, isUncertain: false)
+        let later = StallBacktrace(frames: [frame], threadID: 7, unavailableReason: nil)
+        let (report, _, _) = machine.sampled(
+            first, reported: later, samples: [7: later], seen: seenMs.map { $0 * ms }, samplingTime: 30 * ms,
+            confirmed: true, suppressed: false)
+        guard case .events(let started, let ended?) = report else {
+            Issue.record("expected .started and .ended, got \(report)")
+            return
+        }
+        for backtrace in [started, ended.backtrace] {
+            #expect(backtrace.frames.map(\.function) == (shown ? ["laterWork"] : []))
+            #expect(
+                backtrace.unavailableReason
+                    == (shown ? nil : DetectorMachine.sampledAfterEnd.unavailableReason))
+        }
+    }
+
     @Test("a stall answered while sampled says when it ended (its profile ends there); one still on does not")
     func answeredWhileSamplingSaysWhen() throws {
         var machine = running()
@@ -206,7 +236,7 @@ struct DetectorMachineTests {
         _ = machine.answered(at: 310 * ms, thread: 7, queue: 1)
         let (report, settled, endedAt) = machine.sampled(
             first, reported: sample, samples: [:], samplingTime: 20 * ms, confirmed: true, suppressed: false)
-        guard case .events(let ended?) = report else {
+        guard case .events(_, let ended?) = report else {
             Issue.record("expected .started and .ended, got \(report)")
             return
         }
@@ -308,7 +338,7 @@ struct DetectorMachineTests {
         #expect(during.outcome == nil && !during.settled)
         let (report, settled, _) = machine.sampled(
             decision, reported: sample, samples: [7: sample], samplingTime: ms, confirmed: true, suppressed: false)
-        guard case .events(let ended?) = report else {
+        guard case .events(_, let ended?) = report else {
             Issue.record("expected .started and .ended, got \(report)")
             return
         }
@@ -574,7 +604,7 @@ private struct RandomRun {
         switch report {
         case .nothing: break
         case .missed(let outcome): record(outcome)
-        case .events(let end):
+        case .events(_, let end):
             if !started.insert(decision.id).inserted { problems.append("stall \(decision.id) started twice") }
             if end != nil { markEnded(decision.id) }
             if isSettled != (end != nil) { problems.append("stall \(decision.id) settled: \(isSettled)") }

@@ -98,7 +98,7 @@ struct ProfileEndTests {
         profiler.targetAnswered(at: answeredAt)
         let backtrace = StallBacktrace(frames: [], threadID: UInt64(thread.thread), unavailableReason: nil)
         detectorQueue.sync {
-            profiler.stallStarted(backtrace: backtrace, activities: [], start: start, at: Monotonic.now())
+            profiler.stallStarted(backtrace: backtrace, activities: [], start: start, seen: nil, at: Monotonic.now())
         }
         // 300 ms: 30 or more intervals of a session's pace, had it sampled.
         usleep(300_000)

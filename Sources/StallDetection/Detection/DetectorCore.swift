@@ -494,6 +494,7 @@ final class DetectorCore: Sendable {
         let sampleStart = Monotonic.now()
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")
         var samples: [Int32: StallBacktrace] = [:]
+        var seen: Int64?
         if !suppressed {
             let (lastAnswering, queue) = state.withLock {
                 ($0.machine.lastAnsweringThread, $0.machine.lastAnsweringQueue)
@@ -510,9 +511,10 @@ final class DetectorCore: Sendable {
             // Awaiting callers not named yet are named from their symbols: the
             // report is not held up by reading their modules' debug information.
             let blocked = sampling.named(search, awaitsInFull: false)
-            (reported, samples) = (blocked.backtrace, blocked.samples)
+            (reported, samples, seen) = (blocked.backtrace, blocked.samples, search.found?.time)
             profiler.stallStarted(
-                backtrace: reported, activities: blocked.activities, start: now - decision.duration, at: sampleStart)
+                backtrace: reported, activities: blocked.activities, start: now - decision.duration, seen: seen,
+                at: sampleStart)
         }
         let samplingTime = Monotonic.now() - sampleStart
         // A heartbeat target's stall is confirmed by a thread running a job (or by a
@@ -520,8 +522,8 @@ final class DetectorCore: Sendable {
         let confirmed = decision.second || suppressed || !target.usesHeartbeat || target.isConfirmed(by: reported)
         let (report, settled, endedAt) = state.withLock { state in
             state.machine.sampled(
-                decision, reported: reported, samples: samples, samplingTime: samplingTime, confirmed: confirmed,
-                suppressed: suppressed)
+                decision, reported: reported, samples: samples, seen: seen, samplingTime: samplingTime,
+                confirmed: confirmed, suppressed: suppressed)
         }
         let gathered = settled ? profiler.end(until: endedAt) : nil
         switch report {
@@ -529,10 +531,10 @@ final class DetectorCore: Sendable {
             return
         case .missed(let outcome):
             emit(outcome, gathered: gathered)
-        case .events(let ended):
+        case .events(let started, let ended):
             let profile =
                 gathered.map { (profiler.profile(of: $0), $0.activities) } ?? profiler.snapshot(awaitsInFull: false)
-            let sampled = Sampled(reported: reported, samples: samples, time: samplingTime, profile: profile)
+            let sampled = Sampled(reported: started, samples: samples, time: samplingTime, profile: profile)
             deliver(events(decision, sampled, ended: ended), stallStart: now - decision.duration)
         }
     }

@@ -64,8 +64,9 @@ struct DetectorMachine: Sendable {
     /// What the sample of a stall leads to.
     enum Report: Sendable {
         case nothing
-        /// `.started`, and `.ended` too if the stall ended while it was sampled.
-        case events(ended: (duration: Int64, backtrace: StallBacktrace)?)
+        /// `.started` with the stack it shows, and `.ended` too if the stall
+        /// ended while it was sampled.
+        case events(started: StallBacktrace, ended: (duration: Int64, backtrace: StallBacktrace)?)
         /// Not confirmed, and ended while sampled.
         case missed(Outcome)
     }
@@ -361,21 +362,31 @@ struct DetectorMachine: Sendable {
         return (.sample(Decision(id: id, duration: duration, suppressed: nil, second: false)), .arm(timeout: heartbeat))
     }
 
-    /// The stall of `decision` was sampled: `reported` is the stack `.started`
-    /// shows, `confirmed` whether it shows the target's own work (or needs no
-    /// confirmation), `suppressed` whether a debugger is attached. `endedAt` is
-    /// when the target answered, if it did while the stall was sampled: the
-    /// profile ends there.
+    /// The stall of `decision` was sampled: `reported` is the stack found for
+    /// `.started`, taken at `seen` (when known), `confirmed` whether it shows
+    /// the target's own work (or needs no confirmation), `suppressed` whether a
+    /// debugger is attached. `endedAt` is when the target answered, if it did
+    /// while the stall was sampled: the profile ends there.
+    ///
+    /// A stack taken after the target answered is not the stall's (the thread
+    /// had moved on to other work): the events show none, and say why.
     mutating func sampled(
-        _ decision: Decision, reported: StallBacktrace, samples: [Int32: StallBacktrace], samplingTime: Int64,
-        confirmed: Bool, suppressed: Bool
+        _ decision: Decision, reported: StallBacktrace, samples: [Int32: StallBacktrace], seen: Int64? = nil,
+        samplingTime: Int64, confirmed: Bool, suppressed: Bool
     ) -> (report: Report, settled: Bool, endedAt: Int64?) {
         let endedAt = open.flatMap { $0.id == decision.id ? $0.endedWhileSampling?.at : nil }
+        let afterEnd = endedAt.map { end in seen.map { $0 > end } ?? false } ?? false
         let report = record(
-            decision, reported: reported, samples: samples, samplingTime: samplingTime, confirmed: confirmed,
-            suppressed: suppressed)
+            decision, reported: afterEnd ? Self.sampledAfterEnd : reported, samples: afterEnd ? [:] : samples,
+            samplingTime: samplingTime, confirmed: confirmed, suppressed: suppressed)
         return (report, open == nil, endedAt)
     }
+
+    /// The stack a stall shows when its thread was sampled only after the
+    /// target had answered.
+    static let sampledAfterEnd = StallBacktrace.unavailable(
+        "the target answered before its thread was sampled (the detector's look came late): the stack taken then is not the stall's"
+    )
 
     private mutating func record(
         _ decision: Decision, reported: StallBacktrace, samples: [Int32: StallBacktrace], samplingTime: Int64,
@@ -397,11 +408,11 @@ struct DetectorMachine: Sendable {
         stall.phase = .reported
         guard let ended = stall.endedWhileSampling else {
             open = stall
-            return suppressed ? .nothing : .events(ended: nil)
+            return suppressed ? .nothing : .events(started: reported, ended: nil)
         }
         open = nil
         guard !suppressed else { return .nothing }
         let backtrace = Self.endedBacktrace(answeredBy: ended.thread, samples: samples, reported: reported)
-        return .events(ended: (ended.duration, backtrace))
+        return .events(started: reported, ended: (ended.duration, backtrace))
     }
 }

@@ -197,10 +197,13 @@ final class StallProfiler: Sendable {
     }
 
     /// `.started` is about to be emitted: samples from before the stall's `start`
-    /// go (opening a session if none is), the thread it sampled is the one the
-    /// profile follows, and the activities of the sampled thread are kept for the
-    /// stall's events.
-    func stallStarted(backtrace: StallBacktrace, activities: [String], start: Int64, at time: Int64) {
+    /// go (opening a session if none is), the thread it sampled (at `seen`, when
+    /// known) is the one the profile follows, and the activities of the sampled
+    /// thread are kept for the stall's events. A stack taken after the target
+    /// answered is not the stall's, and chooses nothing.
+    func stallStarted(backtrace: StallBacktrace, activities: [String], start: Int64, seen: Int64?, at time: Int64) {
+        let answered = lastAnswer.load(ordering: .sequentiallyConsistent)
+        let usable = backtrace.unavailableReason == nil && !(answered > start && (seen ?? .min) > answered)
         let schedule = state.withLock { state -> (UInt64, Int64)? in
             guard !state.stopped else { return nil }
             var opened: (UInt64, Int64)?
@@ -213,11 +216,10 @@ final class StallProfiler: Sendable {
                 // The target answered after the stall's start, before this session
                 // opened: the profile ends at that answer, as it would in a session
                 // open when the answer came.
-                let answered = lastAnswer.load(ordering: .sequentiallyConsistent)
                 if answered > start { state.session?.answeredAt = answered }
             }
             state.session?.recorder.dropSamples(before: start)
-            if backtrace.unavailableReason == nil, let id = backtrace.threadID.map({ Int32(truncatingIfNeeded: $0) }) {
+            if usable, let id = backtrace.threadID.map({ Int32(truncatingIfNeeded: $0) }) {
                 // The detection's choice of thread stands: samples of another
                 // thread, found before the threshold, go.
                 if let earlier = state.session?.thread, earlier != id {
@@ -227,7 +229,7 @@ final class StallProfiler: Sendable {
             }
             // Without a thread of its own, the report keeps what the samples'
             // thread was doing.
-            if backtrace.unavailableReason == nil { state.session?.activities = activities }
+            if usable { state.session?.activities = activities }
             return opened
         }
         if let (generation, at) = schedule { self.schedule(generation: generation, at: at, now: time) }
