@@ -29,6 +29,27 @@ struct ElfSymbolTableTests {
         #expect(compared > 10)
     }
 
+    @Test(
+        "a call from the executable into the Swift runtime must reach the very function the frame lies in; from a library, any near one may"
+    )
+    func exactStartsOfLibraryFunctions() throws {
+        let ranges = Symbolicator.shared.code
+        let slowAlloc = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: 0), "swift_slowAlloc")).address
+        let release = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: 0), "swift_release")).address
+        let inExecutable = unsafeBitCast(stallcapture_current_queue as @convention(c) () -> UInt, to: UInt.self)
+        try #require(ranges.isInExecutable(inExecutable) && !ranges.isInExecutable(slowAlloc))
+        func start(of inner: UInt, from candidate: UInt) -> UInt? {
+            SamplingContext.exactStart(
+                of: inner, isReturnAddress: true, calledFrom: candidate, ranges: ranges,
+                executableStart: { _, _ in nil }, libraryStart: { ElfSymbolTable.function(at: $0)?.start })
+        }
+        // A return address 8 bytes into `swift_slowAlloc`: its own start, never
+        // `swift_release`'s, however near.
+        #expect(start(of: slowAlloc + 8, from: inExecutable + 1) == slowAlloc)
+        #expect(start(of: release + 8, from: inExecutable + 1) == release)
+        #expect(start(of: slowAlloc + 8, from: release + 8) == nil, "a caller in a library: tail calls may lie between")
+    }
+
     @Test("an address outside every function of the executable has none")
     func addressesOutsideHaveNone() throws {
         let table = try #require(ElfSymbolTable.executable)

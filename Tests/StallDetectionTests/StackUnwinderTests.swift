@@ -56,6 +56,50 @@ struct StackUnwinderTests {
         return first
     }
 
+    @Test(
+        "a stale return address whose callee's tail calls end in the library, near the frame above: a frame only while the library's function starts are unknown"
+    )
+    func staleCallerThroughTailCallsIntoTheLibrary() {
+        // A thread asleep in `__lll_lock_wait_private` (library, 0x1900_5000) ←
+        // `malloc` (0x1900_0000) ← `swift_slowAlloc` (0x1803_0000) ←
+        // `swift_allocObject`, whose frame record ends the gap. Left in the gap from
+        // an earlier, deeper call: a return address after `call queueBlocker`
+        // (executable, 0x1000_0100), which tail-calls `blackHole`, which tail-calls
+        // `swift_release` (library, 0x1800_0000): 192 KB before `swift_slowAlloc`.
+        // Seen in `stall-probe many-loops 32`: `queueBlocker` between
+        // `swift_slowAlloc` and `swift_allocObject` in a stall's report.
+        let pc: UInt = 0x1900_5010
+        let inMalloc: UInt = 0x1900_0100
+        let inSlowAlloc: UInt = 0x1803_0020
+        let stale: UInt = 0x1000_0154
+        let inAllocObject: UInt = 0x1803_1040
+        var stack = Stack()
+        stack.push(inMalloc)
+        stack.push(0x7)
+        stack.push(inSlowAlloc)
+        stack.push(stale)
+        let returns = [inAllocObject, 0x1000_0800]
+        _ = pushChain(&stack, returns: returns)
+        let calls: [UInt: CallSite.Target] = [
+            inMalloc: .known(0x1900_5000), inSlowAlloc: .known(0x1900_0000), stale: .known(0x1000_0100),
+            inAllocObject: .unknown, 0x1000_0800: .unknown,
+        ]
+        let jumps: [UInt: CallSite.TailJumps] = [
+            0x1000_0100: CallSite.TailJumps(targets: [0x1000_0400]),
+            0x1000_0400: CallSite.TailJumps(targets: [0x1800_0000]),
+        ]
+        // The executable's own functions are known either way; the library's
+        // only with its symbol table's sizes.
+        let executable: [UInt: UInt] = [0x1000_0800: 0x1000_0700]
+        let loose = unwind(stack, pc: pc, fp: nil, calls: calls, jumps: jumps, exactStarts: executable)
+        #expect(loose.map(\.address) == [pc, inMalloc, inSlowAlloc, stale] + returns, "the defect this guards against")
+        let library: [UInt: UInt] = [pc: 0x1900_5000, inMalloc: 0x1900_0000, inSlowAlloc: 0x1803_0000]
+        let exact = unwind(
+            stack, pc: pc, fp: nil, calls: calls, jumps: jumps, exactStarts: executable.merging(library) { $1 })
+        #expect(exact.map(\.address) == [pc, inMalloc, inSlowAlloc] + returns)
+        #expect(exact.allSatisfy { !$0.isUncertain })
+    }
+
     @Test("a 200-deep recursion keeps all 200 frames, in order, from the frame-pointer chain")
     func recursionIsNotCollapsed() {
         var stack = Stack()

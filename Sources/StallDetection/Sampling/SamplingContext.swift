@@ -160,16 +160,20 @@ final class SamplingContext: @unchecked Sendable {
             codeGeneration = generation
         }
         let blocks = MemoryBlocks()
-        let symbolicator = self.symbolicator
+        let (symbolicator, code) = (self.symbolicator, self.code)
         let unwinder = StackUnwinder(
             copy: copy, isText: ranges.isText,
             readWord: { blocks.word(at: $0) },
             exactStart: { candidate, inner, innerIsReturnAddress in
-                // Both in the main executable, whose symbol table is complete; a
-                // call into a library may reach its target through a tail call
-                // (`qsort` to `qsort_r`).
-                guard ranges.isInExecutable(candidate), ranges.isInExecutable(inner) else { return nil }
-                return symbolicator.functionStart(of: inner, isReturnAddress: innerIsReturnAddress)
+                Self.exactStart(
+                    of: inner, isReturnAddress: innerIsReturnAddress, calledFrom: candidate, ranges: ranges,
+                    executableStart: symbolicator.functionStart(of:isReturnAddress:),
+                    libraryStart: { address in
+                        if let known = code.libraryStart(at: address) { return known }
+                        let start = ElfSymbolTable.function(at: address)?.start
+                        code.remember(libraryStart: start, at: address)
+                        return start
+                    })
             }, codeCache: code)
         // Async contexts lie next to each other in the task allocator's slabs:
         // a page a read (a 50-await chain in two or three system calls).
@@ -189,6 +193,26 @@ final class SamplingContext: @unchecked Sendable {
         raw.time = copy.time
         raw.answerDelay = copy.answerDelay
         return (raw, unwinder.wentBeyondCopy)
+    }
+
+    /// Where the function holding `inner` starts, for a call from `candidate`
+    /// in the main executable that must have led there (directly, or through
+    /// tail jumps to exactly that start): from the executable's symbol table
+    /// when `inner` is in it, else from the library's symbol whose extent
+    /// holds `inner` (its size says so). Nil when that cannot be known (a
+    /// caller in a library; code no sized symbol covers, such as a stripped
+    /// library's local functions): the unwinder then takes a callee that starts
+    /// near enough before `inner`. That looser rule let a stale return address
+    /// into a function whose tail calls end in `swift_release` prove itself the
+    /// caller of `swift_slowAlloc`, 200 KB further on: a frame made up in a
+    /// stack read while the thread waited for `malloc`'s lock.
+    static func exactStart(
+        of inner: UInt, isReturnAddress: Bool, calledFrom candidate: UInt, ranges: CodeRanges,
+        executableStart: (UInt, Bool) -> UInt?, libraryStart: (UInt) -> UInt?
+    ) -> UInt? {
+        guard ranges.isInExecutable(candidate) else { return nil }
+        if ranges.isInExecutable(inner) { return executableStart(inner, isReturnAddress) }
+        return libraryStart(isReturnAddress ? inner &- 1 : inner)
     }
 
     /// Names a sampled stack in full (awaiting callers not named yet from their
@@ -494,6 +518,9 @@ final class SamplingContext: @unchecked Sendable {
             trail?.append(SamplingTrace.verdict(thread, raw, runsJob: summary(raw).runsJob, took: takes))
             if takes { return Search(found: raw, failure: failure) }
         }
+        if let queue, let drainer = drainerHint(of: queue, excluding: [thread, own], trail: &trail) {
+            return Search(found: drainer, failure: failure)
+        }
         guard !candidatesOnly, queue != nil else { return Search(found: nil, failure: failure) }
         for other in otherThreads(excluding: [thread]) {
             let sampled = sample(other, queue: queue)
@@ -507,6 +534,27 @@ final class SamplingContext: @unchecked Sendable {
             if takes { return Search(found: raw, failure: failure) }
         }
         return Search(found: nil, failure: failure)
+    }
+
+    /// The thread a custom executor's queue (the one its probes answered on)
+    /// names as its drainer, when that thread is seen running the queue's job.
+    /// The queue is not the detector's to keep alive, so its drain lock is only a
+    /// hint: a freed queue's memory may name any thread, or none that exists,
+    /// and the thread is taken only when its own record says it drains that
+    /// queue (the strictest rule a search applies). One read and one sample, where
+    /// the search would signal every running thread in turn.
+    private func drainerHint(of queue: UInt, excluding excluded: [Int32], trail: inout [String]?) -> RawStack? {
+        // A thread id that is not this process's fails to be signalled or read.
+        guard case .thread(let drainer) = QueueDrainer.answer(for: queue), !excluded.contains(drainer),
+            !DetectorThreads.contains(drainer)
+        else { return nil }
+        guard case .stack(let raw) = sample(drainer, queue: queue) else { return nil }
+        // Only the thread's own record of the queue it drains: words of the
+        // queue's address on its stack may be left from an earlier job.
+        let runsJob = summary(raw).runsJob
+        let takes = runsJob && raw.currentQueue == queue
+        trail?.append("hint=" + SamplingTrace.verdict(drainer, raw, runsJob: runsJob, took: takes))
+        return takes ? raw : nil
     }
 
     /// Every thread of the pool running its work: the pool's blocked threads,

@@ -93,6 +93,9 @@ struct StackUnwinder {
         private(set) var signalReturns: [UInt: Bool] = [:]
         /// By interrupted address: where the return address lies, -1 for nowhere known.
         private(set) var returnSlots: [UInt: Int8] = [:]
+        /// By address in a library: where the sized symbol holding it starts,
+        /// 0 for none.
+        private(set) var libraryStarts: [UInt: UInt] = [:]
 
         /// Where the return address of a function interrupted at `pc` lies:
         /// `.some(nil)` when the instruction there shows nothing, nil when not decoded yet.
@@ -104,6 +107,18 @@ struct StackUnwinder {
         func remember(returnSlot: Int?, at pc: UInt) {
             if returnSlots.count >= Self.limit { returnSlots.removeAll(keepingCapacity: true) }
             returnSlots[pc] = Int8(returnSlot ?? -1)
+        }
+
+        /// Where the library function holding `address` starts: `.some(nil)`
+        /// when no sized symbol holds it, nil when not looked up yet.
+        func libraryStart(at address: UInt) -> UInt?? {
+            guard let known = libraryStarts[address] else { return nil }
+            return .some(known == 0 ? nil : known)
+        }
+
+        func remember(libraryStart: UInt?, at address: UInt) {
+            if libraryStarts.count >= Self.limit { libraryStarts.removeAll(keepingCapacity: true) }
+            libraryStarts[address] = libraryStart ?? 0
         }
 
         func isSignalReturn(_ address: UInt) -> Bool? { signalReturns[address] }
@@ -132,6 +147,7 @@ struct StackUnwinder {
             calls.removeAll()
             signalReturns.removeAll()
             returnSlots.removeAll()
+            libraryStarts.removeAll()
         }
     }
 
