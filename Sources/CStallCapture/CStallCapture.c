@@ -252,6 +252,30 @@ int stallcapture_in_handler(pid_t tid, uint32_t within_ms) {
     return left == INSIDE_HANDLER || monotonic_milliseconds() - left <= within_ms;
 }
 
+// The threads running a detector's probe, or that ran one, at index tid % 256:
+// the thread's id in the high half, in the low half its begins and ends
+// counted (odd: inside). Two threads at one index overwrite each other; the one
+// overwritten is then not known to run a probe, as before this table.
+#define PROBE_THREADS 256
+static _Atomic uint64_t probe_threads[PROBE_THREADS];
+
+static void note_probe(int inside) {
+    pid_t self = (pid_t)syscall(SYS_gettid);
+    _Atomic uint64_t *slot = &probe_threads[(uint32_t)self % PROBE_THREADS];
+    uint64_t entry = atomic_load_explicit(slot, memory_order_relaxed);
+    uint32_t count = (pid_t)(entry >> 32) == self ? (uint32_t)entry : 0;
+    if ((count & 1u) != (uint32_t)inside) count += 1;
+    atomic_store_explicit(slot, ((uint64_t)(uint32_t)self << 32) | count, memory_order_release);
+}
+
+void stallcapture_probe_begin(void) { note_probe(1); }
+void stallcapture_probe_end(void) { note_probe(0); }
+
+uint64_t stallcapture_probe_mark(pid_t tid) {
+    uint64_t entry = atomic_load_explicit(&probe_threads[(uint32_t)tid % PROBE_THREADS], memory_order_acquire);
+    return (pid_t)(entry >> 32) == tid ? entry : 0;
+}
+
 static void handler(int signal_number, siginfo_t *info, void *context) {
     int saved_errno = errno;
     pid_t self = (pid_t)syscall(SYS_gettid);
@@ -409,6 +433,9 @@ int stallcapture_capture(pid_t tid, int timeout_ms, stallcapture_sample *out, in
 pid_t stallcapture_current_tid(void) { return 0; }
 int stallcapture_is_answering(pid_t tid) { (void)tid; return 0; }
 int stallcapture_in_handler(pid_t tid, uint32_t within_ms) { (void)tid; (void)within_ms; return 0; }
+void stallcapture_probe_begin(void) {}
+void stallcapture_probe_end(void) {}
+uint64_t stallcapture_probe_mark(pid_t tid) { (void)tid; return 0; }
 uintptr_t stallcapture_thread_pointer(void) { return 0; }
 int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t *queue) {
     (void)tid; (void)thread_pointer; (void)queue;

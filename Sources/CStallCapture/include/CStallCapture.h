@@ -125,4 +125,18 @@ int stallcapture_is_answering(pid_t tid);
 /// handler, not blocking the signal itself.
 int stallcapture_in_handler(pid_t tid, uint32_t within_ms);
 
+/// The calling thread starts (`stallcapture_probe_begin`) or ends
+/// (`stallcapture_probe_end`) running a detector's probe on its target: a
+/// probe that runs has ended the stall it answers, and the time it takes
+/// (waiting for a lock the detector holds, on a crowded machine) is the
+/// detector's, not the target's. Lock-free: two atomic stores.
+void stallcapture_probe_begin(void);
+void stallcapture_probe_end(void);
+
+/// Thread `tid`'s probe record (its id in the high half, in the low half a
+/// count of its begins and ends: odd while it runs a probe), or 0 when the
+/// record's slot holds another thread's. Two reads that differ, or an odd one,
+/// bracket a moment the thread ran a probe.
+uint64_t stallcapture_probe_mark(pid_t tid);
+
 #endif

@@ -6,14 +6,16 @@ import CStallCapture
 /// The user's code decides what happens to the closure that wraps it: it may run
 /// it on the executor (the intended use), run it inline inside `post`, run it
 /// twice, drop it, or keep it forever. `outcome` is called exactly once: with
-/// where it ran (``ProbeAnswer/here()``) at the first run, or with nil when the probe is released
-/// without ever having run. It holds the detector weakly, so a kept probe keeps
-/// nothing alive but itself.
+/// where and when it ran (``ProbeAnswer/here()``, the time read first, before
+/// any lock) at the first run, or with nil when the probe is released without
+/// ever having run. A run is marked as a probe's (`stallcapture_probe_begin`):
+/// a sample of the thread meanwhile is no stall's. It holds the detector
+/// weakly, so a kept probe keeps nothing alive but itself.
 final class CustomProbe: Sendable {
     private let hasRun = Locked(false)
-    private let outcome: @Sendable (_ answer: ProbeAnswer?) -> Void
+    private let outcome: @Sendable (_ answer: ProbeAnswer?, _ time: Int64) -> Void
 
-    init(outcome: @escaping @Sendable (_ answer: ProbeAnswer?) -> Void) {
+    init(outcome: @escaping @Sendable (_ answer: ProbeAnswer?, _ time: Int64) -> Void) {
         self.outcome = outcome
     }
 
@@ -23,16 +25,19 @@ final class CustomProbe: Sendable {
     }
 
     private func run() {
+        stallcapture_probe_begin()
+        defer { stallcapture_probe_end() }
+        let time = Monotonic.now()
         let first = hasRun.withLock { hasRun in
             let first = !hasRun
             hasRun = true
             return first
         }
-        if first { outcome(.here()) }
+        if first { outcome(.here(), time) }
     }
 
     deinit {
         // The last reference is gone, so nothing runs concurrently.
-        if !hasRun.withLock({ $0 }) { outcome(nil) }
+        if !hasRun.withLock({ $0 }) { outcome(nil, Monotonic.now()) }
     }
 }

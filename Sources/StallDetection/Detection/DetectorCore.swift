@@ -255,7 +255,12 @@ final class DetectorCore: Sendable {
         }
         let probe = RepeatingTimer(interval: heartbeat, missedTicks: .skip, queue: queue, scheduler: scheduler) {
             [weak self] in
-            self?.record(answerAt: Monotonic.now(), answer: .here())
+            // Marked from its first instruction: what the answer then waits for
+            // (the detector's locks) is no stall of the target's.
+            stallcapture_probe_begin()
+            defer { stallcapture_probe_end() }
+            let time = Monotonic.now()
+            self?.record(answerAt: time, answer: .here())
         }
         probe.start()
         state.probe = probe
@@ -279,8 +284,8 @@ final class DetectorCore: Sendable {
     /// the post queue, without the lock: `post` is the user's code).
     private func postProbe(_ post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
         guard state.withLock({ $0.machine.claimPostSlot() }) else { return }
-        let probe = CustomProbe { [weak self] answer in
-            self?.postedProbeFinished(answer)
+        let probe = CustomProbe { [weak self] answer, time in
+            self?.postedProbeFinished(answer, at: time)
         }
         // A block of its own, after this timer handler has returned: cancelling the
         // timer waits for a handler under way, and `stop()` must not wait for `post`.
@@ -295,11 +300,11 @@ final class DetectorCore: Sendable {
         state.withLock { $0.machine.posted(at: Monotonic.now()) }
     }
 
-    /// A custom probe ran (an answer), or was released without running (nil:
-    /// the next heartbeat posts another; the answer is still owed).
-    private func postedProbeFinished(_ answer: ProbeAnswer?) {
+    /// A custom probe ran at `time` (an answer), or was released without
+    /// running (nil: the next heartbeat posts another; the answer is still owed).
+    private func postedProbeFinished(_ answer: ProbeAnswer?, at time: Int64) {
         state.withLock { $0.machine.releasePostSlot() }
-        if let answer { record(answerAt: Monotonic.now(), answer: answer) }
+        if let answer { record(answerAt: time, answer: answer) }
     }
 
     /// Carries out the machine's plan for the look. Returns the look it replaced,

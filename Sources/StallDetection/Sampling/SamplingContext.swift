@@ -109,20 +109,36 @@ final class SamplingContext: @unchecked Sendable {
         switch sample(thread) {
         case .stack(let raw): name(raw)
         case .failed(let backtrace): backtrace
-        case .detectorWork:
-            .unavailable("thread \(thread) was running a stall detector's work", threadID: Self.reportedID(thread))
+        case .detectorWork(let answeringProbe):
+            .unavailable(
+                "thread \(thread) was \(Self.detectorWork(answeringProbe))", threadID: Self.reportedID(thread))
         }
+    }
+
+    /// What a thread that ran a detector's code was doing, in a reason.
+    static func detectorWork(_ answeringProbe: Bool) -> String {
+        answeringProbe
+            ? "running a detector's probe (the stall it answers was over)" : "running a stall detector's work"
     }
 
     /// Samples and unwinds one thread, naming nothing in full; `queue` is the
     /// watched queue's address, if known (``RawStack/runsQueue``).
     func sample(_ thread: Int32, queue: UInt? = nil) -> ThreadSample {
         guard SamplingSupport.isAvailable else { return .failed(SamplingSupport.unavailable) }
-        guard let mark = DetectorThreads.quietMark(thread) else { return .detectorWork }
+        guard let mark = DetectorThreads.quietMark(thread) else { return .detectorWork(answeringProbe: false) }
         let firstSample = sampler == nil ? StallProfiler.threadCPU() : nil
         defer { if let firstSample { oneTimeCost += StallProfiler.threadCPU() - firstSample } }
+        let probeBefore = stallcapture_probe_mark(thread)
         let sample = sampleAnyThread(thread, queue: queue)
-        return DetectorThreads.stayedQuiet(thread, since: mark) ? sample : .detectorWork
+        guard DetectorThreads.stayedQuiet(thread, since: mark) else { return .detectorWork(answeringProbe: false) }
+        return Self.ranProbe(before: probeBefore, after: stallcapture_probe_mark(thread))
+            ? .detectorWork(answeringProbe: true) : sample
+    }
+
+    /// Whether two reads of a thread's probe record (``stallcapture_probe_mark``)
+    /// bracket a moment it ran a probe: either is odd (inside), or they differ.
+    static func ranProbe(before: UInt64, after: UInt64) -> Bool {
+        before & 1 == 1 || after & 1 == 1 || (after != 0 && after != before)
     }
 
     /// ``sample(_:queue:)``, whatever the thread runs.
@@ -446,11 +462,11 @@ final class SamplingContext: @unchecked Sendable {
             return Search(found: raw, failure: .unavailable(""), activities: activities)
         case .failed(let backtrace):
             return Search(found: nil, failure: backtrace)
-        case .detectorWork:
+        case .detectorWork(let answeringProbe):
             return Search(
                 found: nil,
                 failure: .unavailable(
-                    "thread \(drainer), which drains the queue, was running a stall detector's work",
+                    "thread \(drainer), which drains the queue, was \(Self.detectorWork(answeringProbe))",
                     threadID: Self.reportedID(drainer)))
         }
     }

@@ -8,6 +8,8 @@ enum ThreadSample {
     /// that gave none (``StallBacktrace/whileRunning``).
     case failed(StallBacktrace)
     /// The thread ran a detector's work at some moment of the sample
-    /// (``DetectorThreads``): its stack is no target's.
-    case detectorWork
+    /// (``DetectorThreads``), or a detector's probe on its target
+    /// (`answeringProbe`: the stall it answers was over): its stack is no
+    /// target's stall.
+    case detectorWork(answeringProbe: Bool)
 }
