@@ -12,8 +12,10 @@ final class StallEventOutlet: Sendable {
     /// Set by ``finish()``: ``open``, ``finished`` (from outside the handler) or
     /// ``finishedFromHandler``; it only moves forward. Calls are handed to the
     /// handler queue under this lock, and only while open: every call handed over
-    /// is on the queue before ``finish()`` waits for it.
-    private let closing = Mutex<UInt8>(StallEventOutlet.open)
+    /// is on the queue before ``finish()`` waits for it. (A ``Locked``, which
+    /// ThreadSanitizer sees: it reported the handler's `finish()` and a
+    /// concurrent `publish` under a `Synchronization.Mutex` as a race.)
+    private let closing = Locked<UInt8>(StallEventOutlet.open)
     /// One more than the id of the last `.started` event the handler was called
     /// with (0: none yet). Written and read only on the handler queue.
     private let startedCalled = Atomic<UInt64>(0)
