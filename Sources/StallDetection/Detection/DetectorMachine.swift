@@ -375,7 +375,7 @@ struct DetectorMachine: Sendable {
         samplingTime: Int64, confirmed: Bool, suppressed: Bool
     ) -> (report: Report, settled: Bool, endedAt: Int64?) {
         let endedAt = open.flatMap { $0.id == decision.id ? $0.endedWhileSampling?.at : nil }
-        let afterEnd = endedAt.map { end in seen.map { $0 > end } ?? false } ?? false
+        let afterEnd = if let endedAt, let seen { seen > endedAt } else { false }
         let report = record(
             decision, reported: afterEnd ? Self.sampledAfterEnd : reported, samples: afterEnd ? [:] : samples,
             samplingTime: samplingTime, confirmed: confirmed, suppressed: suppressed)

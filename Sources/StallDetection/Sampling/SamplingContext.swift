@@ -128,11 +128,24 @@ final class SamplingContext: @unchecked Sendable {
         guard let mark = DetectorThreads.quietMark(thread) else { return .detectorWork(answeringProbe: false) }
         let firstSample = sampler == nil ? StallProfiler.threadCPU() : nil
         defer { if let firstSample { oneTimeCost += StallProfiler.threadCPU() - firstSample } }
-        let probeBefore = stallcapture_probe_mark(thread)
-        let sample = sampleAnyThread(thread, queue: queue)
+        var probeRan = false
+        let sample = sampleAnyThread(thread, queue: queue, probeRan: &probeRan)
         guard DetectorThreads.stayedQuiet(thread, since: mark) else { return .detectorWork(answeringProbe: false) }
-        return Self.ranProbe(before: probeBefore, after: stallcapture_probe_mark(thread))
-            ? .detectorWork(answeringProbe: true) : sample
+        return probeRan ? .detectorWork(answeringProbe: true) : sample
+    }
+
+    /// Runs `capture`, a capture of `thread`'s stack, and sets `probeRan` when the
+    /// thread ran a detector's probe meanwhile. Only the capture is bracketed: a
+    /// sample's other work (the sampler's setup, a first unwind's decoding: 100 ms
+    /// and more in a fresh debug process) would take in the probes a healthy
+    /// thread answered before its stall.
+    private func bracketed<Captured>(
+        _ thread: Int32, probeRan: inout Bool, _ capture: () -> Captured
+    ) -> Captured {
+        let before = stallcapture_probe_mark(thread)
+        let captured = capture()
+        if Self.ranProbe(before: before, after: stallcapture_probe_mark(thread)) { probeRan = true }
+        return captured
     }
 
     /// Whether two reads of a thread's probe record (``stallcapture_probe_mark``)
@@ -142,9 +155,11 @@ final class SamplingContext: @unchecked Sendable {
     }
 
     /// ``sample(_:queue:)``, whatever the thread runs.
-    private func sampleAnyThread(_ thread: Int32, queue: UInt?) -> ThreadSample {
+    private func sampleAnyThread(_ thread: Int32, queue: UInt?, probeRan: inout Bool) -> ThreadSample {
         let sampler = prepared()
-        let first = sampler.capture(thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes)
+        let first = bracketed(thread, probeRan: &probeRan) {
+            sampler.capture(thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes)
+        }
         switch first {
         case .unavailable(let reason):
             return .failed(.unavailable(reason, threadID: Self.reportedID(thread)))
@@ -158,7 +173,8 @@ final class SamplingContext: @unchecked Sendable {
             guard !signalled, copy.truncated, wentBeyond || !summary(raw).reachesRoot else { return .stack(raw) }
             // Taken again whole; a thread that woke meanwhile is signalled, and
             // its whole stack of a moment later is the sample.
-            guard case .copied(let whole, let signalledNow) = sampler.capture(thread: thread),
+            let again = bracketed(thread, probeRan: &probeRan) { sampler.capture(thread: thread) }
+            guard case .copied(let whole, let signalledNow) = again,
                 !signalledNow || installError == nil
             else { return .stack(raw) }
             return .stack(unwind(whole, thread: thread, queue: queue).raw)
@@ -560,11 +576,11 @@ final class SamplingContext: @unchecked Sendable {
     /// queue (the strictest rule a search applies). One read and one sample, where
     /// the search would signal every running thread in turn.
     private func drainerHint(of queue: UInt, excluding excluded: [Int32], trail: inout [String]?) -> RawStack? {
-        // A thread id that is not this process's fails to be signalled or read.
+        // A thread id that is not this process's fails to be signalled or read;
+        // a detector's thread is no stack (``sample(_:queue:)``).
         guard case .thread(let drainer) = QueueDrainer.answer(for: queue), !excluded.contains(drainer),
-            !DetectorThreads.contains(drainer)
+            case .stack(let raw) = sample(drainer, queue: queue)
         else { return nil }
-        guard case .stack(let raw) = sample(drainer, queue: queue) else { return nil }
         // Only the thread's own record of the queue it drains: words of the
         // queue's address on its stack may be left from an earlier job.
         let runsJob = summary(raw).runsJob
