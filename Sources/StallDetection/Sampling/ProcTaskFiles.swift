@@ -4,12 +4,12 @@ import Glibc
 import Darwin
 #endif
 
-/// The two `/proc/self/task/TID/…` files a sample reads (`stat` for the thread's
-/// state, `syscall` for a sleeping thread's stack pointer, twice), kept open per
-/// thread and read again from offset 0: the kernel builds such a file anew for
-/// each read at offset 0, and opening it by path was most of what capturing a
-/// sleeping thread cost (a path walk, an allocation and a close, three times a
-/// sample).
+/// The `/proc/self/task/TID/…` files a sample reads (`stat` for the thread's
+/// state; `syscall` for a sleeping thread's stack pointer and `schedstat` for
+/// whether it ran, each twice), kept open per thread and read again from offset
+/// 0: the kernel builds such a file anew for each read at offset 0, and opening
+/// it by path was most of what capturing a sleeping thread cost (a path walk,
+/// an allocation and a close, three times a sample).
 ///
 /// An open file stays bound to the thread it was opened for: once that thread has
 /// exited its reads fail, and the path is opened again (a thread that reuses the
@@ -19,11 +19,24 @@ final class ProcTaskFiles {
     enum Kind: Int, CaseIterable {
         case stat = 0
         case syscall = 1
+        /// The thread's time on a CPU, time waiting for one, and times scheduled:
+        /// a line that changes whenever the thread runs.
+        case schedstat = 2
 
-        var name: String { self == .stat ? "stat" : "syscall" }
+        var name: String {
+            switch self {
+            case .stat: "stat"
+            case .syscall: "syscall"
+            case .schedstat: "schedstat"
+            }
+        }
     }
 
-    /// Threads whose files are kept open (two descriptors each); beyond it all are
+    /// Whether threads have a `schedstat` file (the kernel keeps scheduler
+    /// statistics, `CONFIG_SCHED_INFO`); where not, reading it gives nil.
+    static let hasSchedstat = access("/proc/self/schedstat", R_OK) == 0
+
+    /// Threads whose files are kept open (three descriptors each); beyond it all are
     /// closed (a detector samples one thread per stall, a few when it searches
     /// for the blocked one). A thread found gone has its files closed at once.
     static let limit = 16
@@ -110,6 +123,7 @@ final class ProcTaskFiles {
         _ kind: Kind, thread tid: Int32, _ body: (UnsafeRawBufferPointer) -> Result
     ) -> Result? {
         lastOpenError = 0
+        if kind == .schedstat && !Self.hasSchedstat { return nil }
         for attempt in 0..<2 {
             guard let descriptor = descriptor(kind, thread: tid, reopen: attempt > 0) else { return nil }
             let result = buffer.withUnsafeMutableBytes { bytes -> Result? in

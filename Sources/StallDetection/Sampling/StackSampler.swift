@@ -11,8 +11,14 @@ import Darwin
 /// - A thread that sleeps in the kernel (state S or D in `/proc/self/task/TID/stat`)
 ///   is read without a signal: `/proc/self/task/TID/syscall` gives its stack pointer
 ///   and program counter, and `process_vm_readv` copies its stack (a read that
-///   cannot fault). The syscall line is read again after the copy; if it changed,
-///   the thread woke up meanwhile and the sample is retaken.
+///   cannot fault). The thread's scheduling counts (`schedstat`) are read again
+///   after the copy; if they changed, the thread ran meanwhile and the sample is
+///   retaken, and a thread that ran during two copies is signalled. (The
+///   syscall line, compared where the kernel keeps no such counts, misses a
+///   thread that woke and slept again at the same place, as a loop of short
+///   sleeps or an event loop does: its copy mixed the frames it ran meanwhile
+///   with the sleeping ones, and an unwind of it showed stale frames as
+///   certain.)
 /// - Only a thread that runs user code gets `SIGPROF`: the C handler in
 ///   `CStallCapture` copies its registers, glibc's unwind and its stack.
 ///
@@ -65,6 +71,7 @@ final class StackSampler {
         var blockedLooks = 0
         var answeringLooks = 0
         var looks = 0
+        var ranWhileCopied = 0
         // A thread inside the handler answering another detector's request
         // ran user code when the signal came: its stack read from outside
         // would be the handler's, and it blocks SIGPROF meanwhile. It is looked
@@ -123,9 +130,17 @@ final class StackSampler {
             case .refused(let reason): return .unavailable(reason)
             case .notAsleep where files.lastOpenError != 0: return .unavailable(unreadable(tid))
             case .notAsleep: continue  // it woke up while being read; look again
+            case .ranWhileCopied:
+                // A thread that ran during two copies (short sleeps, an event loop
+                // woken often) is signalled: its handler copies a stack that holds
+                // still, at the cost of cutting a sleep short.
+                ranWhileCopied += 1
+                if ranWhileCopied >= 2 { return captureBySignal(tid) }
             }
         }
-        return .unavailable("thread \(tid) kept changing state while it was sampled")
+        // It fell asleep and woke again look after look: its handler copies a
+        // stack that holds still.
+        return captureBySignal(tid)
         #endif
     }
 
@@ -192,12 +207,16 @@ final class StackSampler {
         case copied(StackCopy)
         /// Nothing of the stack could be copied: the reason.
         case refused(String)
-        /// Not asleep in the kernel (or woke up during the read).
+        /// Not asleep in the kernel.
         case notAsleep
+        /// It ran while its stack was copied (and may sleep again).
+        case ranWhileCopied
     }
 
     /// Reads a thread that sleeps in the kernel.
     private func captureFromKernel(_ tid: Int32, limit: Int) -> KernelCapture {
+        // Nil both times where the kernel keeps no scheduler statistics.
+        let ranBefore = files.read(.schedstat, thread: tid)
         guard let before = files.read(.syscall, thread: tid), let (sp, pc) = Self.parseSyscall(before) else {
             return .notAsleep
         }
@@ -208,7 +227,12 @@ final class StackSampler {
                 from: sp,
                 into: UnsafeMutableRawBufferPointer(rebasing: bytes[..<(limitWords * MemoryLayout<UInt>.size)]))
         }
-        guard let after = files.read(.syscall, thread: tid), after == before else { return .notAsleep }
+        // Unchanged scheduling counts say the thread did not run meanwhile;
+        // without them, an unchanged syscall line says it is still in the same
+        // sleep, or in another just like it.
+        let still =
+            ranBefore.map { files.read(.schedstat, thread: tid) == $0 } ?? (files.read(.syscall, thread: tid) == before)
+        guard still else { return files.lastOpenError == 0 ? .ranWhileCopied : .notAsleep }
         if copiedWords == 0 { return .refused(Self.copyRefused(tid, sp: sp, error: error)) }
         // A whole copy shares the buffer (no 256 KB copy per sample); the copy is
         // gone again before the next capture writes to the buffer.
