@@ -170,4 +170,79 @@ struct AwaitingCallerTests {
             isJobRunner: { $0 == Self.runner })
         #expect(try #require(chain).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_9000])
     }
+
+    /// The unwinder over ``stackWords(context:)`` with contexts in `memory`, the
+    /// copy's scheduling counts `scheduling`, and live words from `live` (called
+    /// with the slot, the copy's words there, and whether a context was read yet).
+    func unwinder(
+        memory: [UInt: UInt], scheduling: String? = nil, live: @escaping (Int, [UInt], Bool) -> [UInt]
+    ) -> StackUnwinder {
+        let words = Self.stackWords(context: 0x5000_0000)
+        let copy = StackCopy(
+            pc: Self.pc, sp: Self.sp, fp: Self.sp + 8, words: words, truncated: false, scheduling: scheduling)
+        let contextRead = Locked(false)
+        var unwinder = StackUnwinder(
+            copy: copy, isText: { $0 >= 0x1000_0000 && $0 < 0x2000_0000 },
+            readWord: { address in
+                if address >= 0x5000_0000 { contextRead.withLock { $0 = true } }
+                return memory[address]
+            },
+            callTarget: { _ in .unknown }, tailJumps: { _ in CallSite.TailJumps() })
+        unwinder.liveWords = { address, count in
+            let slot = Int((address - Self.sp) / 8)
+            return live(slot, Array(words[slot..<(slot + count)]), contextRead.withLock { $0 })
+        }
+        return unwinder
+    }
+
+    @Test(
+        "a thread that left the async function for another just as deep (the same record, the same context address) shows no awaiting caller"
+    )
+    func anotherFunctionAtTheSameAddresses() throws {
+        // Slot 2 holds the return address into the partial function: the thread
+        // returned from it and runs another function whose context the task put at
+        // the same address, so the record and the context slot read the same.
+        let moved = unwinder(memory: Self.contexts(3)) { slot, words, _ in slot == 2 ? [0x1000_0500] : words }
+        let (frames, chain) = moved.insertingAwaits(into: moved.unwind(), isJobRunner: { $0 == Self.runner })
+        #expect(chain?.cut == .movedOn)
+        #expect(!frames.contains { $0.isAwaitResume })
+        // It left and came back between the check before the read and the one
+        // after: the contexts read may be the other call's.
+        let returned = unwinder(memory: Self.contexts(3)) { slot, words, contextRead in
+            !contextRead && slot == 2 ? [0x1000_0500] : words
+        }
+        let (_, again) = returned.insertingAwaits(into: returned.unwind(), isJobRunner: { $0 == Self.runner })
+        #expect(again?.cut == .movedOn)
+    }
+
+    @Test(
+        "a thread read asleep that ran since: its chain is read again while it holds still, or not shown when it does not"
+    )
+    func sleeperThatRanIsReadAgain() throws {
+        // The copy's contexts (read first) are another call's; the thread holds
+        // still from the second reading of its counts on, and its contexts then
+        // are the three of `contexts(3)`.
+        var stale = Self.contexts(3)
+        stale[0x5000_0048] = 0x1000_9000
+        let fresh = Self.contexts(3)
+        var counts = ["ran", "ran", "ran"]
+        let ran = unwinder(memory: stale, scheduling: "slept") { _, words, _ in words }
+        let (_, chain) = ran.insertingAwaits(
+            into: ran.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { counts.removeFirst() },
+            rereadContextWord: { fresh[$0] })
+        #expect(try #require(chain).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])
+        #expect(chain?.cut == nil)
+        // It keeps running: nothing is shown.
+        var running = ["ran", "ran again", "and again"]
+        let (frames, cut) = ran.insertingAwaits(
+            into: ran.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { running.removeFirst() },
+            rereadContextWord: { fresh[$0] })
+        #expect(cut?.cut == .movedOn)
+        #expect(!frames.contains { $0.isAwaitResume })
+        // It held still: the first reading stands.
+        let still = unwinder(memory: fresh, scheduling: "slept") { _, words, _ in words }
+        let (_, kept) = still.insertingAwaits(
+            into: still.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { "slept" })
+        #expect(try #require(kept).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])
+    }
 }

@@ -214,7 +214,9 @@ final class SamplingContext: @unchecked Sendable {
         let (frames, awaits) = unwinder.insertingAwaits(
             into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) }, remembered: lastAwaits,
             readPairs: StackSampler.readPairs(at:),
-            isJobRunner: { AsyncJobRunner.contains(returnAddress: $0, in: runners) })
+            isJobRunner: { AsyncJobRunner.contains(returnAddress: $0, in: runners) },
+            schedulingNow: copy.scheduling == nil ? nil : { [sampler] in sampler?.scheduling(of: thread) },
+            rereadContextWord: { [fresh = MemoryBlocks(blockWords: 512)] in fresh.word(at: $0) })
         if let awaits, awaits.cut == nil { lastAwaits = awaits }
         let held = queue.map { copy.words.contains($0) } ?? false
         var raw = RawStack(

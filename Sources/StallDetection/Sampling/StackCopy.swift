@@ -26,4 +26,8 @@ struct StackCopy {
     /// How long the thread took to answer the signal (nanoseconds): it ran
     /// nothing meanwhile. Zero for a `/proc` read.
     var answerDelay: Int64 = 0
+    /// The thread's scheduling counts (`schedstat`) while it was read from
+    /// `/proc`: unchanged later, it has not run since. Nil for a signal sample,
+    /// and where the kernel keeps none.
+    var scheduling: String? = nil
 }

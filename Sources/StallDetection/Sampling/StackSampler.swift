@@ -240,7 +240,13 @@ final class StackSampler {
             StackCopy(
                 pc: pc, sp: sp, fp: nil,
                 words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
-                truncated: copiedWords == limitWords, time: readAt))
+                truncated: copiedWords == limitWords, time: readAt, scheduling: ranBefore))
+    }
+
+    /// The thread's scheduling counts now (`schedstat`: they change whenever
+    /// it runs); nil where the kernel keeps none.
+    func scheduling(of tid: Int32) -> String? {
+        files.read(.schedstat, thread: tid)
     }
 
     /// The stack pointer and program counter of a thread blocked in the kernel, from

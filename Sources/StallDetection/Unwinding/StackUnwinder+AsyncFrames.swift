@@ -10,13 +10,23 @@ extension StackUnwinder {
     /// The async frame is the one whose record's return address lies in the
     /// runtime's job runner (``AsyncJobRunner``); its context is the word
     /// below that record. Contexts are read after the copy, while the thread
-    /// may run on: the record's words are read again from the live stack
-    /// after the chain, and when they changed the thread had left that
-    /// function, so no await is shown (``AsyncContextChain/Cut/movedOn``).
+    /// may run on, and a task allocates its contexts at the same addresses
+    /// again and again: a function that returned and called another, just as
+    /// deep, leaves the record and the context's address as they were, with
+    /// other callers in the contexts. So after the chain are read again, from
+    /// the live stack, the record's words and the return address into the
+    /// async function from the frame it calls (which tells one function from
+    /// another); when they changed, no await is shown
+    /// (``AsyncContextChain/Cut/movedOn``). A thread read while it slept has
+    /// scheduling counts (``StackCopy/scheduling``; `schedulingNow` reads them
+    /// again): if it ran since the copy, the chain is read once more (through
+    /// `rereadContextWord`, which remembers nothing read before), and kept if
+    /// the thread held still meanwhile and the stack's words still hold.
     func insertingAwaits(
         into frames: [RawFrame], readContextWord: ((UInt) -> UInt?)? = nil,
         remembered: AsyncContextChain? = nil, readPairs: (([UInt]) -> [UInt]?)? = nil,
-        isJobRunner: (UInt) -> Bool = { AsyncJobRunner.contains(returnAddress: $0) }
+        isJobRunner: (UInt) -> Bool = { AsyncJobRunner.contains(returnAddress: $0) },
+        schedulingNow: (() -> String?)? = nil, rereadContextWord: ((UInt) -> UInt?)? = nil
     ) -> (frames: [RawFrame], chain: AsyncContextChain?) {
         let slots = scratch.frameSlots
         guard slots.count == frames.count else { return (frames, nil) }
@@ -28,13 +38,29 @@ extension StackUnwinder {
             guard contextSlot >= 0, contextSlot < copy.words.count else { return (frames, nil) }
             let context = copy.words[contextSlot]
             guard context != 0 else { return (frames, nil) }
+            func follow(_ read: ((UInt) -> UInt?)?) -> AsyncContextChain {
+                AsyncContextChain.follow(from: context, readWord: read ?? readContextWord ?? readWord, isText: isText)
+            }
+            let calleeSlot = index >= 2 && slots[index - 1] >= 0 ? slots[index - 1] : nil
+            func stackHolds() -> Bool {
+                stackStillHolds(from: contextSlot, through: returnSlot)
+                    && calleeSlot.map { stackStillHolds(from: $0, through: $0) } != false
+            }
+            // Checked just before the chain is read and just after: a running
+            // thread would have to leave the function and come back to it
+            // within the read for other callers to pass.
+            let heldBefore = stackHolds()
             var chain =
                 remembered.flatMap { remembered in
                     readPairs.flatMap { AsyncContextChain.confirming(remembered, from: context, readPairs: $0) }
-                } ?? AsyncContextChain.follow(from: context, readWord: readContextWord ?? readWord, isText: isText)
-            if !stackStillHolds(from: contextSlot, through: returnSlot) {
-                chain = AsyncContextChain(resumeAddresses: [], cut: .movedOn)
+                } ?? follow(nil)
+            var intact = heldBefore && stackHolds() && (schedulingNow.map { $0() == copy.scheduling } ?? true)
+            if !intact, let schedulingNow, let before = schedulingNow() {
+                let again = follow(rereadContextWord)
+                intact = stackHolds() && schedulingNow() == before
+                if intact { chain = again }
             }
+            if !intact { chain = AsyncContextChain(resumeAddresses: [], cut: .movedOn) }
             let awaits = chain.resumeAddresses.map { RawFrame(address: $0, isUncertain: false, isAwaitResume: true) }
             return (Array(frames[..<index] + awaits + frames[index...]), chain)
         }
