@@ -302,9 +302,12 @@ final class DetectorCore: Sendable {
 
     /// A custom probe ran at `time` (an answer), or was released without
     /// running (nil: the next heartbeat posts another; the answer is still owed).
+    /// The slot is released after the answer is recorded: a probe posted in
+    /// between would be owed from the grid point after this answer, later than
+    /// its own posting, and a quick answer to it would count a lag of zero.
     private func postedProbeFinished(_ answer: ProbeAnswer?, at time: Int64) {
-        state.withLock { $0.machine.releasePostSlot() }
         if let answer { record(answerAt: time, answer: answer) }
+        state.withLock { $0.machine.releasePostSlot() }
     }
 
     /// Carries out the machine's plan for the look. Returns the look it replaced,

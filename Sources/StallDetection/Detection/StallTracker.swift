@@ -44,15 +44,17 @@ struct StallTracker: Sendable {
         if pendingSince == nil { pendingSince = time }
     }
 
-    /// A probe was really handed to the target at `time`, after the answer was
-    /// taken to be owed from an earlier point of the timer's grid: it is owed
-    /// from `time` instead, and a stall's start is estimated at most half a
-    /// heartbeat before it, as for a probe posted on time (the time the
-    /// detector took to post was its own, not the target's).
+    /// A probe was really handed to the target at `time`, while the answer was
+    /// taken to be owed from a point of the timer's grid: it is owed from `time`
+    /// instead. Later (the time the detector took to post was its own, not the
+    /// target's), a stall's start is estimated at most half a heartbeat before
+    /// it, as for a probe posted on time; earlier (the timer fired before the
+    /// grid point its clock and the detector's agree on), a quick answer would
+    /// otherwise count a lag of zero.
     mutating func probePosted(at time: Int64, heartbeat: Int64) {
-        guard stall == nil, let pending = pendingSince, time > pending else { return }
+        guard stall == nil, let pending = pendingSince, time != pending else { return }
         pendingSince = time
-        lastProgress = max(lastProgress, time - heartbeat)
+        if time > pending { lastProgress = max(lastProgress, time - heartbeat) }
     }
 
     /// The target did something at `time` (a probe ran, or the run loop moved on);
