@@ -175,7 +175,8 @@ struct AwaitingCallerTests {
     /// copy's scheduling counts `scheduling`, and live words from `live` (called
     /// with the slot, the copy's words there, and whether a context was read yet).
     func unwinder(
-        memory: [UInt: UInt], scheduling: String? = nil, live: @escaping (Int, [UInt], Bool) -> [UInt]
+        memory: [UInt: UInt], scheduling: String? = nil, exactStart: ((UInt) -> UInt?)? = nil,
+        live: @escaping (Int, [UInt], Bool) -> [UInt]
     ) -> StackUnwinder {
         let words = Self.stackWords(context: 0x5000_0000)
         let copy = StackCopy(
@@ -187,7 +188,8 @@ struct AwaitingCallerTests {
                 if address >= 0x5000_0000 { contextRead.withLock { $0 = true } }
                 return memory[address]
             },
-            callTarget: { _ in .unknown }, tailJumps: { _ in CallSite.TailJumps() })
+            callTarget: { _ in .unknown }, exactStart: exactStart.map { start in { _, inner, _ in start(inner) } },
+            tailJumps: { _ in CallSite.TailJumps() })
         unwinder.liveWords = { address, count in
             let slot = Int((address - Self.sp) / 8)
             return live(slot, Array(words[slot..<(slot + count)]), contextRead.withLock { $0 })
@@ -213,6 +215,16 @@ struct AwaitingCallerTests {
         }
         let (_, again) = returned.insertingAwaits(into: returned.unwind(), isJobRunner: { $0 == Self.runner })
         #expect(again?.cut == .movedOn)
+        // Another call site of the same async function (a loop calling one
+        // function, then another): the same call, its callers stand.
+        let partialStart = { (address: UInt) -> UInt? in
+            address > 0x1000_00F0 && address < 0x1000_0200 ? 0x1000_00F0 : nil
+        }
+        let sameCall = unwinder(memory: Self.contexts(3), exactStart: partialStart) { slot, words, _ in
+            slot == 2 ? [0x1000_0180] : words
+        }
+        let (_, kept) = sameCall.insertingAwaits(into: sameCall.unwind(), isJobRunner: { $0 == Self.runner })
+        #expect(try #require(kept).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])
     }
 
     @Test(

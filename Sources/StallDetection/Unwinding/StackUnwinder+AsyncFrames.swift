@@ -16,7 +16,8 @@ extension StackUnwinder {
     /// other callers in the contexts. So after the chain are read again, from
     /// the live stack, the record's words and the return address into the
     /// async function from the frame it calls (which tells one function from
-    /// another); when they changed, no await is shown
+    /// another: a return into the same function from another call site still
+    /// holds); when they changed, no await is shown
     /// (``AsyncContextChain/Cut/movedOn``). A thread read while it slept has
     /// scheduling counts (``StackCopy/scheduling``; `schedulingNow` reads them
     /// again): if it ran since the copy, the chain is read once more (through
@@ -42,9 +43,14 @@ extension StackUnwinder {
                 AsyncContextChain.follow(from: context, readWord: read ?? readContextWord ?? readWord, isText: isText)
             }
             let calleeSlot = index >= 2 && slots[index - 1] >= 0 ? slots[index - 1] : nil
+            // The callee's return address may move between call sites of the
+            // same function (a loop calling one function, then another): only a
+            // return into another function tells another call.
             func stackHolds() -> Bool {
                 stackStillHolds(from: contextSlot, through: returnSlot)
-                    && calleeSlot.map { stackStillHolds(from: $0, through: $0) } != false
+                    && calleeSlot.map { slot in
+                        liveWord(at: slot).map { $0 == copy.words[slot] || sameFunction($0, copy.words[slot]) } ?? false
+                    } != false
             }
             // Checked just before the chain is read and just after: a running
             // thread would have to leave the function and come back to it
@@ -65,6 +71,12 @@ extension StackUnwinder {
             return (Array(frames[..<index] + awaits + frames[index...]), chain)
         }
         return (frames, nil)
+    }
+
+    /// The live stack's word at `slot` of the copy, read now.
+    private func liveWord(at slot: Int) -> UInt? {
+        let address = copy.sp + UInt(slot) * UInt(MemoryLayout<UInt>.size)
+        return (liveWords?(address, 1) ?? Self.readLive(address, 1))?.first
     }
 
     /// Whether the live stack still holds the copy's words in `first...last`.

@@ -581,7 +581,7 @@ struct StackUnwinder {
     /// above a stack pointer a dynamic allocation moved down since, as for a
     /// resilient value in a debug build); a record whose call reaches that
     /// function proves the frame below, not the leftover.
-    private func sameFunction(_ first: UInt, _ second: UInt) -> Bool {
+    func sameFunction(_ first: UInt, _ second: UInt) -> Bool {
         guard let exactStart, let start = exactStart(first, first, true) else { return false }
         return exactStart(second, second, true) == start
     }
