@@ -38,6 +38,19 @@ struct DetectorMachineTests {
         #expect(blocked != nil && blocked?.outcome == nil, "under the threshold")
     }
 
+    @Test("an answer before the grid point the next is owed from answers an earlier tick: its lag counts from that tick")
+    func queuedTickCarriesItsLag() {
+        var machine = running()
+        // Blocked until 190 ms: the 50 ms probe answers then, and the 175 ms
+        // tick's probe, queued behind it, right after.
+        _ = machine.answered(at: 190 * ms, thread: 7, queue: 1)
+        let queued = machine.answered(at: 190 * ms + 200_000, thread: 7, queue: 1)
+        #expect(queued?.lag == 15 * ms + 200_000, "due at 175 ms, not owed from 200 ms")
+        // The next on its tick: from the grid point as before.
+        let next = machine.answered(at: 200 * ms + 300_000, thread: 7, queue: 1)
+        #expect(next?.lag == 300_000)
+    }
+
     @Test("a probe the detector posted late: the time before its post is not the target's")
     func latePostIsNotTheTargets() {
         var machine = running()

@@ -258,7 +258,7 @@ struct DetectorMachine: Sendable {
             lastAnswerCPU.map { Self.processRan(cpu: cpu - $0.cpu, over: time - $0.time) }
         }
         lastAnswerCPU = cpu.map { (time, $0) }
-        let lag = tracker.pendingSince.map { time - $0 }
+        let lag = tracker.pendingSince.map { waited(until: time, owedFrom: $0) }
         let outcome = finish(tracker.progress(at: time), at: time, thread: thread, processRan: ran ?? false)
         tracker.probeSent(at: nextProbe(after: time))
         owedFromGrid = true
@@ -285,6 +285,17 @@ struct DetectorMachine: Sendable {
     }
 
     /// The next probe after an answer at `time`: the next point of the timer's grid.
+    /// How long an answer at `time` waited, when the next answer is owed from
+    /// `owed`. One before that point answers an earlier tick, whose probe
+    /// waited behind the last answer (a target late by more than a heartbeat
+    /// has the next tick's probe queued behind the late one): it was due at the
+    /// last grid point before it, not never.
+    private func waited(until time: Int64, owedFrom owed: Int64) -> Int64 {
+        guard time < owed, heartbeat > 0 else { return time - owed }
+        let elapsed = max(0, time - probeGridStart)
+        return time - (probeGridStart + elapsed / heartbeat * heartbeat)
+    }
+
     private func nextProbe(after time: Int64) -> Int64 {
         let elapsed = max(0, time - probeGridStart)
         return probeGridStart + (elapsed / heartbeat + 1) * heartbeat
