@@ -38,7 +38,8 @@ struct DetectorMachineTests {
         #expect(blocked != nil && blocked?.outcome == nil, "under the threshold")
     }
 
-    @Test("an answer before the grid point the next is owed from answers an earlier tick: its lag counts from that tick")
+    @Test(
+        "an answer before the grid point the next is owed from answers an earlier tick: its lag counts from that tick")
     func queuedTickCarriesItsLag() {
         var machine = running()
         // Blocked until 190 ms: the 50 ms probe answers then, and the 175 ms
