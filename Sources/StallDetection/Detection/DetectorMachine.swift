@@ -284,7 +284,6 @@ struct DetectorMachine: Sendable {
         wall > 0 && cpu >= wall / 4
     }
 
-    /// The next probe after an answer at `time`: the next point of the timer's grid.
     /// How long an answer at `time` waited, when the next answer is owed from
     /// `owed`. One before that point answers an earlier tick, whose probe
     /// waited behind the last answer (a target late by more than a heartbeat
@@ -292,13 +291,17 @@ struct DetectorMachine: Sendable {
     /// last grid point before it, not never.
     private func waited(until time: Int64, owedFrom owed: Int64) -> Int64 {
         guard time < owed, heartbeat > 0 else { return time - owed }
-        let elapsed = max(0, time - probeGridStart)
-        return time - (probeGridStart + elapsed / heartbeat * heartbeat)
+        return time - lastProbe(atOrBefore: time)
     }
 
+    /// The point of the timer's grid at or before `time`.
+    private func lastProbe(atOrBefore time: Int64) -> Int64 {
+        probeGridStart + max(0, time - probeGridStart) / heartbeat * heartbeat
+    }
+
+    /// The next probe after an answer at `time`: the next point of the timer's grid.
     private func nextProbe(after time: Int64) -> Int64 {
-        let elapsed = max(0, time - probeGridStart)
-        return probeGridStart + (elapsed / heartbeat + 1) * heartbeat
+        lastProbe(atOrBefore: time) + heartbeat
     }
 
     /// The outcome of a tracker event for the open stall, if any.

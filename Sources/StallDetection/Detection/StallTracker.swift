@@ -48,9 +48,9 @@ struct StallTracker: Sendable {
     /// taken to be owed from a point of the timer's grid: it is owed from `time`
     /// instead. Later (the time the detector took to post was its own, not the
     /// target's), a stall's start is estimated at most half a heartbeat before
-    /// it, as for a probe posted on time; earlier (the timer fired before the
-    /// grid point its clock and the detector's agree on), a quick answer would
-    /// otherwise count a lag of zero.
+    /// it, as for a probe posted on time; earlier (seen at a 1 ms heartbeat, in
+    /// 2 windows of 30; how the tick came before the projected point is not
+    /// traced), a quick answer would otherwise count a lag of zero.
     mutating func probePosted(at time: Int64, heartbeat: Int64) {
         guard stall == nil, let pending = pendingSince, time != pending else { return }
         pendingSince = time

@@ -216,7 +216,8 @@ final class SamplingContext: @unchecked Sendable {
             readPairs: StackSampler.readPairs(at:),
             isJobRunner: { AsyncJobRunner.contains(returnAddress: $0, in: runners) },
             schedulingNow: copy.scheduling == nil ? nil : { [sampler] in sampler?.scheduling(of: thread) },
-            rereadContextWord: { [fresh = MemoryBlocks(blockWords: 512)] in fresh.word(at: $0) })
+            rereadContextWord: copy.scheduling == nil
+                ? nil : { [fresh = MemoryBlocks(blockWords: 512)] in fresh.word(at: $0) })
         if let awaits, awaits.cut == nil { lastAwaits = awaits }
         let held = queue.map { copy.words.contains($0) } ?? false
         var raw = RawStack(
