@@ -287,6 +287,9 @@ case _ where unwindAttackScenarios.contains(scenario):
 case _ where realConditionScenarios.contains(scenario):
     runRealConditionScenario(scenario, number)
 
+case "async-alternate":
+    runAsyncAlternation()
+
 case "async-chain":
     let target = arguments.dropFirst().first ?? "queue"
     runAsyncChain(target: target, depth: arguments.dropFirst(2).first.flatMap { Int($0) } ?? 1)

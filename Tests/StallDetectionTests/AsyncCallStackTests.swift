@@ -88,6 +88,30 @@ extension StallDetectorIntegrationTests {
             }
         }
 
+        @Test(
+            "a task switching at microseconds between two equally deep chains: the report never mixes them, samples seldom"
+        )
+        func alternatingChains() throws {
+            let run = try ProbeRun.run(["async-alternate"], timeLimit: 60)
+            #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
+            let started = try #require(run.lines.first { $0.hasPrefix("ALTSTARTED ") })
+            #expect(started.hasPrefix("ALTSTARTED 0 "), "the report's callers are the other chain's: \(run.started)")
+            let profile = try #require(run.lines.first { $0.hasPrefix("ALTPROFILE ") })
+            let fields = profile.split(separator: " ").dropFirst().compactMap { Int($0) }
+            try #require(fields.count == 3, "\(profile)")
+            let (inChain, mixed, withCallers) = (fields[0], fields[1], fields[2])
+            print("async-alternate: \(inChain) samples in a chain, \(mixed) mixing both, \(withCallers) with callers")
+            #expect(inChain >= 20, "\(profile)")
+            // An open defect: a running thread that leaves the function and comes
+            // back within the read still passes the checks (release: 3 samples in
+            // 1,943; debug: 1 in 57). Before the checks, a third of the samples.
+            #expect(mixed * 10 <= inChain, "\(profile)")
+            withKnownIssue("a sample read as the thread left and came back mixes the chains", isIntermittent: true) {
+                #expect(mixed == 0, "\(profile)")
+            }
+            #expect(withCallers > 0, "every sample lost its callers: \(profile)")
+        }
+
         @Test("a chain of 200 awaits keeps all 200 levels, in order")
         func deepChain() throws {
             let run = try ProbeRun.run(["async-chain", "deep", "200"], timeLimit: 60)

@@ -1,0 +1,83 @@
+import Dispatch
+import Foundation
+import StallDetection
+
+// `async-alternate`: one task on an actor (a serial queue as its executor) that
+// switches for 3 s between two chains of the same depth, altP1 → altP2 →
+// altP3 and altQ1 → altQ2 → altQ3, none of which suspends, each ending in a
+// spin of 1–200 µs. The task allocator puts both chains' contexts at the same
+// addresses: a sample whose callers were read after the task had switched
+// mixes the two. Watched as `.queue`, threshold 100 ms. Extra output lines:
+//   ALTSTARTED <mixed 0|1> <has callers 0|1>   the `.started` report
+//   ALTPROFILE <samples in a chain> <of them mixing both> <of them with their callers>
+
+/// Spins `microseconds`, the chains' blocking call.
+@inline(never)
+func alternationSpin(_ microseconds: Int) {
+    let end = DispatchTime.now().uptimeNanoseconds + UInt64(microseconds) * 1_000
+    while DispatchTime.now().uptimeNanoseconds < end {}
+}
+
+@inline(never) func altP3(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { alternationSpin(us) }
+@inline(never) func altP2(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { await altP3(us) }
+@inline(never) func altP1(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { await altP2(us) }
+@inline(never) func altQ3(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { alternationSpin(us) }
+@inline(never) func altQ2(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { await altQ3(us) }
+@inline(never) func altQ1(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { await altQ2(us) }
+
+/// Switches between the two chains until `end`.
+@inline(never)
+func alternateChains(until end: ContinuousClock.Instant, isolation: isolated (any Actor)? = #isolation) async {
+    var random = SystemRandomNumberGenerator()
+    while ContinuousClock.now < end {
+        await altP1(Int.random(in: 1...200, using: &random))
+        await altQ1(Int.random(in: 1...200, using: &random))
+    }
+}
+
+/// Which chains a stack's names show: (P, Q, the switching loop above them).
+private func chains(in names: [String]) -> (p: Bool, q: Bool, callers: Bool) {
+    (
+        names.contains { $0.hasPrefix("altP") }, names.contains { $0.hasPrefix("altQ") },
+        names.contains { $0.hasPrefix("alternateChains") }
+    )
+}
+
+func runAsyncAlternation() {
+    let actor = ChainActor(label: "probe.alternate")
+    let detector = StallDetector(target: .queue(actor.executor.queue), threshold: .milliseconds(100))
+    detector.start()
+    Task.detached {
+        for await event in detector.events {
+            report(event)
+            if event.phase == .started {
+                let shown = chains(in: event.backtrace.frames.compactMap(\.function))
+                emit("ALTSTARTED \(shown.p && shown.q ? 1 : 0) \(shown.callers ? 1 : 0)")
+                continue
+            }
+            var (inChain, mixed, withCallers) = (0, 0, 0)
+            for line in event.profile.foldedStacks().split(separator: "\n") {
+                let count = line.split(separator: " ").last.flatMap { Int($0) } ?? 0
+                let shown = chains(in: line.split(separator: ";").map(String.init))
+                guard shown.p || shown.q else { continue }
+                inChain += count
+                if shown.p && shown.q { mixed += count }
+                if shown.callers { withCallers += count }
+            }
+            emit("ALTPROFILE \(inChain) \(mixed) \(withCallers)")
+            finishAndExit(detector)()
+        }
+    }
+    Task {
+        try? await Task.sleep(for: .milliseconds(300))
+        await actor.alternate(for: .seconds(3))
+    }
+    dispatchMain()
+}
+
+extension ChainActor {
+    @inline(never)
+    func alternate(for duration: Duration) async {
+        await alternateChains(until: ContinuousClock.now + duration)
+    }
+}
