@@ -10,6 +10,7 @@ import StallDetection
 // mixes the two. Watched as `.queue`, threshold 100 ms. Extra output lines:
 //   ALTSTARTED <mixed 0|1> <has callers 0|1>   the `.started` report
 //   ALTPROFILE <samples in a chain> <of them mixing both> <of them with their callers>
+// With ALT_DUMP=1 in the environment, the `.ended` profile's folded stacks follow.
 
 /// Spins `microseconds`, the chains' blocking call.
 @inline(never)
@@ -18,12 +19,26 @@ func alternationSpin(_ microseconds: Int) {
     while DispatchTime.now().uptimeNanoseconds < end {}
 }
 
+/// A call the Q chain makes after each await, so that no Q level has a P level's
+/// body: the compiler merges functions with equal bodies, and a merged one is
+/// named after one of them.
+@inline(never)
+func alternationMark(_ value: Int) -> Int { value &+ 1 }
+
 @inline(never) func altP3(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { alternationSpin(us) }
 @inline(never) func altP2(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { await altP3(us) }
 @inline(never) func altP1(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { await altP2(us) }
-@inline(never) func altQ3(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { alternationSpin(us) }
-@inline(never) func altQ2(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { await altQ3(us) }
-@inline(never) func altQ1(_ us: Int, isolation: isolated (any Actor)? = #isolation) async { await altQ2(us) }
+@inline(never) func altQ3(_ us: Int, isolation: isolated (any Actor)? = #isolation) async -> Int {
+    alternationSpin(us / 2)
+    alternationSpin(us - us / 2)
+    return alternationMark(us)
+}
+@inline(never) func altQ2(_ us: Int, isolation: isolated (any Actor)? = #isolation) async -> Int {
+    alternationMark(await altQ3(us))
+}
+@inline(never) func altQ1(_ us: Int, isolation: isolated (any Actor)? = #isolation) async -> Int {
+    alternationMark(await altQ2(us))
+}
 
 /// Switches between the two chains until `end`.
 @inline(never)
@@ -31,7 +46,7 @@ func alternateChains(until end: ContinuousClock.Instant, isolation: isolated (an
     var random = SystemRandomNumberGenerator()
     while ContinuousClock.now < end {
         await altP1(Int.random(in: 1...200, using: &random))
-        await altQ1(Int.random(in: 1...200, using: &random))
+        _ = await altQ1(Int.random(in: 1...200, using: &random))
     }
 }
 
@@ -65,6 +80,7 @@ func runAsyncAlternation() {
                 if shown.callers { withCallers += count }
             }
             emit("ALTPROFILE \(inChain) \(mixed) \(withCallers)")
+            if ProcessInfo.processInfo.environment["ALT_DUMP"] != nil { emit(event.profile.foldedStacks()) }
             finishAndExit(detector)()
         }
     }
