@@ -219,10 +219,12 @@ struct StallDetectorIntegrationTests {
         // Tried again (3 runs at most) when a duration is off: the answer that
         // ends a stall is a block on the target, which on a loaded machine waits
         // for a core (one fresh-clone run at load 9-11: 70 and 79 ms late of 486
-        // and 712 ms).
+        // and 712 ms). A lost or doubled stall fails at once, in any run.
+        try Self.requireEveryStallOnce(run)
         for _ in 1..<3 where !Self.accurate(run) {
             print("recall: tried again after \(zip(run.ended.map(\.milliseconds), run.realMilliseconds).map { $0 })")
             run = try ProbeRun.run(["recall"])
+            try Self.requireEveryStallOnce(run)
         }
         #expect(run.exitStatus == 0)
         #expect(run.realMilliseconds.count == 20)
@@ -235,6 +237,14 @@ struct StallDetectorIntegrationTests {
     }
 
     /// Whether every stall of a recall run was reported once, within 5 % of its length.
+    /// Fails unless each of the 20 stalls was reported, started and ended, once.
+    static func requireEveryStallOnce(_ run: ProbeRun) throws {
+        try #require(
+            run.realMilliseconds.count == 20 && run.started.count == 20 && run.ended.count == 20
+                && Set(run.ended.map(\.id)).count == 20,
+            "a lost or doubled stall is a wrong report, never tried again: \(run.lines)")
+    }
+
     static func accurate(_ run: ProbeRun) -> Bool {
         run.ended.count == 20 && run.realMilliseconds.count == 20
             && zip(run.ended, run.realMilliseconds).allSatisfy { abs($0.milliseconds - $1) <= $1 * 0.05 }
