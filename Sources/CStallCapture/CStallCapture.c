@@ -39,7 +39,24 @@ static pthread_once_t install_once = PTHREAD_ONCE_INIT;
 static int install_result = 0;
 static struct sigaction previous_action;
 
-pid_t stallcapture_current_tid(void) { return (pid_t)syscall(SYS_gettid); }
+// Each thread's id, read once (a probe's answer asks for it several times, and
+// `gettid` is a system call each time); 0 until read. A forked child's one thread
+// has a new id: `forget_tid_in_child` clears the copy it inherited. Not for the
+// signal handler, which makes the system call (a first access to thread-local
+// storage may allocate).
+static __thread pid_t cached_tid;
+static pthread_once_t tid_fork_once = PTHREAD_ONCE_INIT;
+static void forget_tid_in_child(void) { cached_tid = 0; }
+static void register_tid_fork_handler(void) { (void)pthread_atfork(NULL, NULL, forget_tid_in_child); }
+
+pid_t stallcapture_current_tid(void) {
+    pid_t tid = cached_tid;
+    if (tid != 0) return tid;
+    pthread_once(&tid_fork_once, register_tid_fork_handler);
+    tid = (pid_t)syscall(SYS_gettid);
+    cached_tid = tid;
+    return tid;
+}
 
 // Where libdispatch keeps the queue a thread drains, as an offset from the thread
 // pointer (valid for every thread: libdispatch's thread-local record is in the
@@ -260,7 +277,7 @@ int stallcapture_in_handler(pid_t tid, uint32_t within_ms) {
 static _Atomic uint64_t probe_threads[PROBE_THREADS];
 
 static void note_probe(int inside) {
-    pid_t self = (pid_t)syscall(SYS_gettid);
+    pid_t self = stallcapture_current_tid();
     _Atomic uint64_t *slot = &probe_threads[(uint32_t)self % PROBE_THREADS];
     uint64_t entry = atomic_load_explicit(slot, memory_order_relaxed);
     uint32_t count = (pid_t)(entry >> 32) == self ? (uint32_t)entry : 0;
@@ -444,3 +461,8 @@ int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t 
 uintptr_t stallcapture_signal_handler(int signal_number) { (void)signal_number; return 0; }
 
 #endif
+
+// The calling thread's mark (see the header); every platform.
+static __thread uint32_t thread_mark;
+uint32_t stallcapture_thread_mark(void) { return thread_mark; }
+void stallcapture_set_thread_mark(uint32_t mark) { thread_mark = mark; }

@@ -102,6 +102,12 @@ uintptr_t stallcapture_signal_handler(int signal_number);
 /// The kernel id of the calling thread.
 pid_t stallcapture_current_tid(void);
 
+/// A word of the calling thread's own, 0 until set: ``ThreadPointers`` keeps in
+/// it the generation of its table that holds the thread's pointer, so that a
+/// thread already recorded skips the table's lock.
+uint32_t stallcapture_thread_mark(void);
+void stallcapture_set_thread_mark(uint32_t mark);
+
 /// The calling thread's thread pointer (its TLS base), for
 /// `stallcapture_queue_of_thread`.
 uintptr_t stallcapture_thread_pointer(void);

@@ -1,4 +1,5 @@
 import CStallCapture
+import Synchronization
 
 /// The thread pointer (TLS base) of each thread seen answering a probe, by
 /// kernel thread id: with it, the detector reads which dispatch queue a thread
@@ -15,22 +16,37 @@ enum ThreadPointers {
     /// At most this many threads are remembered; the table is emptied when full.
     static let limit = 4_096
 
-    private static let table = Locked<[Int32: UInt]>([:])
+    /// The table, and its generation: 1 at first, one more each time it is
+    /// emptied (never 0, which a thread's mark holds before its first record).
+    private static let table = Locked<(pointers: [Int32: UInt], generation: UInt32)>(([:], 1))
+    /// The table's generation, read without its lock by threads that recorded
+    /// their pointer before.
+    private static let generation = Atomic<UInt32>(1)
 
-    /// Remembers the calling thread's pointer (a probe's answer).
+    /// Remembers the calling thread's pointer (a probe's answer). A thread that
+    /// recorded it in the table's current generation returns at once: its mark
+    /// (`stallcapture_thread_mark`) says so, with no lock taken.
     static func recordCurrent() {
+        guard stallcapture_thread_mark() != generation.load(ordering: .acquiring) else { return }
         let thread = stallcapture_current_tid()
         let pointer = UInt(stallcapture_thread_pointer())
-        table.withLock { table in
-            guard table[thread] != pointer else { return }
-            if table.count >= limit { table.removeAll(keepingCapacity: true) }
-            table[thread] = pointer
+        let recordedIn = table.withLock { table -> UInt32 in
+            if table.pointers[thread] != pointer {
+                if table.pointers.count >= limit {
+                    table.pointers.removeAll(keepingCapacity: true)
+                    table.generation = table.generation == .max ? 1 : table.generation + 1
+                    generation.store(table.generation, ordering: .releasing)
+                }
+                table.pointers[thread] = pointer
+            }
+            return table.generation
         }
+        stallcapture_set_thread_mark(recordedIn)
     }
 
     /// The queue thread `thread` drains now (0: none), if it can be read.
     static func currentQueue(of thread: Int32) -> UInt? {
-        guard let pointer = table.withLock({ $0[thread] }) else { return nil }
+        guard let pointer = table.withLock({ $0.pointers[thread] }) else { return nil }
         var queue: UInt = 0
         guard stallcapture_queue_of_thread(thread, pointer, &queue) == 1 else { return nil }
         return queue
