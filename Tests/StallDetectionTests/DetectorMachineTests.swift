@@ -20,7 +20,9 @@ struct DetectorMachineTests {
         let again = machine.begin()
         #expect(!again, "started once")
         let plan = machine.watch(from: 0, inRunLoopPass: false)
-        #expect(plan == (usesHeartbeat ? .arm(timeout: 262_500_000) : .keep))
+        #expect(plan == .keep, "the beats arm a heartbeat target's looks; an idle run loop owes nothing")
+        // The first beat hands the first probe over on its grid point.
+        if usesHeartbeat { machine.posted(at: heartbeat) }
         return machine
     }
 
@@ -81,36 +83,42 @@ struct DetectorMachineTests {
         #expect(decision.duration == 250 * ms, "from 387.5 ms")
     }
 
-    @Test("a probe posted on its grid point changes nothing; a second post before the answer is ignored")
-    func onTimePostChangesNothing() {
+    @Test(
+        "a probe posted on its grid point is owed from it; a second post before the answer is ignored; one never handed over is no stall"
+    )
+    func onTimePostIsOwedFromItsGridPoint() {
         var onTime = running()
         _ = onTime.answered(at: 100 * ms, thread: 7, queue: 1)
         onTime.posted(at: 125 * ms)
         onTime.posted(at: 300 * ms)  // the first is still owed: no effect
-        var plain = running()
-        _ = plain.answered(at: 100 * ms, thread: 7, queue: 1)
         let (a, _) = onTime.look(now: 362_500_000, continued: nil)
-        let (b, _) = plain.look(now: 362_500_000, continued: nil)
-        #expect(a == b)
         guard case .sample(let decision) = a else {
             Issue.record("expected a stall to sample, got \(a)")
             return
         }
         #expect(decision.duration == 250 * ms)
+        // The beat that would post was late: the target was never asked.
+        var notAsked = running()
+        _ = notAsked.answered(at: 100 * ms, thread: 7, queue: 1)
+        let (b, plan) = notAsked.look(now: 500 * ms, continued: nil)
+        #expect(b == .nothing)
+        #expect(plan == .drop, "the beat that hands the probe over arms the next look")
+        #expect(notAsked.settlement(now: 500 * ms) == .settled)
     }
 
-    @Test("healthy answers move the look; a stall is sampled once, goes on each heartbeat, ends at the answer")
+    @Test("healthy answers arm no look; a stall is sampled once, goes on each heartbeat, ends at the answer")
     func confirmedStall() throws {
         var machine = running()
         for beat in stride(from: Int64(25), through: 100, by: 25) {
             let answer = machine.answered(at: beat * ms, thread: 7, queue: 1)
             let step = try #require(answer)
             #expect(step.outcome == nil)
-            #expect(step.look == .move(timeout: threshold + heartbeat / 2))
+            #expect(step.look == .drop, "no look is left armed once the target answers")
             #expect(step.settled)
         }
         #expect(machine.owesAnswer, "the next probe is owed from when it is sent")
-        // The target blocks from 110 ms on: the look moved by the last answer runs at 362.5 ms.
+        machine.posted(at: 125 * ms)
+        // The target blocks from 110 ms on: the look the beats arm runs at 362.5 ms.
         let (look, plan) = machine.look(now: 362_500_000, continued: nil)
         guard case .sample(let decision) = look else {
             Issue.record("expected a stall to sample, got \(look)")
@@ -194,6 +202,7 @@ struct DetectorMachineTests {
     func unconfirmedThenAnsweredWithCPU() throws {
         var machine = running()
         _ = machine.answered(at: 25 * ms, thread: 7, queue: 1, cpu: 1_000 * ms)
+        machine.posted(at: 50 * ms)  // the next beat hands the probe over
         guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
             Issue.record("expected a stall")
             return
@@ -215,6 +224,7 @@ struct DetectorMachineTests {
     func stackSeenAfterTheAnswer(seenMs: Int64?, shown: Bool) throws {
         var machine = running()
         _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
+        machine.posted(at: 50 * ms)  // the next beat hands the probe over
         guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
             Issue.record("expected a stall")
             return
@@ -243,6 +253,7 @@ struct DetectorMachineTests {
     func answeredWhileSamplingSaysWhen() throws {
         var machine = running()
         _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
+        machine.posted(at: 50 * ms)  // the next beat hands the probe over
         guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
             Issue.record("expected a stall")
             return
@@ -259,6 +270,7 @@ struct DetectorMachineTests {
 
         var other = running()
         _ = other.answered(at: 25 * ms, thread: 7, queue: 1)
+        other.posted(at: 50 * ms)
         guard case (.sample(let stall), _) = other.look(now: 300 * ms, continued: nil) else {
             Issue.record("expected a stall")
             return
@@ -272,6 +284,7 @@ struct DetectorMachineTests {
     func unconfirmedEndedWhileSampling() throws {
         var machine = running()
         _ = machine.answered(at: 25 * ms, thread: 7, queue: 1, cpu: 1_000 * ms)
+        machine.posted(at: 50 * ms)  // the next beat hands the probe over
         guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
             Issue.record("expected a stall")
             return
@@ -386,7 +399,7 @@ struct DetectorMachineTests {
         var machine = running()
         // Stopped from 20 ms to 1 s: the look at 1.01 s sees the continue.
         let afterStop = machine.look(now: 1_010 * ms, continued: 1_000 * ms)
-        #expect(afterStop == (.nothing, .arm(timeout: 262_500_000)))
+        #expect(afterStop == (.nothing, .drop), "owed afresh, due a threshold on: the beats arm it")
         #expect(machine.lastContinueSeen == 1_000 * ms)
         guard case (.sample, _) = machine.look(now: 1_300 * ms, continued: nil) else {
             Issue.record("owed from the continue on: a stall 300 ms later")
@@ -403,8 +416,8 @@ struct DetectorMachineTests {
         #expect(activity == nil)
         let look = machine.look(now: 1_500 * ms, continued: nil)
         #expect(look == (.nothing, .keep))
-        let slot = machine.claimPostSlot()
-        #expect(!slot)
+        let beat = machine.beat(at: 1_525 * ms, next: 1_550 * ms, cpu: nil, lookArmed: false)
+        #expect(beat == nil)
         #expect(!machine.owesAnswer)
     }
 
@@ -465,16 +478,68 @@ struct DetectorMachineTests {
         #expect(busy.look == .move(timeout: threshold))
     }
 
-    @Test("one posted probe at a time")
-    func postSlot() {
+    @Test("one probe at a time: a beat posts only when the last probe answered or was released")
+    func probeSlot() {
         var machine = running()
-        let first = machine.claimPostSlot()
-        #expect(first)
-        let second = machine.claimPostSlot()
-        #expect(!second)
-        machine.releasePostSlot()
-        let third = machine.claimPostSlot()
-        #expect(third)
+        let first = machine.beat(at: 25 * ms, next: 50 * ms, cpu: nil, lookArmed: false)
+        #expect(first?.post == true)
+        let second = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        #expect(second?.post == false, "the first is outstanding")
+        machine.releaseProbeSlot()
+        let third = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        #expect(third?.post == true)
+    }
+
+    @Test("beats arm the look only when an answer is outstanding at a beat or due before the next; never twice")
+    func beatsArmTheLook() throws {
+        var machine = DetectorMachine(threshold: threshold, heartbeat: heartbeat, usesHeartbeat: true, now: 0)
+        let unwatched = machine.beat(at: 0, next: 25 * ms, cpu: nil, lookArmed: false)
+        #expect(unwatched == nil, "not started")
+        _ = machine.begin()
+        let beforeWatch = machine.beat(at: 0, next: 25 * ms, cpu: nil, lookArmed: false)
+        #expect(beforeWatch == nil, "started, not watching yet")
+        _ = machine.watch(from: 10 * ms, inRunLoopPass: false, gridStart: 0)
+        // The first probe is owed from the grid's 25 ms point.
+        let firstPlan = machine.beat(at: 25 * ms, next: 50 * ms, cpu: nil, lookArmed: false)
+        let first = try #require(firstPlan)
+        #expect(first == .init(post: true, look: .keep))
+        _ = machine.answered(at: 26 * ms, thread: 7, queue: 1)
+        machine.releaseProbeSlot()
+        let healthyPlan = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let healthy = try #require(healthyPlan)
+        #expect(healthy == .init(post: true, look: .keep), "answered: nothing to look at")
+        // Not answered by the next beat: the look is armed for the due time,
+        // a threshold after the midpoint of the answer (26 ms) and the post (50 ms).
+        let latePlan = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        let late = try #require(latePlan)
+        #expect(late == .init(post: false, look: .arm(timeout: 288 * ms - 75 * ms)))
+        let armedPlan = machine.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: true)
+        let armed = try #require(armedPlan)
+        #expect(armed == .init(post: false, look: .keep), "armed once")
+        let (look, plan) = machine.look(now: 288 * ms, continued: nil)
+        guard case .sample = look else {
+            Issue.record("expected the stall, got \(look)")
+            return
+        }
+        #expect(plan == .arm(timeout: heartbeat))
+        let duringPlan = machine.beat(at: 300 * ms, next: 325 * ms, cpu: nil, lookArmed: false)
+        let during = try #require(duringPlan)
+        #expect(during.look == .keep, "a stall's looks arm themselves")
+    }
+
+    @Test("a late answer is weighed against the CPU time its probe's beat read")
+    func beatReadsTheCPUBaseline() throws {
+        var machine = running()
+        let posted = machine.beat(at: 25 * ms, next: 50 * ms, cpu: 1_000 * ms, lookArmed: false)
+        #expect(posted?.post == true)
+        #expect(!machine.needsCPU(at: 30 * ms), "a prompt answer reads no CPU time")
+        #expect(machine.needsCPU(at: 400 * ms))
+        let answer = machine.answered(at: 400 * ms, thread: 7, queue: 1, cpu: 1_094 * ms)
+        guard case .missed(_, _, _, let processRan)? = try #require(answer).outcome else {
+            Issue.record("expected a missed stall, got \(String(describing: answer?.outcome))")
+            return
+        }
+        #expect(processRan, "94 ms of CPU over the 375 ms since the post: a quarter of a core")
     }
 
     @Test(
@@ -487,8 +552,9 @@ struct DetectorMachineTests {
     }
 }
 
-/// A heartbeat target that answers each probe at once unless blocked, a detector
-/// whose looks and samples come late by random amounts (a loaded machine),
+/// A heartbeat target that answers each probe within a millisecond unless
+/// blocked, beats that post the probes and arm the looks, a detector whose
+/// beats, looks and samples come late by random amounts (a loaded machine),
 /// answers that arrive while a sample is taken, and a debugger now and then.
 /// Checks: each stall's events in order and once, every `.started` ended; a block
 /// of threshold + heartbeat or more ends in one report (`.started` then `.ended`,
@@ -510,8 +576,16 @@ private struct RandomRun {
     var missed: Set<UInt64> = []
     var firstSampled: Set<UInt64> = []
     var suppressed: Set<UInt64> = []
-    var nextProbe: Int64
-    /// The largest lateness of a look armed since the current block began.
+    /// When the next beat runs, and when the outstanding probe answers (nil:
+    /// none is outstanding, or the target is blocked).
+    var nextBeat: Int64
+    var probeOutstanding = false
+    var answerAt: Int64?
+    var blocked = false
+    /// During a block: since when a probe has waited for the target (a late
+    /// beat asks it late, and the time before is not the target's).
+    var askedSince: Int64?
+    /// The largest lateness of a beat or a look armed since the current block began.
     var latestLook: Int64 = 0
     var armedLateness: Int64 = 0
     /// What the last answer or sample said: no stall open.
@@ -523,8 +597,8 @@ private struct RandomRun {
         self.heartbeat = heartbeat
         machine = DetectorMachine(threshold: threshold, heartbeat: heartbeat, usesHeartbeat: true, now: 0)
         _ = machine.begin()
-        nextProbe = heartbeat
-        if let plan = machine.watch(from: 0, inRunLoopPass: false) { apply(plan) }
+        nextBeat = heartbeat
+        if let plan = machine.watch(from: 0, inRunLoopPass: false, gridStart: 0) { apply(plan) }
     }
 
     mutating func play() {
@@ -532,26 +606,30 @@ private struct RandomRun {
             let healthy = Int64(random.next() % 8 + 1) * heartbeat
             run(until: now + healthy, blocked: false)
             let blockStart = now
+            askedSince = probeOutstanding ? now : nil
             let before = (outcomes, started.count, suppressed.count)
             latestLook = lookAt == nil ? 0 : armedLateness
             run(until: now + Int64(random.next() % UInt64(3 * threshold)), blocked: true)
             // The probe queued behind the block answers now; a sample under way
             // and the looks then finish.
             let block = now - blockStart
+            let asked = askedSince.map { now - $0 } ?? 0
             let startedLive = started.count - before.1
-            answer()
+            // The probe queued behind the block runs as soon as it ends.
+            blocked = false
+            if probeOutstanding { answer() }
             run(until: now + 2 * heartbeat + 2 * threshold, blocked: false)
             finishSampling()
             let reports = outcomes - before.0
             let hidden = suppressed.count > before.2
             let at = "a \(block / 1_000_000) ms block at \(blockStart / 1_000_000) ms"
-            if block >= threshold + heartbeat && reports != (hidden ? 0 : 1) {
+            if asked >= threshold + heartbeat && reports != (hidden ? 0 : 1) {
                 problems.append("\(at): \(reports) reports")
             }
             if block < threshold - heartbeat && (reports != 0 || hidden) { problems.append("\(at) reported") }
             // Looks on time (a sample takes up to 2 heartbeats, a second look one
             // more): `.started` comes while the block lasts.
-            if block >= threshold + 6 * heartbeat && latestLook <= 1_000_000 && !hidden && startedLive != 1 {
+            if asked >= threshold + 6 * heartbeat && latestLook <= 1_000_000 && !hidden && startedLive != 1 {
                 problems.append("\(at), looks on time: \(startedLive) .started while it lasted")
             }
             if !settled { problems.append("\(at): still open after its answer") }
@@ -563,29 +641,51 @@ private struct RandomRun {
     var outcomes: Int { ended.count + missed.count }
 
     mutating func run(until end: Int64, blocked: Bool) {
+        self.blocked = blocked
+        if blocked { answerAt = nil }
         while true {
             // A look waits for a sample under way (both run on the detector's queue).
             let due = sampling == nil ? lookAt : nil
-            guard let next = [due, sampling?.at, blocked ? nil : nextProbe].compactMap({ $0 }).min(), next <= end
+            guard let next = [due, sampling?.at, answerAt, nextBeat].compactMap({ $0 }).min(), next <= end
             else { break }
             now = max(now, next)
             if let at = sampling?.at, at <= now {
                 finishSampling()
             } else if sampling == nil, let at = lookAt, at <= now {
                 look()
-            } else {
+            } else if let at = answerAt, at <= now {
                 answer()
+            } else {
+                beat()
             }
         }
         now = max(now, end)
     }
 
+    /// A beat of the heartbeat: usually on its grid point, sometimes late by up
+    /// to two thresholds (the grid points missed meanwhile are skipped).
+    mutating func beat() {
+        let next = (now / heartbeat + 1) * heartbeat
+        let lateness = random.next() % 20 == 0 ? random.next() % UInt64(2 * threshold) : random.next() % 1_000_000
+        latestLook = max(latestLook, Int64(lateness))
+        nextBeat = next + Int64(lateness)
+        guard let plan = machine.beat(at: now, next: next, cpu: nil, lookArmed: lookAt != nil) else { return }
+        if plan.post {
+            probeOutstanding = true
+            if blocked && askedSince == nil { askedSince = now }
+            answerAt = blocked ? nil : now + Int64(random.next() % 1_000_000)
+        }
+        apply(plan.look)
+    }
+
     mutating func answer() {
+        answerAt = nil
+        probeOutstanding = false
+        defer { machine.releaseProbeSlot() }
         guard let step = machine.answered(at: now, thread: 7, queue: 1) else { return }
         record(step.outcome)
         apply(step.look)
         settled = step.settled
-        nextProbe = now + heartbeat
     }
 
     mutating func look() {

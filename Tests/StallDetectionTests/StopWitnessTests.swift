@@ -28,6 +28,7 @@ struct StopWitnessTests {
         var machine = DetectorMachine(threshold: 250 * ms, heartbeat: 25 * ms, usesHeartbeat: true, now: 0)
         _ = machine.begin()
         _ = machine.watch(from: 0, inRunLoopPass: false)
+        machine.posted(at: 25 * ms)
         // Stopped from 10 ms to 600 ms; the look at 610 ms waited 250 ms for the
         // witness, which still had not recorded the continue: answered as now.
         let now = 610 * ms

@@ -150,7 +150,11 @@ if CommandLine.arguments.contains("--executor") {
 
 if CommandLine.arguments.contains("--idle-detectors") {
     // N idle stall detectors against the bare heartbeat (process CPU, 10 s each).
-    IdleDetectors.addRows(counts: quick ? [1, 16] : [1, 4, 16, 64], seconds: quick ? 3 : 10)
+    // `--count N` measures N detectors alone (for a profiler attached to the run).
+    let counts = CommandLine.arguments.firstIndex(of: "--count").flatMap { index in
+        CommandLine.arguments.dropFirst(index + 1).first.flatMap(Int.init).map { [$0] }
+    }
+    IdleDetectors.addRows(counts: counts ?? (quick ? [1, 16] : [1, 4, 16, 64]), seconds: quick ? 3 : 10)
     printTable(rows)
     exit(0)
 }

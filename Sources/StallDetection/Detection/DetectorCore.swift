@@ -6,22 +6,19 @@ import Synchronization
 /// The engine of a ``StallDetector``. It owns no thread: it runs on SafeTimers'
 /// engine and on one private serial queue.
 ///
-/// - Heartbeat targets: a `RepeatingTimer` whose handler is the probe: it runs *on*
-///   the target queue, so the engine's firing is the post, and with
-///   `MissedTickPolicy.skip` no new probe is posted while one is still queued or
-///   running (a blocked target gets one probe, not a pile). Each answer moves one
-///   `DelayedWork` (the overdue look) back to the moment the next probe would be
-///   overdue. With nothing stalled, the detector costs one timer firing and one
-///   tiny block per heartbeat: the engine re-arms the repeating timer itself, and
-///   a moved entry is never the engine's earliest (the next probe is earlier), so
-///   it costs no wake-up. (A `Watchdog` kick would re-arm lazily: a wake-up at
-///   each old deadline, four a second at the default threshold.)
-/// - Posted probes (`.custom`, `.cooperativePool`): the timer's handler runs on a
-///   private post queue and hands the user's `post` (or `Task.detached`) a
-///   ``CustomProbe`` in a block of its own, at most one outstanding; the probe
-///   answers when it runs and frees the slot when it runs or is released unrun.
-///   `post` is never called under the lock nor inside the timer's handler (whose
-///   cancel waits for it), so a blocking `post` cannot block `stop()`.
+/// - Heartbeat targets: a member of the process's shared ``Heartbeat`` of its
+///   period. Each beat posts the probe, a tiny block on the target queue,
+///   unless one is still queued or running (a blocked target gets one probe,
+///   not a pile), and arms the overdue look only when the answer owed would be
+///   overdue before the next beat. With nothing stalled, the detector costs the
+///   probe and a few instructions of the shared beat per heartbeat: no timer of
+///   its own, no look armed, no CPU time read at a prompt answer.
+/// - Posted probes (`.custom`, `.cooperativePool`): the beat hands the user's
+///   `post` (or `Task.detached`) a ``CustomProbe`` in a block of its own on a
+///   private post queue, at most one outstanding; the probe answers when it runs
+///   and frees the slot when it runs or is released unrun. `post` is never called
+///   under the lock nor on the heartbeat's queue, so a blocking `post` can block
+///   neither `stop()` nor another detector.
 /// - The main run loop: a run-loop observer records each activity and moves the
 ///   overdue look while the loop is busy.
 /// - When the overdue look runs, the detector's queue asks ``StopWitness`` whether the
@@ -33,7 +30,7 @@ import Synchronization
 /// time it concerns and the facts read before it (the witness, `/proc`, samples);
 /// this class only arms the timers it asks for. Sampling, symbolication, timers'
 /// cancels and event delivery happen after the lock is released.
-final class DetectorCore: Sendable {
+final class DetectorCore: Sendable, HeartbeatMember {
     let threshold: Duration
     let heartbeat: Duration
     private let target: StallDetector.Target
@@ -104,8 +101,8 @@ final class DetectorCore: Sendable {
     /// The machine and what acts on its decisions: the timers and the observer.
     private struct State {
         var machine: DetectorMachine
-        /// The probe timer (heartbeat targets).
-        var probe: RepeatingTimer?
+        /// The heartbeat this detector is a member of (heartbeat targets).
+        var heartbeat: Heartbeat?
         /// The look: runs when the target would be overdue; `lookGeneration`
         /// tells a current firing from a stale one.
         var look: DelayedWork?
@@ -182,22 +179,32 @@ final class DetectorCore: Sendable {
                 self?.record(activityAt: time, idle: idle)
             })
         }
+        // Joined first, for its grid; its beats find nothing to do until the
+        // machine watches.
+        let heartbeat =
+            target.usesHeartbeat ? Heartbeat.join(self, period: heartbeatTicks, scheduler: scheduler) : nil
         let now = Monotonic.now()
         let cpu = ProcessFacts.cpuTime()
         // Started from the main run loop's own pass (an app's launch): that pass
         // is busy now, and the observer sees its end, not its start.
         let inRunLoopPass = observer != nil && RunLoopObserverHandle.isInMainRunLoopPass
         let watching = state.withLock { state -> Bool in
-            guard let plan = state.machine.watch(from: now, inRunLoopPass: inRunLoopPass, cpu: cpu) else {
-                return false
-            }
+            guard
+                let plan = state.machine.watch(
+                    from: now, inRunLoopPass: inRunLoopPass, cpu: cpu, gridStart: heartbeat?.origin)
+            else { return false }
             state.observer = observer
-            if target.usesHeartbeat { startProbe(&state) }
+            state.heartbeat = heartbeat
             _ = apply(plan, &state)  // nothing was armed before
             return true
         }
-        if !watching { observer?.remove() }
-        if target.usesHeartbeat || inRunLoopPass { profiler.answered() }
+        if !watching {
+            observer?.remove()
+            heartbeat?.leave(self)
+        }
+        // The profiler's early look counts from the start until the first answer.
+        if target.usesHeartbeat { profiler.targetAnswered(at: now) }
+        if inRunLoopPass { profiler.answered() }
     }
 
     /// Stops, and ends a reported stall the stop cuts short with an `.ended`
@@ -207,10 +214,10 @@ final class DetectorCore: Sendable {
     func stop() {
         let now = Monotonic.now()
         let taken = state.withLock { state in
-            (state.probe.take(), state.look.take(), state.observer.take(), state.machine.stop(at: now))
+            (state.heartbeat.take(), state.look.take(), state.observer.take(), state.machine.stop(at: now))
         }
-        let (probe, look, observer, (wasRunning, cutShort)) = taken
-        probe?.cancel()
+        let (heartbeat, look, observer, (wasRunning, cutShort)) = taken
+        heartbeat?.leave(self)
         look?.cancel()
         observer?.remove()
         let gathered = cutShort == nil ? nil : profiler.end()
@@ -236,25 +243,46 @@ final class DetectorCore: Sendable {
         outlet.publish(event)
     }
 
-    // MARK: Timers (called with the lock held; they only arm, never release)
+    // MARK: Beats and probes
 
-    private func startProbe(_ state: inout State) {
+    /// On the heartbeat's queue: the machine decides whether to post a probe and
+    /// whether the look is due before the next beat; the post happens after the
+    /// lock, and the profiler arms its early look the same way.
+    func beat(_ beat: Heartbeat.Beat) {
+        // A queue's probe is handed over now; a posted one when `post` is called.
+        let handsOverNow = target.ownsProbeQueue
+        let plan = state.withLock { state -> DetectorMachine.BeatPlan? in
+            guard
+                let plan = state.machine.beat(
+                    at: beat.time, next: beat.next, cpu: beat.cpu, lookArmed: state.look != nil,
+                    handsOverNow: handsOverNow)
+            else { return nil }
+            _ = apply(plan.look, &state)  // `.keep`, or `.arm` with no look armed
+            return plan
+        }
+        guard let plan else { return }
+        if plan.post { postProbe() }
+        profiler.beat(now: beat.time, next: beat.next)
+    }
+
+    /// Hands the target its probe: a block on a watched queue, or a
+    /// ``CustomProbe`` to `post` (or a detached task) from the post queue.
+    private func postProbe() {
         let queue: DispatchQueue
         switch target {
         case .mainRunLoop: return
         case .mainQueue: queue = .main
         case .queue(let watched): queue = watched
         case .custom(_, let post):
-            state.probe = startPostedProbe(post: post)
+            postProbe(post)
             return
         case .cooperativePool:
-            state.probe = startPostedProbe { probe in
+            postProbe { probe in
                 Task.detached(priority: .medium) { probe() }
             }
             return
         }
-        let probe = RepeatingTimer(interval: heartbeat, missedTicks: .skip, queue: queue, scheduler: scheduler) {
-            [weak self] in
+        queue.async { [weak self] in
             // Marked from its first instruction: what the answer then waits for
             // (the detector's locks) is no stall of the target's.
             stallcapture_probe_begin()
@@ -262,33 +290,15 @@ final class DetectorCore: Sendable {
             let time = Monotonic.now()
             self?.record(answerAt: time, answer: .here())
         }
-        probe.start()
-        state.probe = probe
     }
 
-    /// A probe that `post` hands to an executor: the timer's firing calls `post` on
-    /// the post queue, and the probe answers when it runs.
-    private func startPostedProbe(
-        post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void
-    ) -> RepeatingTimer {
-        let probe = RepeatingTimer(
-            interval: heartbeat, missedTicks: .skip, queue: postQueue, scheduler: scheduler
-        ) { [weak self] in
-            self?.postProbe(post)
-        }
-        probe.start()
-        return probe
-    }
-
-    /// Hands `post` a new probe, unless one is outstanding (on
-    /// the post queue, without the lock: `post` is the user's code).
+    /// Hands `post` a new probe in a block of its own on the post queue
+    /// (`post` is the user's code: never on the heartbeat's queue, never under
+    /// the lock).
     private func postProbe(_ post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
-        guard state.withLock({ $0.machine.claimPostSlot() }) else { return }
         let probe = CustomProbe { [weak self] answer, time in
             self?.postedProbeFinished(answer, at: time)
         }
-        // A block of its own, after this timer handler has returned: cancelling the
-        // timer waits for a handler under way, and `stop()` must not wait for `post`.
         postQueue.async { [weak self] in
             self?.probePosted()
             post(probe.closure)
@@ -301,13 +311,17 @@ final class DetectorCore: Sendable {
     }
 
     /// A custom probe ran at `time` (an answer), or was released without
-    /// running (nil: the next heartbeat posts another; the answer is still owed).
-    /// The slot is released after the answer is recorded: a probe posted in
-    /// between would be owed from the grid point after this answer, later than
-    /// its own posting, and a quick answer to it would count a lag of zero.
+    /// running (nil: the next beat posts another; the answer is still owed).
+    /// The slot is released with the answer recorded, under one lock: a probe
+    /// posted in between would be owed from the grid point after this answer,
+    /// later than its own posting, and a quick answer to it would count a lag
+    /// of zero.
     private func postedProbeFinished(_ answer: ProbeAnswer?, at time: Int64) {
-        if let answer { record(answerAt: time, answer: answer) }
-        state.withLock { $0.machine.releasePostSlot() }
+        guard let answer else {
+            state.withLock { $0.machine.releaseProbeSlot() }
+            return
+        }
+        record(answerAt: time, answer: answer)
     }
 
     /// Carries out the machine's plan for the look. Returns the look it replaced,
@@ -317,6 +331,7 @@ final class DetectorCore: Sendable {
         case .keep:
             return nil
         case .drop:
+            state.lookGeneration &+= 1  // a firing already under way finds itself stale
             return state.look.take()
         case .move(let timeout):
             if let current = state.look, state.lookTimeout == timeout, current.reschedule(after: .nanoseconds(timeout))
@@ -364,9 +379,14 @@ final class DetectorCore: Sendable {
 
     // MARK: Facts from the target
 
+    /// A probe answered at `time`: the machine records it and frees the probe's
+    /// slot. The process's CPU time is read only for an answer that may end or
+    /// miss a stall.
     private func record(answerAt time: Int64, answer: ProbeAnswer) {
-        let cpu = ProcessFacts.cpuTime()
+        let late = state.withLock { $0.machine.needsCPU(at: time) }
+        let cpu = late ? ProcessFacts.cpuTime() : nil
         let step = state.withLock { state -> (DetectorMachine.Step, DelayedWork?)? in
+            defer { state.machine.releaseProbeSlot() }
             guard let step = state.machine.answered(at: time, thread: answer.thread, queue: answer.queue, cpu: cpu)
             else {
                 return nil
@@ -379,7 +399,6 @@ final class DetectorCore: Sendable {
         releaseOnDetectorQueue(replaced)
         profiler.targetAnswered(at: time)
         let gathered = step.settled ? profiler.end(until: time) : nil
-        profiler.answered()
         if let outcome = step.outcome { conclude(outcome, gathered: gathered) }
         // Last: the answer's own first run (type metadata) is done before.
         warmUpOnce()
@@ -477,8 +496,10 @@ final class DetectorCore: Sendable {
         // concern this look.
         let now = Monotonic.now()
         // Was the process stopped since the detector last looked? (May wait for the
-        // witness to record a continue it has not had the CPU to record yet.)
-        let since = state.withLock { $0.machine.lastContinueSeen }
+        // witness to record a continue it has not had the CPU to record yet.) A
+        // stale look asks nothing: the witness's files stay closed between stalls.
+        let current = state.withLock { $0.lookGeneration == generation ? $0.machine.lastContinueSeen : nil }
+        guard let since = current else { return }
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
         let (look, replaced) = state.withLock { state -> (DetectorMachine.Look, DelayedWork?) in
             guard generation == state.lookGeneration else { return (.nothing, nil) }

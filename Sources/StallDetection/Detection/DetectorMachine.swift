@@ -29,6 +29,15 @@ struct DetectorMachine: Sendable {
         case drop
     }
 
+    /// What a beat of the shared ``Heartbeat`` asks of the detector: whether to
+    /// post a probe (none is outstanding; the slot is taken), and what to do
+    /// with the look (`.keep`, or `.arm` when an answer would be overdue before
+    /// the next beat and no look is armed).
+    struct BeatPlan: Equatable, Sendable {
+        var post: Bool
+        var look: LookPlan
+    }
+
     /// What a look decided: nothing to do, a stall goes on (the fatal report may
     /// be due), or a stall to sample.
     enum Look: Equatable, Sendable {
@@ -117,8 +126,11 @@ struct DetectorMachine: Sendable {
     private(set) var lastAnsweringThread: Int32?
     /// The serial queue the last probe ran on (the watched queue's address).
     private(set) var lastAnsweringQueue: UInt?
-    /// A posted probe is outstanding: it has neither run nor been released.
-    private var postedProbeOutstanding = false
+    /// A probe is outstanding: it has neither run nor been released.
+    private var probeOutstanding = false
+    /// Whether ``watch(from:inRunLoopPass:cpu:gridStart:)`` has set the
+    /// detector up: beats before it find nothing to do.
+    private var watching = false
     /// Whether the answer owed now is owed from the timer's grid point, as
     /// assumed after an answer, rather than from a probe really handed to the
     /// target (``posted(at:)``).
@@ -127,8 +139,8 @@ struct DetectorMachine: Sendable {
     private var lastObservation: Int64
     /// The latest continue after a stop that a look has taken into account.
     private(set) var lastContinueSeen: Int64 = 0
-    /// The process's CPU time at the last answer that carried it (or at the
-    /// start, before the first), and when.
+    /// The process's CPU time when the outstanding probe was posted (or at the
+    /// last answer that carried it, or at the start), and when.
     private var lastAnswerCPU: (time: Int64, cpu: Int64)?
     private var open: OpenStall?
 
@@ -143,10 +155,10 @@ struct DetectorMachine: Sendable {
         self.lastObservation = now
     }
 
-    /// The look's timeout while the target is healthy: from an answer to the
-    /// moment the next probe's answer is overdue (a stall's start is estimated at
-    /// the midpoint between the answer and the next probe).
-    var healthyLookTimeout: Int64 { usesHeartbeat ? threshold + heartbeat / 2 : threshold }
+    /// The look's timeout while the run loop is busy: from an activity to the
+    /// moment the next one is overdue. (Heartbeat targets arm their looks at
+    /// beats, for the moment the answer owed would be overdue.)
+    var healthyLookTimeout: Int64 { threshold }
 
     /// Whether the target owes an answer and no stall is open: the profiler
     /// samples ahead of the threshold while this holds.
@@ -169,7 +181,7 @@ struct DetectorMachine: Sendable {
 
     func settlement(now: Int64) -> Settlement {
         if let open { return open.phase == .reported ? .overdue : .sampling }
-        guard lifecycle == .running, let owed = tracker.pendingSince else { return .settled }
+        guard lifecycle == .running, !awaitingHandOver, let owed = tracker.pendingSince else { return .settled }
         return now - owed >= threshold ? .overdue : .settled
     }
 
@@ -182,25 +194,29 @@ struct DetectorMachine: Sendable {
         return true
     }
 
-    /// The detector's timers are set up at `now`: the first probe is sent a
-    /// heartbeat later, or the run loop is busy from now (`start()` was called
-    /// inside a pass). `cpu` is the process's CPU time at `now`, if read: a
-    /// stall the first answer ends is weighed against it like any later one.
-    /// Nil when the detector was stopped meanwhile.
-    mutating func watch(from now: Int64, inRunLoopPass: Bool, cpu: Int64? = nil) -> LookPlan? {
+    /// The detector is set up at `now`: the first probe is sent at the first
+    /// beat after `now` of the heartbeat whose grid counts from `gridStart` (nil:
+    /// from `now`), or the run loop is busy from now (`start()` was called inside
+    /// a pass). `cpu` is the process's CPU time at `now`, if read: a stall the
+    /// first answer ends is weighed against it like any later one. Nil when the
+    /// detector was stopped meanwhile.
+    mutating func watch(
+        from now: Int64, inRunLoopPass: Bool, cpu: Int64? = nil, gridStart: Int64? = nil
+    ) -> LookPlan? {
         guard lifecycle == .running else { return nil }
+        watching = true
         tracker = StallTracker(threshold: threshold, now: now)
         lastObservation = now
         lastContinueSeen = now
         lastAnswerCPU = cpu.map { (now, $0) }
         if usesHeartbeat {
-            probeGridStart = now
-            tracker.probeSent(at: now + heartbeat)
+            probeGridStart = min(gridStart ?? now, now)
+            tracker.probeSent(at: nextProbe(after: now))
             owedFromGrid = true
         } else if inRunLoopPass {
             _ = tracker.progress(at: now, busyAfterwards: true)
         }
-        return usesHeartbeat || inRunLoopPass ? .arm(timeout: healthyLookTimeout) : .keep
+        return !usesHeartbeat && inRunLoopPass ? .arm(timeout: healthyLookTimeout) : .keep
     }
 
     /// Running to stopped at `now`: whether it was running, and the `.ended` of
@@ -221,13 +237,33 @@ struct DetectorMachine: Sendable {
         return (true, ended)
     }
 
-    // MARK: Posted probes
+    // MARK: Beats and probes
 
-    /// Takes the one slot for a posted probe; false when one is outstanding.
-    mutating func claimPostSlot() -> Bool {
-        guard lifecycle == .running, !postedProbeOutstanding else { return false }
-        postedProbeOutstanding = true
-        return true
+    /// A beat of the shared heartbeat ran at `time`; the next is due at `next`;
+    /// `cpu` is the process's CPU time at `time`. `lookArmed`: whether a look
+    /// is armed now; `handsOverNow`: whether a probe posted now reaches the
+    /// target now (a queue's block), rather than when `post` is called
+    /// (``posted(at:)``). Nil when the detector is not watching.
+    ///
+    /// A probe is posted unless one is outstanding (a blocked target gets one
+    /// probe, not a pile); the CPU time then is what a late answer to it is
+    /// weighed against. The look is armed only when the answer owed would be
+    /// overdue before the next beat, or the last probe is still unanswered at
+    /// this beat: while the target answers, no look is armed at all.
+    mutating func beat(
+        at time: Int64, next: Int64, cpu: Int64?, lookArmed: Bool, handsOverNow: Bool = true
+    ) -> BeatPlan? {
+        guard lifecycle == .running, watching, usesHeartbeat else { return nil }
+        let outstanding = probeOutstanding
+        if !outstanding {
+            probeOutstanding = true
+            if let cpu { lastAnswerCPU = (time, cpu) }
+            if handsOverNow { posted(at: time) }
+        }
+        guard !lookArmed, open == nil, let due = tracker.dueTime, outstanding || due <= next else {
+            return BeatPlan(post: !outstanding, look: .keep)
+        }
+        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)))
     }
 
     /// A probe was handed to the target at `time` (a posted probe: `.custom`,
@@ -240,9 +276,24 @@ struct DetectorMachine: Sendable {
         tracker.probePosted(at: time, heartbeat: heartbeat)
     }
 
-    /// The posted probe ran or was released unrun: the next heartbeat may post.
-    mutating func releasePostSlot() {
-        postedProbeOutstanding = false
+    /// The probe ran or was released unrun: the next beat may post.
+    mutating func releaseProbeSlot() {
+        probeOutstanding = false
+    }
+
+    /// Whether the answer owed is owed only from a point of the heartbeat's grid:
+    /// the probe for it has not been handed to the target yet.
+    private var awaitingHandOver: Bool { usesHeartbeat && owedFromGrid && !tracker.isStalled }
+
+    /// Whether an answer at `time` may end or miss a stall, and so needs the
+    /// process's CPU time (``processRan(cpu:over:)``): a stall is open, or the
+    /// answer comes within a heartbeat of being overdue or later. A prompt
+    /// answer needs none (its probe's beat read it for the next late one).
+    func needsCPU(at time: Int64) -> Bool {
+        guard lifecycle == .running else { return false }
+        if open != nil || tracker.isStalled { return true }
+        guard let due = tracker.dueTime else { return false }
+        return time >= due - heartbeat
     }
 
     // MARK: Facts from the target
@@ -257,12 +308,14 @@ struct DetectorMachine: Sendable {
         let ran = cpu.flatMap { cpu in
             lastAnswerCPU.map { Self.processRan(cpu: cpu - $0.cpu, over: time - $0.time) }
         }
-        lastAnswerCPU = cpu.map { (time, $0) }
+        if let cpu { lastAnswerCPU = (time, cpu) }
         let lag = tracker.pendingSince.map { waited(until: time, owedFrom: $0) }
         let outcome = finish(tracker.progress(at: time), at: time, thread: thread, processRan: ran ?? false)
         tracker.probeSent(at: nextProbe(after: time))
         owedFromGrid = true
-        return Step(outcome: outcome, look: .move(timeout: healthyLookTimeout), settled: open == nil, lag: lag)
+        // A look armed for this answer's lateness (or a stall's) has nothing left
+        // to see: the beats arm the next when the next answer nears its due time.
+        return Step(outcome: outcome, look: .drop, settled: open == nil, lag: lag)
     }
 
     /// The main run loop moved on at `time` (busy from then on), or went to sleep.
@@ -358,6 +411,12 @@ struct DetectorMachine: Sendable {
             lastContinueSeen = continued
         }
         lastObservation = max(lastObservation, now)
+        if open == nil, awaitingHandOver {
+            // The probe owed has not reached the target yet (the beat that
+            // posts it is late): the target was not asked, whatever the time.
+            // The beat that hands it over arms the next look.
+            return (.nothing, .drop)
+        }
         if var stall = open, stall.phase == .awaitingConfirmation, let start = tracker.stall?.start {
             // The second look at an unconfirmed stall: the target still owes.
             stall.phase = .sampling
@@ -366,14 +425,23 @@ struct DetectorMachine: Sendable {
             return (.sample(decision), .arm(timeout: heartbeat))
         }
         guard case .started(let id, let duration) = tracker.tick(now: now) else {
-            // Not (or no longer) overdue: keep looking while anything is owed.
             if tracker.isStalled { return (.stallGoesOn, .arm(timeout: heartbeat)) }
-            return (.nothing, tracker.dueTime == nil ? .drop : .arm(timeout: healthyLookTimeout))
+            return (.nothing, nextLook(now: now))
         }
         open = OpenStall(id: id)
         // While the stall lasts, look every heartbeat, so that a stop during it
         // is measured within a heartbeat.
         return (.sample(Decision(id: id, duration: duration, suppressed: nil, second: false)), .arm(timeout: heartbeat))
+    }
+
+    /// The look after one that found nothing overdue at `now`: for a heartbeat
+    /// target, at the due time if it comes before the next beat (later ones are
+    /// armed by the beats); for the run loop, a threshold on while anything is
+    /// owed.
+    private func nextLook(now: Int64) -> LookPlan {
+        guard let due = tracker.dueTime else { return .drop }
+        guard usesHeartbeat else { return .arm(timeout: healthyLookTimeout) }
+        return due - now < heartbeat ? .arm(timeout: max(0, due - now)) : .drop
     }
 
     /// The stall of `decision` was sampled: `reported` is the stack found for

@@ -52,9 +52,10 @@ import SafeTimers
 /// ## Cost
 /// The detector runs on SafeTimers' engine (`SystemTimerScheduler.shared`) and a
 /// private queue; the one thread StallDetection starts is the stop witness, shared by
-/// every detector of the process. While the target answers, each heartbeat costs one
-/// timer firing and one tiny block on the target, and each answer moves one
-/// `DelayedWork` (the look) back; the private queue runs only when an answer is overdue.
+/// every detector of the process. Detectors with the same heartbeat share one timer:
+/// each firing posts every target's probe. While the target answers, a heartbeat
+/// costs its share of that firing and one tiny block on the target; no look is
+/// armed, and the private queue runs only when an answer is overdue.
 ///
 /// ## False positives it suppresses
 /// - **Stopped process** (`SIGSTOP`, a debugger's breakpoint): a witness thread

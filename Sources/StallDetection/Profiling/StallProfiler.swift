@@ -69,9 +69,13 @@ final class StallProfiler: Sendable {
         var session: Session?
         var pace = SamplingPace()
         var pending: DelayedWork?
-        /// Due when an answer is late enough to start sampling; every answer
-        /// pushes it back.
+        /// Due when an answer is late enough to start sampling: armed by a
+        /// beat when it is due before the next one (heartbeat targets), pushed
+        /// back by every activity (the run loop).
         var earlyLook: DelayedWork?
+        /// The last answer the early look counts from: it samples only if no
+        /// answer came after this one.
+        var earlyLookFor: Int64 = 0
         var stopped = false
         /// CPU time for work done once (naming new code, the first sample) that
         /// is not charged to the pace.
@@ -146,22 +150,36 @@ final class StallProfiler: Sendable {
 
     // MARK: Noticing a late answer
 
-    /// The target answered (or the run loop is busy): sampling starts `lateAfter`
-    /// from now unless it answers again first.
-    ///
-    /// One `DelayedWork` moved back at each answer, not a `Watchdog` kick: a
-    /// kicked watchdog's engine entry still fires at its old deadline to re-arm
-    /// (a wake-up every `lateAfter`, 16 a second at the default heartbeat), while
-    /// a moved entry is never the engine's earliest (the next probe is earlier),
-    /// so it costs no wake-up at all while the target answers.
+    /// A beat of the shared heartbeat at `now`, the next one due at `next`: if
+    /// sampling would start before the next beat (`lateAfter` after the last
+    /// answer), the early look is armed for that moment, once per answer. While
+    /// the target answers, this is one atomic load.
+    func beat(now: Int64, next: Int64) {
+        let answered = lastAnswer.load(ordering: .sequentiallyConsistent)
+        guard answered + lateAfter <= next else { return }
+        state.withLock { state in
+            guard !state.stopped, state.earlyLook == nil || state.earlyLookFor != answered else { return }
+            armEarlyLook(after: max(0, answered + lateAfter - now), countingFrom: answered, &state)
+        }
+    }
+
+    /// The run loop is busy: sampling starts `lateAfter` from now unless it
+    /// moves on again first. One `DelayedWork` moved back at each activity: a
+    /// moved entry that is not the engine's earliest costs no wake-up.
     func answered() {
+        let answered = lastAnswer.load(ordering: .sequentiallyConsistent)
         state.withLock { state in
             guard !state.stopped else { return }
-            if let work = state.earlyLook, work.reschedule(after: .nanoseconds(lateAfter)) { return }
-            state.earlyLook = DelayedWork.schedule(after: .nanoseconds(lateAfter), on: queue, scheduler: scheduler) {
-                [weak self] in
-                self?.lateAnswer()
-            }
+            armEarlyLook(after: lateAfter, countingFrom: answered, &state)
+        }
+    }
+
+    private func armEarlyLook(after delay: Int64, countingFrom answered: Int64, _ state: inout State) {
+        state.earlyLookFor = answered
+        if let work = state.earlyLook, work.reschedule(after: .nanoseconds(delay)) { return }
+        state.earlyLook = DelayedWork.schedule(after: .nanoseconds(delay), on: queue, scheduler: scheduler) {
+            [weak self] in
+            self?.lateAnswer()
         }
     }
 
@@ -177,7 +195,9 @@ final class StallProfiler: Sendable {
     /// a sample names nothing in full, so code never seen before costs it no more
     /// than code seen a thousand times).
     private func lateAnswer() {
-        if owesAnswer() { begin(now: Monotonic.now()) }
+        let countedFrom = state.withLock { $0.earlyLookFor }
+        guard lastAnswer.load(ordering: .sequentiallyConsistent) <= countedFrom, owesAnswer() else { return }
+        begin(now: Monotonic.now())
     }
 
     // MARK: Sessions
