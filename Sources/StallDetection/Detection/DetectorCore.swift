@@ -17,7 +17,7 @@ import Synchronization
 ///   `post` (or `Task.detached`) a ``CustomProbe`` in a block of its own on a
 ///   private post queue, at most one outstanding; the probe answers when it runs
 ///   and frees the slot when it runs or is released unrun. `post` is never called
-///   under the lock nor on the heartbeat's queue, so a blocking `post` can block
+///   under the lock nor on the scheduler thread, so a blocking `post` can block
 ///   neither `stop()` nor another detector.
 /// - The main run loop: a run-loop observer records each activity and moves the
 ///   overdue look while the loop is busy.
@@ -245,7 +245,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
 
     // MARK: Beats and probes
 
-    /// On the heartbeat's queue: the machine decides whether to post a probe and
+    /// On the scheduler thread: the machine decides whether to post a probe and
     /// whether the look is due before the next beat; the post happens after the
     /// lock, and the profiler arms its early look the same way.
     func beat(_ beat: Heartbeat.Beat) {
@@ -293,7 +293,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
     }
 
     /// Hands `post` a new probe in a block of its own on the post queue
-    /// (`post` is the user's code: never on the heartbeat's queue, never under
+    /// (`post` is the user's code: never on the scheduler thread, never under
     /// the lock).
     private func postProbe(_ post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
         let probe = CustomProbe { [weak self] answer, time in

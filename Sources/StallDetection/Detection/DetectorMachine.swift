@@ -121,7 +121,7 @@ struct DetectorMachine: Sendable {
     let usesHeartbeat: Bool
     private(set) var lifecycle = Lifecycle.idle
     private(set) var tracker: StallTracker
-    /// The start of the probe timer's grid.
+    /// The start of the heartbeat's grid.
     private var probeGridStart: Int64 = 0
     private(set) var lastAnsweringThread: Int32?
     /// The serial queue the last probe ran on (the watched queue's address).

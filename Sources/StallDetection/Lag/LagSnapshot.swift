@@ -2,13 +2,13 @@ extension StallDetector {
     /// How long a detector's target made its probes wait, over a window: what
     /// Node's `monitorEventLoopDelay()` gives for an event loop, for any target.
     ///
-    /// Each value is one probe's *lag*: from the moment the heartbeat posted
-    /// the probe (the point of the heartbeat's grid it was due) to the moment the
-    /// target ran it. The probe timer's own lateness is part of every lag (it
-    /// fires within about a millisecond of its tick), so a target that keeps up
-    /// shows lags from a few hundred microseconds to about a millisecond; a
-    /// congested one (a long queue of short jobs) shows lags that grow with its
-    /// backlog; a blocked one shows a lag as long as the block, so a stall is in
+    /// Each value is one probe's *lag*: from the moment the probe was handed to
+    /// the target (a queue's block posted by the heartbeat; a `.custom` probe
+    /// given to `post`) to the moment the target ran it. A heartbeat that fires
+    /// late is the detector's lateness and is not counted. A target that keeps
+    /// up shows lags from tens of microseconds (a thread's wake-up) to about a
+    /// millisecond; a congested one (a long queue of short jobs) shows lags that
+    /// grow with its backlog; a blocked one shows a lag as long as the block, so a stall is in
     /// the high percentiles long before an operator reads its report. For
     /// ``Target/mainRunLoop``, which has no probe, each value is the time from
     /// one run-loop activity to the next while the loop was busy.
