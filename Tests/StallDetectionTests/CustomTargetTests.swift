@@ -228,6 +228,38 @@ extension StallDetectorInProcessTests {
             #expect(events.last?.endedByStop == true)
         }
 
+        @Test("a `post` held up while `stop()` returns: the probe the next beat queued behind it is never posted")
+        func noPostAfterStop() async {
+            // The post runs its probe inline, so the slot is free and the next
+            // beat queues a new hand-over behind the held call; `stop()` returns
+            // meanwhile (it never waits for `post`). That queued hand-over must
+            // call nothing.
+            let holdNext = Locked(false)
+            let holding = Locked(false)
+            let stopped = Locked(false)
+            let late = Locked(0)
+            let detector = StallDetector(
+                target: .custom(name: "held post") { probe in
+                    if stopped.withLock({ $0 }) { late.withLock { $0 += 1 } }
+                    probe()
+                    if holdNext.withLock({ $0 }) {
+                        holdNext.withLock { $0 = false }
+                        holding.withLock { $0 = true }
+                        usleep(150_000)
+                    }
+                },
+                threshold: .milliseconds(100), heartbeat: .milliseconds(1))
+            detector.start()
+            usleep(20_000)
+            holdNext.withLock { $0 = true }
+            await waitUntil { holding.withLock { $0 } }
+            usleep(20_000)  // beats go on: the next hand-over is queued by now
+            detector.stop()
+            stopped.withLock { $0 = true }
+            usleep(300_000)  // the held call returns; what was queued runs
+            #expect(late.withLock { $0 } == 0, "post called after stop() returned")
+        }
+
         @Test("a `post` that stops the detector from inside: no deadlock, the stream ends")
         func stopInsidePost() async {
             let holder = Locked<StallDetector?>(nil)

@@ -116,8 +116,9 @@ struct DetectorMachineTests {
             #expect(step.look == .drop, "no look is left armed once the target answers")
             #expect(step.settled)
         }
-        #expect(machine.owesAnswer, "the next probe is owed from when it is sent")
+        #expect(!machine.owesAnswer, "the next probe is owed once it is handed over, not before")
         machine.posted(at: 125 * ms)
+        #expect(machine.owesAnswer, "the next probe is owed from when it is handed over")
         // The target blocks from 110 ms on: the look the beats arm runs at 362.5 ms.
         let (look, plan) = machine.look(now: 362_500_000, continued: nil)
         guard case .sample(let decision) = look else {

@@ -294,20 +294,26 @@ final class DetectorCore: Sendable, HeartbeatMember {
 
     /// Hands `post` a new probe in a block of its own on the post queue
     /// (`post` is the user's code: never on the scheduler thread, never under
-    /// the lock).
+    /// the lock). A block that runs after `stop()` calls nothing: the call is
+    /// under way from the moment ``handingOver()`` saw the detector running.
     private func postProbe(_ post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
         let probe = CustomProbe { [weak self] answer, time in
             self?.postedProbeFinished(answer, at: time)
         }
         postQueue.async { [weak self] in
-            self?.probePosted()
+            guard let self, handingOver() else { return }
             post(probe.closure)
         }
     }
 
-    /// Tells the machine a probe is being handed to the target now.
-    private func probePosted() {
-        state.withLock { $0.machine.posted(at: Monotonic.now()) }
+    /// Tells the machine a probe is being handed to the target now; false when
+    /// the detector stopped meanwhile (nothing is handed over).
+    private func handingOver() -> Bool {
+        state.withLock { state in
+            guard state.machine.lifecycle == .running else { return false }
+            state.machine.posted(at: Monotonic.now())
+            return true
+        }
     }
 
     /// A custom probe ran at `time` (an answer), or was released without

@@ -161,8 +161,11 @@ struct DetectorMachine: Sendable {
     var healthyLookTimeout: Int64 { threshold }
 
     /// Whether the target owes an answer and no stall is open: the profiler
-    /// samples ahead of the threshold while this holds.
-    var owesAnswer: Bool { lifecycle == .running && !tracker.isStalled && tracker.dueTime != nil }
+    /// samples ahead of the threshold while this holds. A probe not handed over
+    /// yet is owed by nobody.
+    var owesAnswer: Bool {
+        lifecycle == .running && !tracker.isStalled && tracker.dueTime != nil && !awaitingHandOver
+    }
 
     /// Where the detector stands for a caller that is about to stop it and must
     /// not lose a stall (a test's stall guard).

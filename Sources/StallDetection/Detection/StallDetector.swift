@@ -111,9 +111,14 @@ public final class StallDetector: Sendable {
         ///   the detector only weakly;
         /// - block inside `post`: the detection runs elsewhere, so the stall is
         ///   reported all the same; no further probe is posted until `post` returns.
+        ///   Each detector calls `post` on a serial queue of its own, so a `post`
+        ///   that never returns holds one dispatch worker thread for good: a few
+        ///   hundred such detectors exhaust libdispatch's threads (255), and then
+        ///   no detector can run.
         ///
         /// A `post` call already under way when ``StallDetector/stop()`` is called
-        /// may still post one probe; it does nothing when it runs.
+        /// (the detector decided to make it before the stop) may still post one
+        /// probe; it does nothing when it runs. No call begins after that.
         ///
         /// - Parameters:
         ///   - name: What the reports call the target (``StallEvent/target``).
