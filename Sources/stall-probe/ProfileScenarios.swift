@@ -46,12 +46,20 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
         }
         Thread {
             usleep(300_000)
+            // The items are posted behind a gate, and behind the probe a beat
+            // posts meanwhile (three heartbeats: it is outstanding, so no other
+            // is posted until it answers, right as the gate opens). A probe
+            // posted while the items were posted would land among them, and the
+            // stall would rightly start only once it answered, after the items
+            // before it (on a loaded machine, most of the backlog).
+            let gate = DispatchSemaphore(value: 0)
+            queue.async { gate.wait() }
+            usleep(75_000)
             let start = ContinuousClock.now
             for index in 0..<300 { queue.async { backlogItem(index) } }
-            // A probe posted while the items are posted lands among them: the
-            // stall then starts after the items before it.
             emit("POSTED \(milliseconds(ContinuousClock.now - start))")
             queue.async { emit("REAL \(milliseconds(ContinuousClock.now - start))") }
+            gate.signal()
         }.start()
         dispatchMain()
 
