@@ -341,10 +341,9 @@ struct DetectorMachine: Sendable {
     }
 
     /// How long an answer at `time` waited, when the next answer is owed from
-    /// `owed`. One before that point answers an earlier tick, whose probe
-    /// waited behind the last answer (a target late by more than a heartbeat
-    /// has the next tick's probe queued behind the late one): it was due at the
-    /// last grid point before it, not never.
+    /// `owed`. One before that point answers a probe posted before it (with one
+    /// probe outstanding at a time and the owed time moved to each hand-over,
+    /// this is rare): it was due at the last grid point before it, not never.
     private func waited(until time: Int64, owedFrom owed: Int64) -> Int64 {
         guard time < owed, heartbeat > 0 else { return time - owed }
         return time - lastProbe(atOrBefore: time)
