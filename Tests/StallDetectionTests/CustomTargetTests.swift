@@ -89,7 +89,7 @@ extension StallDetectorInProcessTests {
             guard let (started, ended) = Self.blockerStall(in: events) else { return }
             #expect(started.target == "private queue")
             #expect(started.description.contains("customTargetBlocker"), "\(started)")
-            #expect(started.backtrace.threadID == UInt64(UInt32(bitPattern: blocked.withLock { $0 })))
+            #expect(started.backtrace.threadID == UInt64(UInt32(bitPattern: blocked.withLock { $0 })), "\(started)")
             #expect(started.duration >= .milliseconds(100), "detected after \(started.duration)")
             #expect(ended.duration > .milliseconds(300) && ended.duration < .milliseconds(700), "\(ended.duration)")
         }
@@ -226,6 +226,61 @@ extension StallDetectorInProcessTests {
             // The stop ends the stall it cut short.
             #expect(events.map(\.phase) == [.started, .ended], "\(events)")
             #expect(events.last?.endedByStop == true)
+        }
+
+        @Test(
+            "detectors of one heartbeat started, stopped and released on 8 threads meanwhile: the watched queue's stall is reported once, named, and no other detector blames it",
+            .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
+        func churnBesideAStall() async {
+            let watched = DispatchQueue(label: "test.churn.watched")
+            let blocked = Locked<Int32>(0)
+            let detector = StallDetector(
+                target: .queue(watched), threshold: .milliseconds(250), heartbeat: .milliseconds(10))
+            let collector = Collector(detector)
+            let blamed = Locked<[StallEvent]>([])
+            let churning = Locked(true)
+            let (created, finished) = (Locked(0), Locked(0))
+            detector.start()
+            // Plain threads: a churn that blocks in `usleep` must not hold the
+            // cooperative pool this test awaits on.
+            for worker in 0..<8 {
+                Thread {
+                    var round = 0
+                    while churning.withLock({ $0 }) {
+                        round += 1
+                        let other = StallDetector(
+                            target: .queue(DispatchQueue(label: "test.churn.\(worker).\(round)")),
+                            threshold: .milliseconds(250), heartbeat: .milliseconds(10),
+                            onEvent: { event in
+                                if "\(event)".contains("customTargetBlocker") { blamed.withLock { $0.append(event) } }
+                            })
+                        other.start()
+                        created.withLock { $0 += 1 }
+                        usleep(UInt32.random(in: 0..<15_000))
+                        // Half are stopped, half only released (deinit stops them).
+                        if round.isMultiple(of: 2) { other.stop() }
+                    }
+                    finished.withLock { $0 += 1 }
+                }.start()
+            }
+            usleep(200_000)
+            watched.async { customTargetBlocker(600, thread: blocked) }
+            await waitUntil { Self.blockerStall(in: collector.snapshot) != nil }
+            churning.withLock { $0 = false }
+            await waitUntil { finished.withLock { $0 } == 8 }
+            detector.stop()
+            let events = await collector.finish()
+            let stalls = events.filter { $0.phase == .started && "\($0)".contains("customTargetBlocker") }
+            #expect(stalls.count == 1, "\(events)")
+            guard let (started, ended) = Self.blockerStall(in: events) else { return }
+            // A look that came late (the churn's first answers warm their symbols up
+            // and load both cores) reports the stall after it ended, from its
+            // profile, saying so: still named, still once.
+            let sampledLive = started.backtrace.threadID == UInt64(UInt32(bitPattern: blocked.withLock { $0 }))
+            #expect(sampledLive || started.description.contains("late"), "\(started)")
+            #expect(ended.duration > .milliseconds(500) && ended.duration < .milliseconds(900), "\(ended.duration)")
+            #expect(blamed.withLock { $0 }.isEmpty, "another detector named the watched queue's blocker")
+            #expect(created.withLock { $0 } > 50, "churned \(created.withLock { $0 }) detectors")
         }
 
         @Test("a `post` held up while `stop()` returns: the probe the next beat queued behind it is never posted")
