@@ -26,9 +26,8 @@ final class ActivityRecord: @unchecked Sendable {
     let threadID: UInt64
     private let depth = Atomic<Int>(0)
     private let slots: UnsafeMutablePointer<String>
-    /// Guards the slots; holds how many times a slot changed. (Not `Locked<()>`:
-    /// ThreadSanitizer takes the access to an empty value for an access to the
-    /// field after it, the mutex pointer.)
+    /// Guards the slots; holds how many times a slot changed (see ``Locked``
+    /// on empty values).
     private let lock = Locked(0)
 
     private init(threadID: UInt64) {

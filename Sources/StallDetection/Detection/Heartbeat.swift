@@ -51,8 +51,9 @@ final class Heartbeat: Sendable {
     private let scheduler: any TimerScheduler
     private let state = Locked(State())
     /// Held while the members beat: ``leave(_:)`` passes it once its member is
-    /// out of the list, so that no beat reaches that member afterwards.
-    private let beating = Locked(())
+    /// out of the list, so that no beat reaches that member afterwards. Holds
+    /// the number of beats so far.
+    private let beating = Locked<UInt64>(0)
 
     private init(key: Key, scheduler: any TimerScheduler) {
         self.key = key
@@ -110,7 +111,8 @@ final class Heartbeat: Sendable {
 
     /// On the scheduler thread: every member's beat, with one CPU reading.
     private func beat() {
-        beating.withLock { _ in
+        beating.withLock { beats in
+            beats &+= 1
             let members = state.withLock { $0.members }
             let now = Monotonic.now()
             let next = origin + ((now - origin) / period + 1) * period

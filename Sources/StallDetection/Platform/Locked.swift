@@ -15,11 +15,17 @@ import Darwin
 /// ``withLock(_:)``, between `pthread_mutex_lock` and `pthread_mutex_unlock` of
 /// `mutex`; the mutex is initialised in `init` and destroyed in `deinit`, when no
 /// other reference exists.
+///
+/// `Value` is never empty (`()`): ThreadSanitizer takes an access to an empty
+/// value for an access to the field at the same address, the mutex pointer, and
+/// reports a race between two critical sections. A lock that guards no data of
+/// its own holds a count of its uses instead.
 final class Locked<Value>: @unchecked Sendable {
     private var value: Value
     private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
 
     init(_ value: Value) {
+        assert(MemoryLayout<Value>.size > 0, "Locked<\(Value.self)>: an empty value aliases the mutex pointer")
         self.value = value
         pthread_mutex_init(mutex, nil)
     }

@@ -68,8 +68,8 @@ final class SymbolicationThread: Sendable {
     /// The kernel id of the thread, once it runs.
     private let threadID = Locked<UInt64?>(nil)
     /// No thread could be started: calls run on their callers' threads, one at
-    /// a time (under this lock).
-    private let inline: Locked<Void>?
+    /// a time (under this lock, which counts them).
+    private let inline: Locked<Int>?
 
     private init(process: pid_t) {
         self.process = process
@@ -85,7 +85,7 @@ final class SymbolicationThread: Sendable {
             thread.detach()
             inline = nil
         case .failure:
-            inline = Locked(())
+            inline = Locked(0)
         }
     }
 
@@ -95,7 +95,10 @@ final class SymbolicationThread: Sendable {
     func run<Result>(_ body: @escaping () -> Result) -> (value: Result, cpu: Int64) {
         let call = Call(body)
         if let inline {
-            inline.withLock { _ in call.run() }
+            inline.withLock { calls in
+                calls &+= 1
+                call.run()
+            }
         } else if threadID.withLock({ $0 }) == ThreadIDs.current() {
             call.run()
         } else {
