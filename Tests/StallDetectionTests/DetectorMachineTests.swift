@@ -106,6 +106,59 @@ struct DetectorMachineTests {
         #expect(notAsked.settlement(now: 500 * ms) == .settled)
     }
 
+    @Test(
+        "a look while an answer that read its time earlier is being recorded opens no stall; the answer then ends none"
+    )
+    func answerUnderWayAtTheLook() throws {
+        var machine = running()
+        _ = machine.answered(at: 100 * ms, thread: 7, queue: 1)
+        machine.posted(at: 125 * ms)
+        // Owed from 125 ms, due at 362.5 ms. The probe read its time at 360 ms
+        // and waits for the lock; the look reads 370 ms meanwhile.
+        let (look, plan) = machine.look(now: 370 * ms, continued: nil, answering: true)
+        #expect(look == .nothing, "the target answered before the look: \(look)")
+        #expect(plan == .arm(timeout: heartbeat), "looks again should the answer be held up")
+        let answered = machine.answered(at: 360 * ms, thread: 7, queue: 1)
+        let answer = try #require(answered)
+        #expect(answer.outcome == nil, "235 ms from the start: under the threshold, no stall at all")
+        #expect(answer.look == .drop)
+        // The same look with no answer under way opens the stall.
+        var blocked = running()
+        _ = blocked.answered(at: 100 * ms, thread: 7, queue: 1)
+        blocked.posted(at: 125 * ms)
+        let (opened, _) = blocked.look(now: 370 * ms, continued: nil, answering: false)
+        guard case .sample = opened else {
+            Issue.record("expected a stall to sample, got \(opened)")
+            return
+        }
+    }
+
+    @Test("an answer under way at an unconfirmed stall's second look: no `.started`, the answer makes it a missed one")
+    func answerUnderWayAtTheSecondLook() throws {
+        var machine = running()
+        machine.posted(at: 25 * ms)
+        let (first, _) = machine.look(now: 262_500_000, continued: nil)
+        guard case .sample(let decision) = first else {
+            Issue.record("expected a stall to sample, got \(first)")
+            return
+        }
+        let (report, _, _) = machine.sampled(
+            decision, reported: sample, samples: [:], samplingTime: 0, confirmed: false, suppressed: false)
+        guard case .nothing = report else {
+            Issue.record("an unconfirmed first sample reports nothing, got \(report)")
+            return
+        }
+        let (second, _) = machine.look(now: 290 * ms, continued: nil, answering: true)
+        #expect(second == .nothing, "no second look while the answer is recorded: \(second)")
+        let answered = machine.answered(at: 285 * ms, thread: 7, queue: 1)
+        let answer = try #require(answered)
+        guard case .missed(_, let duration, _, _)? = answer.outcome else {
+            Issue.record("expected a missed stall, got \(String(describing: answer.outcome))")
+            return
+        }
+        #expect(duration == 272_500_000, "from 12.5 ms to the answer's own time")
+    }
+
     @Test("healthy answers arm no look; a stall is sampled once, goes on each heartbeat, ends at the answer")
     func confirmedStall() throws {
         var machine = running()
@@ -556,12 +609,15 @@ struct DetectorMachineTests {
 /// A heartbeat target that answers each probe within a millisecond unless
 /// blocked, beats that post the probes and arm the looks, a detector whose
 /// beats, looks and samples come late by random amounts (a loaded machine),
-/// answers that arrive while a sample is taken, and a debugger now and then.
+/// answers that arrive while a sample is taken, answers recorded well after
+/// they read their time (looks meanwhile know one is under way), and a
+/// debugger now and then.
 /// Checks: each stall's events in order and once, every `.started` ended; a block
 /// of threshold + heartbeat or more ends in one report (`.started` then `.ended`,
 /// or a missed stall), none while a debugger is attached; `.started` while the
 /// block lasts when the looks were on time; none for a block under
-/// threshold − heartbeat; nothing open after the answer.
+/// threshold − heartbeat; nothing open after the answer; no `.ended` shorter
+/// than its `.started` or than the threshold.
 private struct RandomRun {
     var random: SplitMix
     let threshold: Int64
@@ -589,8 +645,13 @@ private struct RandomRun {
     /// The largest lateness of a beat or a look armed since the current block began.
     var latestLook: Int64 = 0
     var armedLateness: Int64 = 0
+    var nextBeatLateness: Int64 = 0
     /// What the last answer or sample said: no stall open.
     var settled = true
+    /// An answer that read its time and is recorded later (its thread waited).
+    var recording: (time: Int64, at: Int64)?
+    /// Each reported stall's `.started` duration.
+    var startedDuration: [UInt64: Int64] = [:]
 
     init(seed: UInt64, threshold: Int64, heartbeat: Int64) {
         random = SplitMix(seed: seed)
@@ -607,9 +668,10 @@ private struct RandomRun {
             let healthy = Int64(random.next() % 8 + 1) * heartbeat
             run(until: now + healthy, blocked: false)
             let blockStart = now
-            askedSince = probeOutstanding ? now : nil
+            askedSince = probeOutstanding && recording == nil ? now : nil
             let before = (outcomes, started.count, suppressed.count)
-            latestLook = lookAt == nil ? 0 : armedLateness
+            // A beat or a look already scheduled late counts for this block.
+            latestLook = max(lookAt == nil ? 0 : armedLateness, nextBeatLateness)
             run(until: now + Int64(random.next() % UInt64(3 * threshold)), blocked: true)
             // The probe queued behind the block answers now; a sample under way
             // and the looks then finish.
@@ -618,7 +680,7 @@ private struct RandomRun {
             let startedLive = started.count - before.1
             // The probe queued behind the block runs as soon as it ends.
             blocked = false
-            if probeOutstanding { answer() }
+            if probeOutstanding && recording == nil { answer() }
             run(until: now + 2 * heartbeat + 2 * threshold, blocked: false)
             finishSampling()
             let reports = outcomes - before.0
@@ -647,11 +709,14 @@ private struct RandomRun {
         while true {
             // A look waits for a sample under way (both run on the detector's queue).
             let due = sampling == nil ? lookAt : nil
-            guard let next = [due, sampling?.at, answerAt, nextBeat].compactMap({ $0 }).min(), next <= end
+            guard let next = [due, sampling?.at, answerAt, recording?.at, nextBeat].compactMap({ $0 }).min(),
+                next <= end
             else { break }
             now = max(now, next)
             if let at = sampling?.at, at <= now {
                 finishSampling()
+            } else if let at = recording?.at, at <= now {
+                recordAnswer()
             } else if sampling == nil, let at = lookAt, at <= now {
                 look()
             } else if let at = answerAt, at <= now {
@@ -668,8 +733,9 @@ private struct RandomRun {
     mutating func beat() {
         let next = (now / heartbeat + 1) * heartbeat
         let lateness = random.next() % 20 == 0 ? random.next() % UInt64(2 * threshold) : random.next() % 1_000_000
-        latestLook = max(latestLook, Int64(lateness))
-        nextBeat = next + Int64(lateness)
+        nextBeatLateness = Int64(lateness)
+        latestLook = max(latestLook, nextBeatLateness)
+        nextBeat = next + nextBeatLateness
         guard let plan = machine.beat(at: now, next: next, cpu: nil, lookArmed: lookAt != nil) else { return }
         if plan.post {
             probeOutstanding = true
@@ -679,11 +745,20 @@ private struct RandomRun {
         apply(plan.look)
     }
 
+    /// The probe runs now and reads its time; one in four is recorded later
+    /// (its thread waited for a core, or for the lock a look held).
     mutating func answer() {
         answerAt = nil
+        let delay = random.next() % 4 == 0 ? Int64(random.next() % UInt64(3 * heartbeat)) : 0
+        recording = (now, now + delay)
+        if delay == 0 { recordAnswer() }
+    }
+
+    mutating func recordAnswer() {
+        guard let (time, _) = recording.take() else { return }
         probeOutstanding = false
         defer { machine.releaseProbeSlot() }
-        guard let step = machine.answered(at: now, thread: 7, queue: 1) else { return }
+        guard let step = machine.answered(at: time, thread: 7, queue: 1) else { return }
         record(step.outcome)
         apply(step.look)
         settled = step.settled
@@ -691,7 +766,7 @@ private struct RandomRun {
 
     mutating func look() {
         lookAt = nil
-        let (look, plan) = machine.look(now: now, continued: nil)
+        let (look, plan) = machine.look(now: now, continued: nil, answering: recording != nil)
         apply(plan)
         guard case .sample(let decision) = look else { return }
         if decision.second {
@@ -721,7 +796,8 @@ private struct RandomRun {
         case .missed(let outcome): record(outcome)
         case .events(_, let end):
             if !started.insert(decision.id).inserted { problems.append("stall \(decision.id) started twice") }
-            if end != nil { markEnded(decision.id) }
+            startedDuration[decision.id] = decision.duration
+            if let end { checkEnded(decision.id, duration: end.duration) }
             if isSettled != (end != nil) { problems.append("stall \(decision.id) settled: \(isSettled)") }
         }
     }
@@ -729,9 +805,9 @@ private struct RandomRun {
     mutating func record(_ outcome: DetectorMachine.Outcome?) {
         switch outcome {
         case nil: break
-        case .ended(let id, _, _, _):
+        case .ended(let id, let duration, _, _):
             if !started.contains(id) { problems.append("stall \(id) ended before it started") }
-            markEnded(id)
+            checkEnded(id, duration: duration)
         case .missed(let id, _, _, _):
             if started.contains(id) || !missed.insert(id).inserted {
                 problems.append("stall \(id) missed twice or after .started")
@@ -741,6 +817,14 @@ private struct RandomRun {
 
     mutating func markEnded(_ id: UInt64) {
         if !ended.insert(id).inserted { problems.append("stall \(id) ended twice") }
+    }
+
+    mutating func checkEnded(_ id: UInt64, duration: Int64) {
+        markEnded(id)
+        let started = startedDuration[id] ?? 0
+        if duration < max(started, threshold) {
+            problems.append("stall \(id) ended after \(duration / 1_000) µs, started at \(started / 1_000) µs")
+        }
     }
 
     mutating func apply(_ plan: DetectorMachine.LookPlan) {

@@ -10,12 +10,17 @@ import CStallCapture
 /// any lock) at the first run, or with nil when the probe is released without
 /// ever having run. A run is marked as a probe's (`stallcapture_probe_begin`):
 /// a sample of the thread meanwhile is no stall's. It holds the detector
-/// weakly, so a kept probe keeps nothing alive but itself.
+/// weakly, so a kept probe keeps nothing alive but itself. A run is counted
+/// in `answers` from before its time is read until `outcome` returned.
 final class CustomProbe: Sendable {
     private let hasRun = Locked(false)
+    private let answers: AnswersUnderWay
     private let outcome: @Sendable (_ answer: ProbeAnswer?, _ time: Int64) -> Void
 
-    init(outcome: @escaping @Sendable (_ answer: ProbeAnswer?, _ time: Int64) -> Void) {
+    init(
+        answers: AnswersUnderWay, outcome: @escaping @Sendable (_ answer: ProbeAnswer?, _ time: Int64) -> Void
+    ) {
+        self.answers = answers
         self.outcome = outcome
     }
 
@@ -27,13 +32,14 @@ final class CustomProbe: Sendable {
     private func run() {
         stallcapture_probe_begin()
         defer { stallcapture_probe_end() }
-        let time = Monotonic.now()
-        let first = hasRun.withLock { hasRun in
-            let first = !hasRun
-            hasRun = true
-            return first
+        answers.answer { time in
+            let first = hasRun.withLock { hasRun in
+                let first = !hasRun
+                hasRun = true
+                return first
+            }
+            if first { outcome(.here(), time) }
         }
-        if first { outcome(.here(), time) }
     }
 
     deinit {

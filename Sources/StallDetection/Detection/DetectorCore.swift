@@ -95,6 +95,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
     /// `__swift_instantiateConcreteTypeFromMangledName`, in a process at nice 19
     /// beside two busy ones).
     private let warmUpStarted = Atomic<Bool>(false)
+    /// Answers that read their time and are not recorded yet: a look that
+    /// finds one does not decide (``AnswersUnderWay``).
+    private let answers = AnswersUnderWay()
     /// Samples the blocked thread while a stall lasts; keeps the fatal report.
     let profiler: StallProfiler
 
@@ -175,8 +178,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
         detectorQueue.async { DetectorThreads.work { sampling.prepare() } }
         var observer: RunLoopObserverHandle?
         if case .mainRunLoop = target {
-            observer = RunLoopObserverHandle(onActivity: { [weak self] time, idle in
-                self?.record(activityAt: time, idle: idle)
+            observer = RunLoopObserverHandle(onActivity: { [weak self] idle in
+                guard let self else { return }
+                answers.answer { time in record(activityAt: time, idle: idle) }
             })
         }
         // Joined first, for its grid; its beats find nothing to do until the
@@ -287,8 +291,8 @@ final class DetectorCore: Sendable, HeartbeatMember {
             // (the detector's locks) is no stall of the target's.
             stallcapture_probe_begin()
             defer { stallcapture_probe_end() }
-            let time = Monotonic.now()
-            self?.record(answerAt: time, answer: .here())
+            guard let self else { return }
+            answers.answer { time in record(answerAt: time, answer: .here()) }
         }
     }
 
@@ -297,7 +301,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
     /// the lock). A block that runs after `stop()` calls nothing: the call is
     /// under way from the moment ``handingOver()`` saw the detector running.
     private func postProbe(_ post: @escaping @Sendable (@escaping @Sendable () -> Void) -> Void) {
-        let probe = CustomProbe { [weak self] answer, time in
+        let probe = CustomProbe(answers: answers) { [weak self] answer, time in
             self?.postedProbeFinished(answer, at: time)
         }
         postQueue.async { [weak self] in
@@ -510,7 +514,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         let (look, replaced) = state.withLock { state -> (DetectorMachine.Look, DelayedWork?) in
             guard generation == state.lookGeneration else { return (.nothing, nil) }
             state.lastLookWaited = max(0, now - state.lookDue)
-            let (look, plan) = state.machine.look(now: now, continued: continued)
+            let (look, plan) = state.machine.look(now: now, continued: continued, answering: answers.any)
             return (look, apply(plan, &state))
         }
         // The replaced look is cancelled here, on the detector queue, after the lock

@@ -403,7 +403,16 @@ struct DetectorMachine: Sendable {
 
     /// The look that was due ran at `now`; `continued` is the latest continue
     /// after a stop the witness recorded since ``lastContinueSeen``, if any.
-    mutating func look(now: Int64, continued: Int64?) -> (Look, LookPlan) {
+    /// `answering`: an answer had read its time when this look read `now`,
+    /// and is not recorded yet (``AnswersUnderWay``).
+    ///
+    /// Such an answer may have come before `now`: the target was not blocked
+    /// then, whatever the machine still owes. The look neither opens a stall
+    /// nor reports an unconfirmed one; the answer, recorded in a moment, drops
+    /// this look or ends what is open (no `.ended` shorter than its
+    /// `.started`, none under the threshold). Should it be held up, the look
+    /// comes again a heartbeat later.
+    mutating func look(now: Int64, continued: Int64?, answering: Bool = false) -> (Look, LookPlan) {
         guard lifecycle == .running else { return (.nothing, .keep) }
         if let continued, continued > lastContinueSeen {
             // Owed answers are owed afresh from this look, the first since the
@@ -418,6 +427,9 @@ struct DetectorMachine: Sendable {
             // posts it is late): the target was not asked, whatever the time.
             // The beat that hands it over arms the next look.
             return (.nothing, .drop)
+        }
+        if answering, open?.phase == .awaitingConfirmation || tracker.dueTime.map({ now >= $0 }) == true {
+            return (.nothing, .arm(timeout: heartbeat))
         }
         if var stall = open, stall.phase == .awaitingConfirmation, let start = tracker.stall?.start {
             // The second look at an unconfirmed stall: the target still owes.

@@ -6,8 +6,8 @@ import CoreFoundation
 import Foundation
 #endif
 
-/// A run-loop observer on the main run loop that reports each activity with its
-/// monotonic time: `idle` when the loop is about to sleep (or exits), busy otherwise.
+/// A run-loop observer on the main run loop that reports each activity as it
+/// happens: `idle` when the loop is about to sleep (or exits), busy otherwise.
 ///
 /// `@unchecked Sendable` invariant: the wrapped `CFRunLoopObserver` is created in
 /// `init` and only ever passed to `CFRunLoopRemoveObserver` and
@@ -18,13 +18,13 @@ final class RunLoopObserverHandle: @unchecked Sendable {
     private let observer: CFRunLoopObserver?
     #endif
 
-    init(onActivity: @escaping @Sendable (_ time: Int64, _ idle: Bool) -> Void) {
+    init(onActivity: @escaping @Sendable (_ idle: Bool) -> Void) {
         #if canImport(CoreFoundation)
         observer = CFRunLoopObserverCreateWithHandler(
             kCFAllocatorDefault, CFRunLoopActivity.allActivities.rawValue, true, 0
         ) { _, activity in
             let idle = activity == .beforeWaiting || activity == .exit
-            onActivity(Monotonic.now(), idle)
+            onActivity(idle)
         }
         if let observer {
             CFRunLoopAddObserver(CFRunLoopGetMain(), observer, kCFRunLoopCommonModes)
