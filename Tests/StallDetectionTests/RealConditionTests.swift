@@ -151,12 +151,17 @@ struct RealConditionTests {
         /// report decided while the stall lasted has no such excuse, however
         /// late it was delivered.
         var lateUnavailable = 0
+        /// `.ended` events shorter than their `.started` (an answer recorded
+        /// after a look that read a later time: a stall the target had already
+        /// ended when it was reported).
+        var shortEnded = 0
 
         /// Whether every detector named its own target's function, or, when it
         /// was late, had no stack because the stall had ended: nothing wrong,
         /// lost or stackless while the stall lasted.
         func onlyLate(count: Int) -> Bool {
-            wrong == 0 && lost == 0 && unavailable == lateUnavailable && right + lateUnavailable == count
+            wrong == 0 && lost == 0 && shortEnded == 0 && unavailable == lateUnavailable
+                && right + lateUnavailable == count
         }
 
         init() {}
@@ -166,11 +171,13 @@ struct RealConditionTests {
             (right, starting, wrong) = (right + other.right, starting + other.starting, wrong + other.wrong)
             (unavailable, lost, late) = (unavailable + other.unavailable, lost + other.lost, late + other.late)
             lateUnavailable += other.lateUnavailable
+            shortEnded += other.shortEnded
         }
 
         init(_ run: ProbeRun, count: Int) {
             var blocked: [Int: (begin: Double, end: Double)] = [:]
             var started: [Int: (received: Double, duration: Double, depth: Int)] = [:]
+            var ended: [Int: Double] = [:]
             for line in run.lines {
                 let fields = line.split(separator: " ")
                 if fields.first == "BLOCKED", fields.count >= 4, let index = Int(fields[1]),
@@ -182,6 +189,10 @@ struct RealConditionTests {
                     let depth = Int(fields[5])
                 {
                     started[index] = (received, duration, depth)
+                } else if fields.first == "DETECTOR", fields.count >= 5, fields[2] == "ended",
+                    let index = Int(fields[1]), let duration = Double(fields[4])
+                {
+                    ended[index] = duration
                 }
             }
             for index in 0..<count {
@@ -189,6 +200,7 @@ struct RealConditionTests {
                     lost += 1
                     continue
                 }
+                if let duration = ended[index], duration < event.duration { shortEnded += 1 }
                 if event.depth == index + 1 {
                     right += 1
                 } else if event.depth == -2 {
@@ -229,6 +241,7 @@ struct RealConditionTests {
         print("\(scenario) \(count): \(result)")
         #expect(result.lost == 0, "\(result) \(details)")
         #expect(result.wrong == 0, "a detector blamed another target: \(result) \(details)")
+        #expect(result.shortEnded == 0, "an .ended shorter than its .started: \(result) \(run.lines)")
         #expect(result.late == 0, "a .started came after its stall ended: \(result) \(details)")
         #expect(result.right == count, "\(result) \(details)")
     }

@@ -34,13 +34,14 @@ struct ReportRateTests {
                     let run = try ProbeRun.run([scenario, "\(count)"])
                     let result = RealConditionTests.ManyDetectors(run, count: count)
                     total.add(result)
-                    if result.wrong + result.lost + result.unavailable - result.lateUnavailable > 0 {
+                    if result.wrong + result.lost + result.shortEnded + result.unavailable - result.lateUnavailable > 0 {
                         failedRuns.append("\(result): \(run.lines.filter { $0.hasPrefix("DETECTOR") })")
                     }
                 }
             }
             print("RATE \(scenario) \(Self.build) \(reportRateRuns) runs × \(count) detectors: \(total)")
             #expect(total.wrong == 0, "a detector blamed another target: \(failedRuns)")
+            #expect(total.shortEnded == 0, "an .ended shorter than its .started: \(failedRuns)")
             // A stall the detector saw only after it ended has no stack to take:
             // late, counted and printed, not lost.
             #expect(total.lost == 0 && total.unavailable == total.lateUnavailable, "\(failedRuns)")

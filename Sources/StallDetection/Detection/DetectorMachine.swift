@@ -6,7 +6,7 @@
 /// `DetectorCore` owns those, asks this machine under its lock, and acts after.
 ///
 /// A stall goes through these phases: a look finds the target overdue
-/// (``look(now:continued:)`` returns ``Look/sample(_:)``); the detector samples
+/// (``look(now:continued:answering:)`` returns ``Look/sample(_:)``); the detector samples
 /// it and says what it saw (``sampled(_:reported:samples:samplingTime:confirmed:suppressed:)``):
 /// confirmed, `.started` is emitted; not confirmed (no thread was running the
 /// target's job), the next look samples it again and reports it if it still
