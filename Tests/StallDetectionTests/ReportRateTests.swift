@@ -34,7 +34,8 @@ struct ReportRateTests {
                     let run = try ProbeRun.run([scenario, "\(count)"])
                     let result = RealConditionTests.ManyDetectors(run, count: count)
                     total.add(result)
-                    if result.wrong + result.lost + result.shortEnded + result.unavailable - result.lateUnavailable > 0 {
+                    if result.wrong + result.lost + result.shortEnded + result.unavailable - result.lateUnavailable > 0
+                    {
                         failedRuns.append("\(result): \(run.lines.filter { $0.hasPrefix("DETECTOR") })")
                     }
                 }
