@@ -27,7 +27,10 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     }
 
     /// The same for the `.started` and `.ended` events of one stall; increases
-    /// from one stall to the next.
+    /// from one stall to the next. A number can be skipped: a late answer that
+    /// no look saw in time is dropped when nothing shows the target ran its own
+    /// code meanwhile (the process got no CPU, or was stopped), and it had
+    /// taken the next number.
     public let id: UInt64
     /// Started or ended.
     public let phase: Phase
