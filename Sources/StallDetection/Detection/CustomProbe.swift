@@ -10,8 +10,9 @@ import CStallCapture
 /// any lock) at the first run, or with nil when the probe is released without
 /// ever having run. A run is marked as a probe's (`stallcapture_probe_begin`):
 /// a sample of the thread meanwhile is no stall's. It holds the detector
-/// weakly, so a kept probe keeps nothing alive but itself. A run is counted
-/// in `answers` from before its time is read until `outcome` returned.
+/// weakly, so a kept probe keeps nothing alive but itself and the detector's
+/// small answer count: a run is counted in `answers` from before its time is
+/// read until `outcome` returned.
 final class CustomProbe: Sendable {
     private let hasRun = Locked(false)
     private let answers: AnswersUnderWay
