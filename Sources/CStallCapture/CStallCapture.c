@@ -66,6 +66,20 @@ pid_t stallcapture_current_tid(void) {
 static _Atomic intptr_t queue_slot_offset;
 static _Atomic int queue_slot_found;
 
+// Where the Swift concurrency runtime keeps the task a thread runs, as an
+// offset from the thread pointer (its thread-local slot is in the static TLS
+// block too). Located from Swift, inside tasks, by `SwiftTaskLayout`; until
+// then samples say the task is unknown.
+static _Atomic intptr_t task_slot_offset;
+static _Atomic int task_slot_found;
+
+// Where glibc keeps a thread's kernel id, as an offset from its thread pointer
+// (a field of its thread descriptor): a thread pointer remembered for a thread
+// id is used only while that field still holds the id (a thread that exited
+// leaves its stack, descriptor and TLS to the next thread glibc starts).
+static _Atomic intptr_t tid_slot_offset;
+static _Atomic int tid_slot_found;
+
 // The calling thread's pointer, read from its register (no call, no TLS lookup).
 static inline uintptr_t thread_pointer(void) {
     uintptr_t pointer = 0;
@@ -139,6 +153,54 @@ static void locate_queue_slot(void) {
     atomic_store_explicit(&queue_slot_found, 1, memory_order_release);
 }
 
+// The offsets from the calling thread's pointer, within its thread descriptor
+// (glibc's `struct pthread`: from the thread pointer up on x86-64, below it on
+// arm64), whose 32-bit word holds its kernel id, at most `capacity`. The
+// descriptor ends a thread's stack mapping on x86-64: the read stays within
+// its first kilobyte (the id is at 0x2d0 in glibc 2.35).
+static int tid_offsets(intptr_t *offsets, int capacity) {
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    uintptr_t pointer = thread_pointer();
+#if defined(__aarch64__)
+    int32_t words[512];
+    intptr_t first = -(intptr_t)sizeof words;
+#else
+    int32_t words[256];
+    intptr_t first = 0;
+#endif
+    if (pointer == 0 || read_memory(pointer + (uintptr_t)first, words, sizeof words) != 0) return 0;
+    int found = 0;
+    for (size_t index = 0; index < sizeof words / sizeof words[0] && found < capacity; index++) {
+        if (words[index] == tid) offsets[found++] = first + (intptr_t)(index * sizeof words[0]);
+    }
+    return found;
+}
+
+typedef struct { intptr_t offsets[16]; int count; } tid_candidates;
+
+static void *tid_offsets_on_other_thread(void *result) {
+    tid_candidates *candidates = result;
+    candidates->count = tid_offsets(candidates->offsets, 16);
+    return NULL;
+}
+
+// Finds the id's offset on two threads; keeps the first both agree on.
+static void locate_tid_slot(void) {
+    tid_candidates here = {{0}, 0}, there = {{0}, 0};
+    here.count = tid_offsets(here.offsets, 16);
+    pthread_t other;
+    if (here.count == 0 || pthread_create(&other, NULL, tid_offsets_on_other_thread, &there) != 0) return;
+    pthread_join(other, NULL);
+    for (int mine = 0; mine < here.count; mine++) {
+        for (int theirs = 0; theirs < there.count; theirs++) {
+            if (here.offsets[mine] != there.offsets[theirs]) continue;
+            atomic_store_explicit(&tid_slot_offset, here.offsets[mine], memory_order_relaxed);
+            atomic_store_explicit(&tid_slot_found, 1, memory_order_release);
+            return;
+        }
+    }
+}
+
 uintptr_t stallcapture_thread_pointer(void) { return thread_pointer(); }
 
 int stallcapture_queue_of_thread(pid_t tid, uintptr_t pointer, uintptr_t *queue) {
@@ -149,6 +211,29 @@ int stallcapture_queue_of_thread(pid_t tid, uintptr_t pointer, uintptr_t *queue)
     if (read_memory(slot - offsetof(__typeof__(head), queue), &head, sizeof head) != 0 || head.tid != tid) return 0;
     *queue = head.queue;
     return 1;
+}
+
+uintptr_t stallcapture_tls_word(intptr_t offset) {
+    uintptr_t word = 0;
+    if (read_memory(thread_pointer() + (uintptr_t)offset, &word, sizeof word) != 0) return 0;
+    return word;
+}
+
+void stallcapture_set_task_slot(intptr_t offset) {
+    atomic_store_explicit(&task_slot_offset, offset, memory_order_relaxed);
+    atomic_store_explicit(&task_slot_found, 1, memory_order_release);
+}
+
+int stallcapture_task_of_thread(pid_t tid, uintptr_t pointer, uintptr_t *task) {
+    if (pointer == 0 || !atomic_load_explicit(&task_slot_found, memory_order_acquire)
+        || !atomic_load_explicit(&tid_slot_found, memory_order_acquire)) {
+        return 0;
+    }
+    int32_t owner = 0;
+    uintptr_t id = pointer + (uintptr_t)atomic_load_explicit(&tid_slot_offset, memory_order_relaxed);
+    if (read_memory(id, &owner, sizeof owner) != 0 || owner != tid) return 0;
+    uintptr_t slot = pointer + (uintptr_t)atomic_load_explicit(&task_slot_offset, memory_order_relaxed);
+    return read_memory(slot, task, sizeof *task) == 0;
 }
 
 int stallcapture_is_answering(pid_t tid) {
@@ -188,6 +273,15 @@ static void fill_sample(stallcapture_sample *out, void *context) {
         uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&queue_slot_offset, memory_order_relaxed);
         out->queue_known = read_memory(slot, &out->queue, sizeof out->queue) == 0;
         if (!out->queue_known) out->queue = 0;
+    }
+    // The task, the same way (the runtime's own accessor goes through
+    // __tls_get_addr too).
+    out->task = 0;
+    out->task_known = 0;
+    if (atomic_load_explicit(&task_slot_found, memory_order_acquire)) {
+        uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&task_slot_offset, memory_order_relaxed);
+        out->task_known = read_memory(slot, &out->task, sizeof out->task) == 0;
+        if (!out->task_known) out->task = 0;
     }
     // No unwinding here: glibc's backtrace() (libgcc) reads the code at each
     // return address to recognize signal frames, and faulted on a JIT's
@@ -343,6 +437,7 @@ static void bind_handler_functions(void) {
 static void install(void) {
     bind_handler_functions();
     locate_queue_slot();
+    locate_tid_slot();
     for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
         if (sem_init(&slots[index].done, 0, 0) != 0) {
             install_result = errno;
@@ -459,6 +554,12 @@ int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t 
     return 0;
 }
 uintptr_t stallcapture_signal_handler(int signal_number) { (void)signal_number; return 0; }
+uintptr_t stallcapture_tls_word(intptr_t offset) { (void)offset; return 0; }
+void stallcapture_set_task_slot(intptr_t offset) { (void)offset; }
+int stallcapture_task_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t *task) {
+    (void)tid; (void)thread_pointer; (void)task;
+    return 0;
+}
 
 #endif
 

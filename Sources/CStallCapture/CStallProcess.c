@@ -3,6 +3,7 @@
 
 #if defined(__linux__)
 #include <dlfcn.h>
+#include <link.h>
 #include <string.h>
 #include <sys/auxv.h>
 
@@ -32,6 +33,37 @@ int stallcapture_image_of(uintptr_t address, char *path, size_t size, uintptr_t 
     return 1;
 }
 
+typedef struct {
+    uintptr_t address;
+    uintptr_t start;
+    size_t size;
+} tls_query;
+
+static int find_tls_block(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    tls_query *query = data;
+    int holds = 0;
+    size_t tls_size = 0;
+    for (int index = 0; index < info->dlpi_phnum; index++) {
+        const ElfW(Phdr) *header = &info->dlpi_phdr[index];
+        uintptr_t start = info->dlpi_addr + header->p_vaddr;
+        if (header->p_type == PT_LOAD && query->address - start < header->p_memsz) holds = 1;
+        if (header->p_type == PT_TLS) tls_size = header->p_memsz;
+    }
+    if (!holds) return 0;
+    query->start = (uintptr_t)info->dlpi_tls_data;
+    query->size = query->start == 0 ? 0 : tls_size;
+    return 1;
+}
+
+int stallcapture_tls_block_of(uintptr_t address, uintptr_t *start, size_t *size) {
+    tls_query query = {address, 0, 0};
+    if (dl_iterate_phdr(find_tls_block, &query) == 0 || query.size == 0) return 0;
+    *start = query.start;
+    *size = query.size;
+    return 1;
+}
+
 int stallcapture_exported_name(uintptr_t address, char *name, size_t size) {
     Dl_info info;
     if (size == 0 || dladdr((void *)address, &info) == 0 || info.dli_sname == NULL) return 0;
@@ -57,6 +89,11 @@ int stallcapture_image_of(uintptr_t address, char *path, size_t size, uintptr_t 
 
 int stallcapture_exported_name(uintptr_t address, char *name, size_t size) {
     (void)address; (void)name; (void)size;
+    return 0;
+}
+
+int stallcapture_tls_block_of(uintptr_t address, uintptr_t *start, size_t *size) {
+    (void)address; (void)start; (void)size;
     return 0;
 }
 #endif

@@ -25,7 +25,7 @@ import Tracing
 ///
 /// A trace then shows, on the request's span, "stall started" and "stall ended"
 /// events (the target, how long it was blocked, the top frames of the blocked
-/// thread's stack), and beside it the stall's own span, "stall: event loop 0",
+/// thread's stack, and in `stall.task` the Swift task it ran, when known), and beside it the stall's own span, "stall: event loop 0",
 /// from when the target stopped answering to when it answered again, with the
 /// profile's busiest functions and the activities that were running.
 ///
@@ -143,6 +143,7 @@ public final class StallTracer: Sendable {
             "\($0.name) (\($0.samples) samples)"
         }
         if !event.activities.isEmpty { span.attributes["stall.activities"] = event.activities }
+        if let task = event.backtrace.task { span.attributes["stall.task"] = describe(task, event.backtrace) }
         if event.endedByStop { span.attributes["stall.ended_by_stop"] = true }
         span.end(at: Instant(endNanoseconds))
     }
@@ -154,8 +155,15 @@ public final class StallTracer: Sendable {
         attributes[event.phase == .ended ? "stall.duration_ms" : "stall.blocked_ms"] =
             Int(self.nanoseconds(event.duration) / 1_000_000)
         if !event.activities.isEmpty { attributes["stall.activities"] = event.activities }
+        if let task = event.backtrace.task { attributes["stall.task"] = describe(task, event.backtrace) }
         if event.endedByStop { attributes["stall.ended_by_stop"] = true }
         return SpanEvent(name: name, at: Instant(nanoseconds), attributes: attributes)
+    }
+
+    /// The blocked thread's task and its parents, as a report's "task:" line
+    /// shows them.
+    private func describe(_ task: StallTask, _ backtrace: StallBacktrace) -> String {
+        ([task] + backtrace.parentTasks).map(\.description).joined(separator: " ← ")
     }
 
     private func attributes(_ stall: StallTracerState.Stall, _ target: String) -> SpanAttributes {

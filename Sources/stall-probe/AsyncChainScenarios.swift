@@ -15,7 +15,9 @@ import StallDetection
 //   actors   the actor awaits a second actor (on its own queue) that blocks
 //   deep     as queue, with `depth` levels (200 in the tests)
 // Extra output lines, per event:
-//   ASYNC <phase> <task name or -> <the report's frames, one name each, `|`-separated>
+//   ASYNC <phase> - <the report's frames, one name each, `|`-separated>
+//   ASYNCTASK <phase> <the blocked thread's task, then its parents: each quoted name or
+//             `unnamed`, then its relation, ` ← `-separated; `-` for none>
 //   ASYNCPOOL <phase> <index> <frames>   each pool thread's stack (pool)
 //   ASYNCPROFILE <phase> <samples> <samples in asyncChainBlocker> <of them, without asyncRoute>
 //   ASYNCUNROUTED <folded stack> <count>  each stack in the blocker without asyncRoute
@@ -152,6 +154,7 @@ private func watchAsync(_ detector: StallDetector, priority: TaskPriority?) {
         for await event in detector.events {
             report(event)
             emit("ASYNC \(event.phase.rawValue) - \(names(event.backtrace))")
+            emit("ASYNCTASK \(event.phase.rawValue) \(tasks(event.backtrace))")
             for (index, pool) in event.poolBacktraces.enumerated() {
                 emit("ASYNCPOOL \(event.phase.rawValue) \(index) \(names(pool))")
             }
@@ -172,6 +175,15 @@ private func watchAsync(_ detector: StallDetector, priority: TaskPriority?) {
             if event.phase == .ended { finishAndExit(detector)() }
         }
     }
+}
+
+/// The blocked thread's task and its parents, innermost first, each as its
+/// quoted name (or `unnamed`) and its relation, ` ← `-separated; `-` for none.
+private func tasks(_ backtrace: StallBacktrace) -> String {
+    guard let task = backtrace.task else { return "-" }
+    return ([task] + backtrace.parentTasks).map { task in
+        (task.name.map { "\"\($0)\"" } ?? "unnamed") + " " + task.relation.rawValue
+    }.joined(separator: " ← ")
 }
 
 /// The frames' names, `|`-separated, an awaiting caller's ending in ` [await]`.

@@ -26,6 +26,18 @@ extension StallDetectorIntegrationTests {
             return frames
         }
 
+        /// The task a report must name, then its parents (`ASYNCTASK` lines of
+        /// `stall-probe`): every scenario runs its chain in a task named
+        /// "request 42", or in an unnamed child task of it.
+        static func expectedTasks(target: String) -> String {
+            let request = "\"request 42\" top-level task"
+            switch target {
+            case "group": return "unnamed child task of a task group ← " + request
+            case "asynclet": return "unnamed async let child task ← " + request
+            default: return request
+            }
+        }
+
         /// The frames from the blocker on that differ from `expected`, as text
         /// (empty when they match).
         static func mismatch(_ frames: [String], _ expected: [(String, Bool)]) -> String {
@@ -65,6 +77,13 @@ extension StallDetectorIntegrationTests {
             for line in reports {
                 let problem = Self.mismatch(Self.frames(line, dropping: 2), expected)
                 #expect(problem.isEmpty, "\(line.prefix(20)): \(problem)")
+            }
+            // Both reports name the task that ran the chain, and its parents.
+            let tasks = run.lines.filter { $0.hasPrefix("ASYNCTASK ") }
+            #expect(tasks.count == 2, "\(run.lines)")
+            for line in tasks {
+                let shown = line.split(separator: " ", maxSplits: 2).last.map(String.init) ?? ""
+                #expect(shown == Self.expectedTasks(target: target), "\(line)")
             }
             for line in run.lines where line.hasPrefix("ASYNCPOOL started ") {
                 let problem = Self.mismatch(Self.frames(line, dropping: 3), expected)

@@ -23,9 +23,15 @@ struct FatalReportTests {
                 isInlined: false),
         ]
         for index in 0..<10 { recorder.add(frames, at: Int64(index) * 10_000_000) }
+        var backtrace = StallBacktrace(frames: frames, threadID: 4242, unavailableReason: nil, isTruncated: true)
+        backtrace.task = StallTask(
+            id: 9, name: nil, priority: .high, basePriority: .medium, relation: .taskGroupChild)
+        backtrace.parentTasks = [
+            StallTask(id: 3, name: "GET /feed", priority: .high, basePriority: .high, relation: .topLevel)
+        ]
         return StallEvent(
             id: 7, phase: .started, duration: .milliseconds(640), threshold: .milliseconds(250), target: "main queue",
-            backtrace: StallBacktrace(frames: frames, threadID: 4242, unavailableReason: nil, isTruncated: true),
+            backtrace: backtrace,
             samplingTime: .microseconds(150), profile: recorder.profile(interval: 10_000_000),
             activities: ["screen: Feed", "refresh"])
     }()
@@ -53,6 +59,8 @@ struct FatalReportTests {
         #expect(read.target == original.target && read.samplingTime == original.samplingTime)
         #expect(read.backtrace.frames == original.backtrace.frames)
         #expect(read.backtrace.threadID == 4242 && read.backtrace.isTruncated)
+        #expect(read.backtrace.task == original.backtrace.task && read.backtrace.task != nil)
+        #expect(read.backtrace.parentTasks == original.backtrace.parentTasks && read.backtrace.parentTasksCut == nil)
         #expect(read.profile == original.profile)
         #expect(read.activities == ["screen: Feed", "refresh"])
         let text = String(describing: read)

@@ -220,8 +220,9 @@ struct PprofExportTests {
             labels.map { [decoded.string($0.key), decoded.string($0.value)] } == [
                 ["stall_id", "42"], ["target", "main queue"], ["activity", "screen: Feed"], ["activity", "scroll"],
             ])
-        #expect(!decoded.strings.contains("task_name"), "no task name label while reports know none")
-        event.taskName = "ImageDecoder.run"
+        #expect(!decoded.strings.contains("task_name"), "no task name label for a thread running no task")
+        event.backtrace.task = StallTask(
+            id: 7, name: "ImageDecoder.run", priority: .high, basePriority: .medium, relation: .taskGroupChild)
         let named = try Self.decode(GzipStreamTests.gunzip(event.pprof()))
         #expect(named.strings.contains("task_name") && named.strings.contains("ImageDecoder.run"))
     }

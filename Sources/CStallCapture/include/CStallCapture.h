@@ -43,6 +43,11 @@ typedef struct stallcapture_sample {
     /// 1 when `queue` was read; 0 when libdispatch's record of it could not be
     /// located at install (the queue is then unknown).
     int queue_known;
+    /// The Swift task the thread was running when interrupted (0 outside any
+    /// task), read from the concurrency runtime's thread-local slot; meaningful
+    /// only when `task_known` is 1 (the slot was located: ``stallcapture_set_task_slot``).
+    uintptr_t task;
+    int task_known;
     /// A copy of the stack from `sp` upward, as far as it is mapped (at most
     /// STALLCAPTURE_STACK_BYTES); the frame-pointer walk and the return-address
     /// scan read this copy, never the live stack.
@@ -119,6 +124,22 @@ uintptr_t stallcapture_thread_pointer(void);
 /// install), unreadable, or holds another thread's id (the thread exited and its
 /// id or memory was reused).
 int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t *queue);
+
+/// The calling thread's thread-local word at `offset` from its thread pointer,
+/// read through the kernel (0 when unreadable).
+uintptr_t stallcapture_tls_word(intptr_t offset);
+
+/// From now on the handler reads each sampled thread's current Swift task
+/// from the word at `offset` from its thread pointer.
+void stallcapture_set_task_slot(intptr_t offset);
+
+/// The Swift task thread `tid`, whose thread pointer is `thread_pointer`, runs
+/// now (0: none), read through the kernel from the slot set by
+/// ``stallcapture_set_task_slot``, asleep or running. Returns 1 when read; 0
+/// when the slot is not set, unreadable, or the thread descriptor at
+/// `thread_pointer` holds another thread's id (the thread exited and glibc
+/// gave its memory to a new one).
+int stallcapture_task_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t *task);
 
 /// Whether thread `tid` is inside the handler right now, filling another
 /// capture's sample: it was running (it took a signal), and its stack read

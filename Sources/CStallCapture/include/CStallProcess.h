@@ -32,4 +32,9 @@ int stallcapture_image_of(uintptr_t address, char *path, size_t size, uintptr_t 
 /// (0 everywhere but Linux).
 int stallcapture_exported_name(uintptr_t address, char *name, size_t size);
 
+/// The calling thread's thread-local block of the loaded image that holds
+/// `address` (`dl_iterate_phdr`'s `dlpi_tls_data` and the image's `PT_TLS`
+/// size): 1 when it has one and it is allocated for this thread, else 0.
+int stallcapture_tls_block_of(uintptr_t address, uintptr_t *start, size_t *size);
+
 #endif

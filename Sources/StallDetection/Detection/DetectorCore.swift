@@ -494,7 +494,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
     private func lastSample(_ gathered: StallProfiler.Gathered?) -> StallBacktrace? {
         guard let last = gathered?.recorder.samples.last, last.frames != StallProfiler.unsampledRaw else { return nil }
         let frames = sampling.names([last.frames])[0]
-        return StallBacktrace(frames: frames, threadID: nil, unavailableReason: nil)
+        return StallBacktrace(frames: frames, threadID: nil, unavailableReason: nil).naming(gathered?.task)
     }
 
     // MARK: Looks (on the detector queue)

@@ -33,6 +33,19 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     /// async function.
     public let awaitsCut: String?
 
+    /// The Swift task the thread was running when sampled, as the runtime
+    /// records it (its name, priority, and whether it is a child of a task
+    /// group or an `async let`); nil when the thread ran no task, or the task
+    /// could not be read (``StallTask`` says where tasks are read).
+    public internal(set) var task: StallTask?
+    /// The parents of ``task``, innermost first: the task that made it, the
+    /// task that made that one, up to a top-level task. Empty for a top-level
+    /// task.
+    public internal(set) var parentTasks: [StallTask] = []
+    /// Why ``parentTasks`` stops before a top-level task (a parent that could
+    /// not be read, more than 32 parents), or nil when it does not.
+    public internal(set) var parentTasksCut: String?
+
     /// The most frames a backtrace keeps: the innermost 768 and the outermost 256.
     public static let maximumFrameCount = 1024
 
@@ -80,6 +93,10 @@ public struct StallBacktrace: Sendable, CustomStringConvertible {
     public var description: String {
         if let unavailableReason { return "  stack unavailable: \(unavailableReason)" }
         var lines: [String] = []
+        if let task {
+            let parents = parentTasks.map { " ← \($0)" }.joined()
+            lines.append("  task: \(task)\(parents)" + (parentTasksCut.map { " ← … (\($0))" } ?? ""))
+        }
         if let threadID { lines.append("  thread \(threadID):") }
         var index = 0
         while index < frames.count {

@@ -42,7 +42,7 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// What was watched, as text: "main run loop", "main queue" or the queue's label.
     public let target: String
     /// The blocked thread's stack, sampled when the stall started.
-    public let backtrace: StallBacktrace
+    public internal(set) var backtrace: StallBacktrace
     /// How long sampling and symbolicating the stack took: a `.started` event is
     /// delivered that long after the stall was detected.
     public let samplingTime: Duration
@@ -81,10 +81,10 @@ public struct StallEvent: Sendable, CustomStringConvertible {
     /// threads waited to run, a second look, sampling). Nil on time, and on
     /// every `.ended` event. See ``Lateness``.
     public internal(set) var lateness: Lateness?
-    /// The name of the Swift task running on the blocked thread, when the report
-    /// knows it: the pprof export labels samples `task_name` with it. Nothing
-    /// reads task names yet, so it is nil in every report today.
-    var taskName: String?
+    /// The name of the Swift task running on the blocked thread
+    /// (``StallBacktrace/task``), when it has one: the pprof export labels
+    /// samples `task_name` with it.
+    var taskName: String? { backtrace.task?.name }
 
     /// A readable multi-line report: the phase and duration, the activities, the
     /// blocked thread's stack, and on `.ended` (or for a stall the process did not

@@ -41,6 +41,33 @@ struct FatalReportFile: Codable {
         var omittedIndex: Int?
         var truncated: Bool
         var awaitsCut: String?
+        /// The blocked thread's task, then its parents; absent in files
+        /// written before tasks were reported, and for a thread running none.
+        var tasks: [Task]?
+        var parentTasksCut: String?
+    }
+
+    /// A ``StallTask``.
+    struct Task: Codable {
+        var id: UInt64
+        var name: String?
+        var priority: UInt8
+        var basePriority: UInt8
+        var relation: String
+
+        init(_ task: StallTask) {
+            (id, name, relation) = (task.id, task.name, task.relation.rawValue)
+            (priority, basePriority) = (task.priority.rawValue, task.basePriority.rawValue)
+        }
+
+        /// The task, or nil for a relation this version does not know.
+        var restored: StallTask? {
+            StallTask.Relation(rawValue: relation).map {
+                StallTask(
+                    id: id, name: name, priority: TaskPriority(rawValue: priority),
+                    basePriority: TaskPriority(rawValue: basePriority), relation: $0)
+            }
+        }
     }
 
     struct Function: Codable {
@@ -96,7 +123,8 @@ struct FatalReportFile: Codable {
                     uncertain: $0.isUncertain, inlined: $0.isInlined, awaiting: $0.isAwaiting ? true : nil)
             }, threadID: trace.threadID, unavailableReason: trace.unavailableReason,
             omittedFrameCount: trace.omittedFrameCount, omittedIndex: trace.omittedIndex, truncated: trace.isTruncated,
-            awaitsCut: trace.awaitsCut)
+            awaitsCut: trace.awaitsCut, tasks: trace.task.map { ([$0] + trace.parentTasks).map(Task.init) },
+            parentTasksCut: trace.parentTasksCut)
         profile = Profile(
             sampleCount: event.profile.sampleCount,
             intervalNanoseconds: Monotonic.nanoseconds(event.profile.interval),
@@ -215,10 +243,14 @@ struct FatalReportFile: Codable {
                 address: UInt(truncatingIfNeeded: $0.address), function: $0.function, file: $0.file, line: $0.line,
                 image: $0.image, isUncertain: $0.uncertain, isInlined: $0.inlined, isAwaiting: $0.awaiting ?? false)
         }
-        let trace = StallBacktrace(
+        var trace = StallBacktrace(
             restoring: frames, threadID: backtrace.threadID, unavailableReason: backtrace.unavailableReason,
             omittedFrameCount: backtrace.omittedFrameCount, omittedIndex: backtrace.omittedIndex,
             isTruncated: backtrace.truncated, awaitsCut: backtrace.awaitsCut)
+        let tasks = (backtrace.tasks ?? []).compactMap(\.restored)
+        trace.task = tasks.first
+        trace.parentTasks = Array(tasks.dropFirst())
+        trace.parentTasksCut = backtrace.parentTasksCut
         let restored = StallProfile(
             sampleCount: profile.sampleCount,
             functions: profile.functions.map {

@@ -49,6 +49,8 @@ final class StallProfiler: Sendable {
         var answeredAt: Int64?
         /// Samples whose stacks were handed to be named ahead of `.started`.
         var prefetched = 0
+        /// The task the last sample's thread ran, and its parents.
+        var task: TaskChain?
     }
 
     /// How many of a session's first samples are named ahead of its `.started`
@@ -62,6 +64,8 @@ final class StallProfiler: Sendable {
         var recorder: RawProfile
         var activities: [String]
         var interval: Int64
+        /// The task the last sample's thread ran, and its parents.
+        var task: TaskChain?
     }
 
     private struct State: Sendable {
@@ -285,7 +289,8 @@ final class StallProfiler: Sendable {
         let end = min(now, session.answeredAt ?? now)
         var recorder = session.recorder.closed(at: end, continued: continued, baseInterval: pace.minimumInterval)
         recorder.dropSamples(after: end)
-        return Gathered(recorder: recorder, activities: session.activities, interval: pace.interval)
+        return Gathered(
+            recorder: recorder, activities: session.activities, interval: pace.interval, task: session.task)
     }
 
     /// The profile of gathered samples, each distinct stack named in full (on
@@ -400,7 +405,7 @@ final class StallProfiler: Sendable {
         let cpuBefore = Self.threadCPU()
         let namingBefore = capture.oneTimeCost
         // Every other search after the likely threads missed tries every thread.
-        let (frames, found, timing) = take(known: known, everyThread: reported || misses % 2 == 1)
+        let (frames, found, timing, task) = take(known: known, everyThread: reported || misses % 2 == 1)
         let cost = Self.threadCPU() - cpuBefore
         let naming = max(0, min(cost, capture.oneTimeCost - namingBefore))
         let taken = Monotonic.now()
@@ -420,7 +425,8 @@ final class StallProfiler: Sendable {
             $0 == known ? nil : ActivityRecord.activities(ofThread: UInt64(UInt32(bitPattern: $0)))
         }
         let look = Look(
-            frames: frames, known: known, found: found, misses: misses, labels: labels, start: sent, seen: seen)
+            frames: frames, known: known, found: found, misses: misses, labels: labels, start: sent, seen: seen,
+            task: task)
         var prefetch = false
         let next = state.withLock { state -> (UInt64, Int64)? in
             guard !state.stopped, state.session?.generation == generation else { return nil }
@@ -451,6 +457,8 @@ final class StallProfiler: Sendable {
         let labels: [String]?
         let start: Int64
         let seen: Int64
+        /// The task the thread ran, and its parents (``RawStack/task``).
+        let task: TaskChain?
     }
 
     /// Adds a look to the open session (under the lock) and returns whether its
@@ -471,6 +479,7 @@ final class StallProfiler: Sendable {
             prefetch = true
         }
         session.thread = look.found
+        if let task = look.task { session.task = task }
         session.searchesWithoutThread = look.found == nil ? look.misses + 1 : 0
         session.recorder.add(
             look: look.frames, start: look.start, seen: look.seen, continued: continued, baseInterval: baseInterval)
@@ -508,28 +517,33 @@ final class StallProfiler: Sendable {
     /// its job.
     private func take(
         known: Int32?, everyThread: Bool
-    ) -> (frames: [RawFrame]?, thread: Int32?, timing: RawStack.Timing?) {
+    ) -> Taken {
         let (answering, queue) = lastAnswering()
         if let queue, target.ownsProbeQueue, let drained = takeFromDrainer(of: queue) { return drained }
         guard let known else {
             let search = capture.find(
                 target: target, lastAnswering: answering, queue: queue, candidatesOnly: !everyThread)
             if everyThread { capture.releaseFiles(except: search.found?.thread) }
-            guard let raw = search.found, keeps(raw) else { return (nil, nil, nil) }
-            return (raw.frames, raw.thread, raw.timing)
+            guard let raw = search.found, keeps(raw) else { return (nil, nil, nil, nil) }
+            return (raw.frames, raw.thread, raw.timing, raw.task)
         }
         switch capture.sample(known, queue: queue) {
         case .stack(let raw) where keeps(raw):
-            return (raw.frames, known, raw.timing)
+            return (raw.frames, known, raw.timing, raw.task)
         case .failed(let backtrace) where backtrace.whileRunning:
             // The thread ran code it could not be asked about (signals blocked,
             // or no answer): that time counts, as unknown code, rather than
             // vanishing from the shares.
-            return (Self.unsampledRaw, known, nil)
+            return (Self.unsampledRaw, known, nil, nil)
         default:
-            return (nil, nil, nil)
+            return (nil, nil, nil, nil)
         }
     }
+
+    /// What one look took: the stack (nil: none; ``unsampledRaw``: running,
+    /// not sampled), the thread, when the stack was the thread's, and the task
+    /// it ran (``RawStack/task``).
+    private typealias Taken = (frames: [RawFrame]?, thread: Int32?, timing: RawStack.Timing?, task: TaskChain?)
 
     /// Looks for the target's blocked thread for the detector's `.started`
     /// report, with the profile's own sampler, on its queue (waiting for a sample
@@ -546,17 +560,17 @@ final class StallProfiler: Sendable {
     /// libdispatch records it (``QueueDrainer``): the thread is neither searched
     /// for nor judged by its frames, so a sample costs one capture and no naming.
     /// Nil when the drain lock cannot be read (the thread is then found as before).
-    private func takeFromDrainer(of queue: UInt) -> (frames: [RawFrame]?, thread: Int32?, timing: RawStack.Timing?)? {
+    private func takeFromDrainer(of queue: UInt) -> Taken? {
         switch QueueDrainer.answer(for: queue) {
         case .unknown:
             return nil
         case .noThread:
-            return (nil, nil, nil)
+            return (nil, nil, nil, nil)
         case .thread(let drainer):
             switch capture.sample(drainer, queue: queue) {
-            case .stack(let raw): return (raw.frames, drainer, raw.timing)
-            case .failed(let backtrace) where backtrace.whileRunning: return (Self.unsampledRaw, drainer, nil)
-            default: return (nil, nil, nil)
+            case .stack(let raw): return (raw.frames, drainer, raw.timing, raw.task)
+            case .failed(let backtrace) where backtrace.whileRunning: return (Self.unsampledRaw, drainer, nil, nil)
+            default: return (nil, nil, nil, nil)
             }
         }
     }

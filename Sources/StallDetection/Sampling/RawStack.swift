@@ -25,6 +25,11 @@ struct RawStack: Sendable {
     /// entry (``AsyncContextChain/Cut``); nil when they reach it, or the thread
     /// runs no async function.
     var awaitsCut: AsyncContextChain.Cut?
+    /// The Swift task the thread ran and its parents, read right after the
+    /// copy (the task's address: by the handler when signalled, else from the
+    /// runtime's slot for a thread that once answered a probe, see
+    /// ``ThreadPointers``); nil when it ran none or that is unknown.
+    var task: TaskChain?
     /// When the stack was the thread's (``StackCopy/time``), if known.
     var time: Int64?
     /// How long the thread took to answer the signal (``StackCopy/answerDelay``).

@@ -35,6 +35,10 @@ final class SamplingContext: @unchecked Sendable {
     /// The awaiting callers the last sample read in full: a stalled thread's
     /// next samples confirm them with one batch read.
     private var lastAwaits: AsyncContextChain?
+    /// The task the last sample's thread ran, read then, with what identifies
+    /// it (``TaskRecord/identity(at:)``): a thread still in the same task is
+    /// not read again.
+    private var lastTask: (identity: TaskRecord.Identity, chain: TaskChain?)?
 
     init(symbolicator: Symbolicator = .shared) {
         self.symbolicator = symbolicator
@@ -62,6 +66,7 @@ final class SamplingContext: @unchecked Sendable {
     func prepare() {
         _ = prepared()
         AsyncJobRunner.find()
+        SwiftTaskLayout.locate()
     }
 
     /// Starts loading symbols (once per process) on a thread of its own:
@@ -225,9 +230,25 @@ final class SamplingContext: @unchecked Sendable {
             currentQueue: copy.queue ?? (queue == nil ? nil : ThreadPointers.currentQueue(of: thread)),
             wordsHoldQueue: held || !(unwinder.wentBeyondCopy || frames.contains { $0.isSignalReturn }) ? held : nil)
         raw.awaitsCut = awaits?.cut
+        raw.task = taskChain(at: copy.task ?? ThreadPointers.currentTask(of: thread))
         raw.time = copy.time
         raw.answerDelay = copy.answerDelay
         return (raw, unwinder.wentBeyondCopy)
+    }
+
+    /// The task at `address` and its parents, read now, while the sampled
+    /// thread is most likely still in it (a report names its stack later, by
+    /// when the task may have ended and its memory may hold another). A task
+    /// read for the last sample, still there under the same id and priority, is
+    /// not read again.
+    private func taskChain(at address: UInt?) -> TaskChain? {
+        guard let address, address != 0, let layout = SwiftTaskLayout.verified,
+            let identity = TaskRecord.identity(at: address, layout: layout)
+        else { return nil }
+        if let lastTask, lastTask.identity == identity { return lastTask.chain }
+        let chain = TaskRecord.chain(at: address)
+        lastTask = (identity, chain)
+        return chain
     }
 
     /// Where the function holding `inner` starts, for a call from `candidate`
@@ -259,7 +280,8 @@ final class SamplingContext: @unchecked Sendable {
         oneTimeCost += StallProfiler.threadCPU() - before
         return StallBacktrace(
             frames: frames, threadID: Self.reportedID(raw.thread), unavailableReason: nil,
-            isTruncated: raw.copyTruncated && !StackShape.reachesRoot(frames), awaitsCut: raw.awaitsCut?.reason)
+            isTruncated: raw.copyTruncated && !StackShape.reachesRoot(frames), awaitsCut: raw.awaitsCut?.reason
+        ).naming(raw.task)
     }
 
     /// Starts naming a sampled stack in full in the background (see

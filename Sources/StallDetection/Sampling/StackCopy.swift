@@ -30,4 +30,8 @@ struct StackCopy {
     /// `/proc`: unchanged later, it has not run since. Nil for a signal sample,
     /// and where the kernel keeps none.
     var scheduling: String? = nil
+    /// The Swift task the thread ran when signalled (0: none), as the handler
+    /// read it; nil when unknown (not signalled, or the runtime's slot is not
+    /// located: ``SwiftTaskLayout``).
+    var task: UInt? = nil
 }

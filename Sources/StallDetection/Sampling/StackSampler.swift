@@ -397,7 +397,8 @@ final class StackSampler {
                 queue: sample.pointee.queue_known != 0 ? UInt(sample.pointee.queue) : nil,
                 time: sample.pointee.time_ns > 0 ? sample.pointee.time_ns : nil,
                 answerDelay: sample.pointee.time_ns > 0 && sample.pointee.sent_ns > 0
-                    ? max(0, sample.pointee.time_ns - sample.pointee.sent_ns) : 0)
+                    ? max(0, sample.pointee.time_ns - sample.pointee.sent_ns) : 0,
+                task: sample.pointee.task_known != 0 ? UInt(sample.pointee.task) : nil)
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
             return .runningUnsampled("thread \(tid) did not answer within \(timeoutMilliseconds) ms")

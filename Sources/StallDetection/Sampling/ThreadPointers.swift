@@ -51,4 +51,12 @@ enum ThreadPointers {
         guard stallcapture_queue_of_thread(thread, pointer, &queue) == 1 else { return nil }
         return queue
     }
+
+    /// The Swift task thread `thread` runs now (0: none), if it can be read.
+    static func currentTask(of thread: Int32) -> UInt? {
+        guard let pointer = table.withLock({ $0.pointers[thread] }) else { return nil }
+        var task: UInt = 0
+        guard stallcapture_task_of_thread(thread, pointer, &task) == 1 else { return nil }
+        return task
+    }
 }
