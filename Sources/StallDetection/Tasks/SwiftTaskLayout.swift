@@ -15,21 +15,24 @@ import Darwin
 /// `TaskNameStatusRecord` in the runtime's private headers, read back from
 /// `libswift_Concurrency.so` 6.3.1's `swift_task_basePriority`,
 /// `swift_task_currentPriority` and `AsyncTask::getTaskName`), 64-bit only:
-/// - a task's first word is its heap metadata, the runtime's
-///   `_swift_concurrency_debug_asyncTaskMetadata`;
+/// - a task's first word is its heap metadata: the runtime's
+///   `_swift_concurrency_debug_asyncTaskMetadata`, or, where a statically
+///   linked runtime exports nothing, the first word of a task of the check's
+///   own;
 /// - the job flags (32 bits) at 0x20, the task's id (32 bits) after them;
 /// - the status at 0x60: a word whose low byte is the current priority, then
 ///   the newest status record;
 /// - the base priority's byte at 0x98;
 /// - a status record: its kind's byte first, its older record at 8; the name
 ///   record's kind is 6, its name (a C string) at 0x10;
-/// - a child task's parent is the first word after the task
+/// - a child task's parent is the first word after the task's fixed part
 ///   (`_swift_concurrency_debug_asyncTaskSize`, 0xd0 in 6.3).
 ///
 /// The thread-local slot of the task a thread runs (the runtime's
 /// `swift_task_getCurrent` reads it through `__tls_get_addr`, which a signal
-/// handler must not call) is found from inside a task of known address, as an
-/// offset from the thread pointer, the same in every thread.
+/// handler must not call) is found from inside a task of known address, in the
+/// thread-local block of the image holding the runtime, as an offset from the
+/// thread pointer, the same in every thread.
 ///
 /// The check (``locate()``, from a detector's start) makes a named detached
 /// task of known priority, an `async let` child and a task group child, reads
@@ -95,20 +98,11 @@ struct SwiftTaskLayout: Sendable, Equatable {
     /// cooperative pool is blocked meanwhile, reports name no task.
     static func locate() {
         #if os(Linux) && arch(x86_64) || os(Linux) && arch(arm64)
-        guard
-            check.withLock({ check in
-                check == .notStarted
-                    ? {
-                        check = .underWay; return true
-                    }() : false
-            })
+        guard check.withLock({ check in check == .notStarted ? { check = .underWay; return true }() : false })
         else { return }
-        guard let runtime = runtimeFacts() else {
-            check.withLock { $0 = .failed("the concurrency runtime's debug symbols were not found") }
-            return
-        }
+        let exported = exportedFacts()
         Task.detached(name: checkTaskName, priority: .low) {
-            let outcome = await TaskLayoutCheck(layout: runtime).run()
+            let outcome = await TaskLayoutCheck(exported: exported).run()
             check.withLock { $0 = outcome }
         }
         #else
@@ -116,19 +110,23 @@ struct SwiftTaskLayout: Sendable, Equatable {
         #endif
     }
 
-    /// The task metadata and task size the runtime exports for debuggers.
-    private static func runtimeFacts() -> SwiftTaskLayout? {
+    /// Swift 6.3's size of a task's fixed part, where no runtime says it.
+    static let defaultTaskSize: UInt = 0xD0
+
+    /// The task metadata and task size the shared runtime exports for
+    /// debuggers (`_swift_concurrency_debug_asyncTaskMetadata`,
+    /// `…_asyncTaskSize`), when its layout version is 1, Swift 6.3's (a
+    /// runtime that changes what lldb reads raises it); nil where they are not
+    /// exported (a runtime linked statically) or the version differs. The
+    /// check then reads the metadata from a task of its own.
+    static func exportedFacts() -> (found: Bool, layout: SwiftTaskLayout?) {
         let handle = UnsafeMutableRawPointer(bitPattern: 0)
         guard let metadata = dlsym(handle, "_swift_concurrency_debug_asyncTaskMetadata"),
             let size = dlsym(handle, "_swift_concurrency_debug_asyncTaskSize"),
             let version = dlsym(handle, "_swift_concurrency_debug_internal_layout_version")
-        else { return nil }
-        // Layout version 1 is Swift 6.3's (a runtime that changes what lldb
-        // reads raises it).
-        guard version.load(as: UInt32.self) == 1 else { return nil }
-        let layout = SwiftTaskLayout(
-            taskMetadata: metadata.load(as: UInt.self), taskSize: size.load(as: UInt.self))
-        return layout.taskMetadata != 0 && layout.taskSize >= 0xA0 && layout.taskSize % 16 == 0 ? layout : nil
+        else { return (false, nil) }
+        guard version.load(as: UInt32.self) == 1 else { return (true, nil) }
+        return (true, SwiftTaskLayout(taskMetadata: metadata.load(as: UInt.self), taskSize: size.load(as: UInt.self)))
     }
 
     /// The address of the task running this code, or 0 outside any.

@@ -36,20 +36,19 @@ struct TaskRecord: Sendable, Equatable {
         return TaskRecord(task: task, parent: parent.flatMap { $0 == 0 ? nil : $0 })
     }
 
-    /// What tells one task at an address from the next: its first words (its
-    /// metadata, its flags and id, its status with its current priority).
+    /// What tells one task at an address from the next: its first words, to
+    /// its status with the current priority (its metadata, its flags and id).
     struct Identity: Equatable {
-        var words: [UInt?]
+        var words: [UInt]
     }
 
-    /// The ``Identity`` of the task at `address`, or nil when what is there is
-    /// no task.
+    /// The ``Identity`` of the task at `address` (one read through the
+    /// kernel), or nil when what is there is no task.
     static func identity(at address: UInt, layout: SwiftTaskLayout) -> Identity? {
-        let blocks = MemoryBlocks()
-        let words = [0, SwiftTaskLayout.flagsOffset, SwiftTaskLayout.statusOffset].map {
-            blocks.word(at: address &+ $0)
-        }
-        return words[0] == layout.taskMetadata ? Identity(words: words) : nil
+        let count = Int(SwiftTaskLayout.statusOffset) / MemoryLayout<UInt>.size + 1
+        var words = [UInt](repeating: 0, count: count)
+        let copied = words.withUnsafeMutableBytes { StackSampler.copyMemory(from: address, into: $0) }
+        return copied == count && words[0] == layout.taskMetadata ? Identity(words: words) : nil
     }
 
     /// The task a sampled thread ran, read with this process's verified

@@ -43,18 +43,9 @@ enum AsyncJobRunner {
 
     private static func read() -> [Range<UInt>] {
         #if os(Linux)
-        guard let exported = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "swift_job_run") else { return [] }
-        var path = [CChar](repeating: 0, count: 4096)
-        var base: UInt = 0
-        guard stallcapture_image_of(UInt(bitPattern: exported), &path, path.count, &base) == 1 else { return [] }
-        let name = String(decoding: path.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        let functions = ElfReader.withFile(name) { reader -> [ElfSymbolTable.Function]? in
-            guard let firstLoad = reader.firstLoadAddress() else { return nil }
-            return reader.functions(
-                section: ElfReader.symbolTableSection, bias: base &- firstLoad, names: false,
-                namePrefixes: namePrefixes)
-        }
-        return (functions ?? [])
+        let functions = RuntimeImage.functions(exporting: "swift_job_run", namedLike: namePrefixes) ?? []
+        return
+            functions
             .filter { $0.size > 0 }
             .map { $0.start..<($0.start &+ $0.size) }
             .sorted { $0.lowerBound < $1.lowerBound }
