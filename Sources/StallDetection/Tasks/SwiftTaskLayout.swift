@@ -98,8 +98,12 @@ struct SwiftTaskLayout: Sendable, Equatable {
     /// cooperative pool is blocked meanwhile, reports name no task.
     static func locate() {
         #if os(Linux) && arch(x86_64) || os(Linux) && arch(arm64)
-        guard check.withLock({ check in check == .notStarted ? { check = .underWay; return true }() : false })
-        else { return }
+        let starts = check.withLock { check -> Bool in
+            guard check == .notStarted else { return false }
+            check = .underWay
+            return true
+        }
+        guard starts else { return }
         let exported = exportedFacts()
         Task.detached(name: checkTaskName, priority: .low) {
             let outcome = await TaskLayoutCheck(exported: exported).run()
