@@ -278,6 +278,7 @@ static void fill_sample(stallcapture_sample *out, void *context) {
     // __tls_get_addr too).
     out->task = 0;
     out->task_known = 0;
+    out->thread_pointer = thread_pointer();
     if (atomic_load_explicit(&task_slot_found, memory_order_acquire)) {
         uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&task_slot_offset, memory_order_relaxed);
         out->task_known = read_memory(slot, &out->task, sizeof out->task) == 0;

@@ -48,6 +48,9 @@ typedef struct stallcapture_sample {
     /// only when `task_known` is 1 (the slot was located: ``stallcapture_set_task_slot``).
     uintptr_t task;
     int task_known;
+    /// The interrupted thread's thread pointer (its TLS base): its task slot is
+    /// read again through it after the task's fields were read.
+    uintptr_t thread_pointer;
     /// A copy of the stack from `sp` upward, as far as it is mapped (at most
     /// STALLCAPTURE_STACK_BYTES); the frame-pointer walk and the return-address
     /// scan read this copy, never the live stack.

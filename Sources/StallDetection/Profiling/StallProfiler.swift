@@ -479,7 +479,8 @@ final class StallProfiler: Sendable {
             prefetch = true
         }
         session.thread = look.found
-        if let task = look.task { session.task = task }
+        // The task goes with the stack it was read with (none with none).
+        if look.frames != nil { session.task = look.task }
         session.searchesWithoutThread = look.found == nil ? look.misses + 1 : 0
         session.recorder.add(
             look: look.frames, start: look.start, seen: look.seen, continued: continued, baseInterval: baseInterval)

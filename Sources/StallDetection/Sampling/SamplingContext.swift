@@ -36,8 +36,8 @@ final class SamplingContext: @unchecked Sendable {
     /// next samples confirm them with one batch read.
     private var lastAwaits: AsyncContextChain?
     /// The task the last sample's thread ran, read then, with what identifies
-    /// it (``TaskRecord/identity(at:)``): a thread still in the same task is
-    /// not read again.
+    /// it (``TaskRecord/identity(at:layout:)``): a thread still in the same
+    /// task is not read again.
     private var lastTask: (identity: TaskRecord.Identity, chain: TaskChain?)?
 
     init(symbolicator: Symbolicator = .shared) {
@@ -190,6 +190,7 @@ final class SamplingContext: @unchecked Sendable {
     /// beyond the copy.
     private func unwind(_ copy: StackCopy, thread: Int32, queue: UInt?) -> (raw: RawStack, wentBeyond: Bool) {
         if SamplingTrace.printsCopies { SamplingTrace.copy(copy, thread: thread) }
+        let task = readTask(copy)
         let ranges = symbolicator.code
         let generation = symbolicator.imageGeneration
         if codeGeneration != generation {
@@ -230,25 +231,47 @@ final class SamplingContext: @unchecked Sendable {
             currentQueue: copy.queue ?? (queue == nil ? nil : ThreadPointers.currentQueue(of: thread)),
             wordsHoldQueue: held || !(unwinder.wentBeyondCopy || frames.contains { $0.isSignalReturn }) ? held : nil)
         raw.awaitsCut = awaits?.cut
-        raw.task = taskChain(at: copy.task ?? ThreadPointers.currentTask(of: thread))
+        raw.task = confirmed(task, in: copy, thread: thread)
         raw.time = copy.time
         raw.answerDelay = copy.answerDelay
         return (raw, unwinder.wentBeyondCopy)
     }
 
-    /// The task at `address` and its parents, read now, while the sampled
-    /// thread is most likely still in it (a report names its stack later, by
-    /// when the task may have ended and its memory may hold another). A task
-    /// read for the last sample, still there under the same id and priority, is
-    /// not read again.
-    private func taskChain(at address: UInt?) -> TaskChain? {
-        guard let address, address != 0, let layout = SwiftTaskLayout.verified,
+    /// A task read right after a sample, before its stack is unwound.
+    private struct TaskRead {
+        var address: UInt
+        var identity: TaskRecord.Identity
+        var chain: TaskChain?
+    }
+
+    /// The task a sample's thread ran and its parents, read as soon as the
+    /// stack is copied, while the thread is most likely still in it (a report
+    /// names its stack much later). A task read for the last sample, the same
+    /// by its first words, is not read again.
+    private func readTask(_ copy: StackCopy) -> TaskRead? {
+        guard let address = copy.task, address != 0, let layout = SwiftTaskLayout.verified,
             let identity = TaskRecord.identity(at: address, layout: layout)
         else { return nil }
-        if let lastTask, lastTask.identity == identity { return lastTask.chain }
+        if let lastTask, lastTask.identity == identity {
+            return TaskRead(address: address, identity: identity, chain: lastTask.chain)
+        }
         let chain = TaskRecord.chain(at: address)
         lastTask = (identity, chain)
-        return chain
+        return TaskRead(address: address, identity: identity, chain: chain)
+    }
+
+    /// The task read, when the thread still runs it once its stack is
+    /// unwound: its slot, read again through its thread pointer, holds it
+    /// still, under the same id. A task that completed meanwhile has left the
+    /// slot (its name record is gone then, its memory perhaps not yet); one
+    /// that is no longer the thread's is not shown with the thread's stack.
+    private func confirmed(_ read: TaskRead?, in copy: StackCopy, thread: Int32) -> TaskChain? {
+        guard let read, let pointer = copy.threadPointer, let layout = SwiftTaskLayout.verified else { return nil }
+        var now: UInt = 0
+        guard stallcapture_task_of_thread(thread, pointer, &now) == 1, now == read.address,
+            TaskRecord.identity(at: read.address, layout: layout) == read.identity
+        else { return nil }
+        return read.chain
     }
 
     /// Where the function holding `inner` starts, for a call from `candidate`

@@ -30,8 +30,12 @@ struct StackCopy {
     /// `/proc`: unchanged later, it has not run since. Nil for a signal sample,
     /// and where the kernel keeps none.
     var scheduling: String? = nil
-    /// The Swift task the thread ran when signalled (0: none), as the handler
-    /// read it; nil when unknown (not signalled, or the runtime's slot is not
-    /// located: ``SwiftTaskLayout``).
+    /// The Swift task the thread ran (0: none) while its stack was the one
+    /// copied: read by the handler, or for a thread asleep between the two
+    /// readings that prove it did not run; nil when unknown (the runtime's
+    /// slot is not located, see ``SwiftTaskLayout``, or a sleeping thread's
+    /// pointer is not known).
     var task: UInt? = nil
+    /// The thread's pointer, through which its task slot is read again.
+    var threadPointer: UInt? = nil
 }

@@ -222,6 +222,8 @@ final class StackSampler {
         }
         let limitWords = max(1, min(buffer.count, limit / MemoryLayout<UInt>.size))
         let readAt = Monotonic.now()
+        // Its task, between the two readings too.
+        let (task, threadPointer) = ThreadPointers.currentTask(of: tid)
         let (copiedWords, error) = buffer.withUnsafeMutableBytes { bytes in
             Self.copyMemoryNotingError(
                 from: sp,
@@ -240,7 +242,8 @@ final class StackSampler {
             StackCopy(
                 pc: pc, sp: sp, fp: nil,
                 words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
-                truncated: copiedWords == limitWords, time: readAt, scheduling: ranBefore))
+                truncated: copiedWords == limitWords, time: readAt, scheduling: ranBefore, task: task,
+                threadPointer: threadPointer))
     }
 
     /// The thread's scheduling counts now (`schedstat`: they change whenever
@@ -398,7 +401,8 @@ final class StackSampler {
                 time: sample.pointee.time_ns > 0 ? sample.pointee.time_ns : nil,
                 answerDelay: sample.pointee.time_ns > 0 && sample.pointee.sent_ns > 0
                     ? max(0, sample.pointee.time_ns - sample.pointee.sent_ns) : 0,
-                task: sample.pointee.task_known != 0 ? UInt(sample.pointee.task) : nil)
+                task: sample.pointee.task_known != 0 ? UInt(sample.pointee.task) : nil,
+                threadPointer: sample.pointee.thread_pointer == 0 ? nil : UInt(sample.pointee.thread_pointer))
             return .copied(copy, signalled: true)
         case Int(STALLCAPTURE_TIMEOUT):
             return .runningUnsampled("thread \(tid) did not answer within \(timeoutMilliseconds) ms")

@@ -52,11 +52,12 @@ enum ThreadPointers {
         return queue
     }
 
-    /// The Swift task thread `thread` runs now (0: none), if it can be read.
-    static func currentTask(of thread: Int32) -> UInt? {
-        guard let pointer = table.withLock({ $0.pointers[thread] }) else { return nil }
+    /// The Swift task thread `thread` runs now (0: none), if it can be read,
+    /// and the thread's pointer it was read through.
+    static func currentTask(of thread: Int32) -> (task: UInt?, pointer: UInt?) {
+        guard let pointer = table.withLock({ $0.pointers[thread] }) else { return (nil, nil) }
         var task: UInt = 0
-        guard stallcapture_task_of_thread(thread, pointer, &task) == 1 else { return nil }
-        return task
+        guard stallcapture_task_of_thread(thread, pointer, &task) == 1 else { return (nil, pointer) }
+        return (task, pointer)
     }
 }

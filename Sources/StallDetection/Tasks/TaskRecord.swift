@@ -36,19 +36,25 @@ struct TaskRecord: Sendable, Equatable {
         return TaskRecord(task: task, parent: parent.flatMap { $0 == 0 ? nil : $0 })
     }
 
-    /// What tells one task at an address from the next: its first words, to
-    /// its status with the current priority (its metadata, its flags and id).
+    /// What tells one task at an address from the next: its metadata, its
+    /// flags and id, and its status word with the current priority.
     struct Identity: Equatable {
-        var words: [UInt]
+        var metadata: UInt
+        var flagsAndID: UInt
+        var status: UInt
     }
 
     /// The ``Identity`` of the task at `address` (one read through the
     /// kernel), or nil when what is there is no task.
     static func identity(at address: UInt, layout: SwiftTaskLayout) -> Identity? {
-        let count = Int(SwiftTaskLayout.statusOffset) / MemoryLayout<UInt>.size + 1
+        let wordSize = UInt(MemoryLayout<UInt>.size)
+        let count = Int(SwiftTaskLayout.statusOffset / wordSize) + 1
         var words = [UInt](repeating: 0, count: count)
         let copied = words.withUnsafeMutableBytes { StackSampler.copyMemory(from: address, into: $0) }
-        return copied == count && words[0] == layout.taskMetadata ? Identity(words: words) : nil
+        guard copied == count, words[0] == layout.taskMetadata else { return nil }
+        return Identity(
+            metadata: words[0], flagsAndID: words[Int(SwiftTaskLayout.flagsOffset / wordSize)],
+            status: words[count - 1])
     }
 
     /// The task a sampled thread ran, read with this process's verified
