@@ -290,6 +290,9 @@ case _ where realConditionScenarios.contains(scenario):
 case "async-alternate":
     runAsyncAlternation()
 
+case "starved-loop":
+    runStarvedLoop(rounds: arguments.dropFirst().first.flatMap { Int($0) } ?? 3)
+
 case "async-chain":
     let target = arguments.dropFirst().first ?? "queue"
     runAsyncChain(target: target, depth: arguments.dropFirst(2).first.flatMap { Int($0) } ?? 1)

@@ -152,7 +152,7 @@ struct DetectorMachineTests {
         #expect(second == .nothing, "no second look while the answer is recorded: \(second)")
         let answered = machine.answered(at: 285 * ms, thread: 7, queue: 1)
         let answer = try #require(answered)
-        guard case .missed(_, let duration, _, _)? = answer.outcome else {
+        guard case .missed(_, let duration, _, _, _)? = answer.outcome else {
             Issue.record("expected a missed stall, got \(String(describing: answer.outcome))")
             return
         }
@@ -243,13 +243,81 @@ struct DetectorMachineTests {
             first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
         let answer = machine.answered(at: 310 * ms, thread: 7, queue: 1)
         let step = try #require(answer)
-        guard case .missed(let id, let duration, _, let processRan)? = step.outcome else {
+        guard case .missed(let id, let duration, _, let processRan, _)? = step.outcome else {
             Issue.record("expected a missed stall, got \(String(describing: step.outcome))")
             return
         }
         #expect(id == first.id && duration == 310 * ms - 12_500_000)
         #expect(!processRan, "no CPU time was read")
         #expect(step.settled)
+    }
+
+    /// A machine whose probe, answered at 25 ms on thread 7, was posted at
+    /// 50 ms and is overdue: the beat at 75 ms armed the look and asked for
+    /// thread 7's run delay, read as 1 s. No look runs after it (the
+    /// detector's threads get no core).
+    private func awaitingLateAnswer() throws -> DetectorMachine {
+        var machine = running()
+        _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
+        machine.releaseProbeSlot()
+        _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        let plan = try #require(armed)
+        #expect(plan.readRunDelay == 7, "\(plan)")
+        machine.runDelayRead(of: 7, delay: 1_000 * ms)
+        return machine
+    }
+
+    /// The missed stall an answer at 330 ms concludes, and its thread's wait
+    /// for a core.
+    private func missed(_ answer: DetectorMachine.Step?) throws -> (duration: Int64, waited: Int64?) {
+        guard case .missed(_, let duration, _, _, let waited)? = try #require(answer).outcome else {
+            Issue.record("expected a missed stall, got \(String(describing: answer?.outcome))")
+            return (0, nil)
+        }
+        return (duration, waited)
+    }
+
+    @Test("an idle loop whose thread waited for a core to answer: no stall, though the process ran")
+    func idleLoopWaitedForCore() throws {
+        var machine = try awaitingLateAnswer()
+        // Thread 7 answers at 330 ms: 270 ms of it waiting for a core.
+        let answer = machine.answered(at: 330 * ms, thread: 7, queue: 1, runDelay: 1_270 * ms)
+        let (duration, waited) = try missed(answer)
+        #expect(waited == 270 * ms && duration >= threshold)
+        #expect(
+            !DetectorMachine.missedIsStall(
+                duration: duration, threshold: threshold, processRan: true, sampled: true, waitedForCore: waited))
+    }
+
+    @Test("a loop asleep in its own job, never sampled, the process idle: a stall all the same")
+    func asleepInItsJob() throws {
+        var machine = try awaitingLateAnswer()
+        let answer = machine.answered(at: 330 * ms, thread: 7, queue: 1, runDelay: 1_004 * ms)
+        let (duration, waited) = try missed(answer)
+        #expect(waited == 4 * ms)
+        #expect(
+            DetectorMachine.missedIsStall(
+                duration: duration, threshold: threshold, processRan: false, sampled: false, waitedForCore: waited))
+    }
+
+    @Test("another thread's answer, a run delay that went back, or none read: no wait known, the old evidence rules")
+    func waitUnknown() throws {
+        var other = try awaitingLateAnswer()
+        let byOther = other.answered(at: 330 * ms, thread: 8, queue: 1, runDelay: 1_270 * ms)
+        #expect(try missed(byOther).waited == nil)
+        var backwards = try awaitingLateAnswer()
+        let wentBack = backwards.answered(at: 330 * ms, thread: 7, queue: 1, runDelay: 900 * ms)
+        #expect(try missed(wentBack).waited == nil)
+        var unread = try awaitingLateAnswer()
+        let withoutDelay = unread.answered(at: 330 * ms, thread: 7, queue: 1)
+        #expect(try missed(withoutDelay).waited == nil)
+        for (processRan, sampled, expected) in [(false, false, false), (true, false, true), (false, true, true)] {
+            #expect(
+                DetectorMachine.missedIsStall(
+                    duration: 400 * ms, threshold: threshold, processRan: processRan, sampled: sampled,
+                    waitedForCore: nil) == expected)
+        }
     }
 
     @Test("an unconfirmed stall that ends before the second look carries whether the process ran meanwhile")
@@ -265,7 +333,7 @@ struct DetectorMachineTests {
             first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
         // The spinning target answered 400 ms later, having used 300 ms of CPU.
         let answer = machine.answered(at: 425 * ms, thread: 7, queue: 1, cpu: 1_300 * ms)
-        guard case .missed(let id, _, _, let processRan)? = try #require(answer).outcome else {
+        guard case .missed(let id, _, _, let processRan, _)? = try #require(answer).outcome else {
             Issue.record("expected a missed stall")
             return
         }
@@ -347,7 +415,7 @@ struct DetectorMachineTests {
         #expect(try #require(during).outcome == nil, "the sample under way concludes it")
         let (report, settled, _) = machine.sampled(
             first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
-        guard case .missed(.missed(let id, _, _, let processRan)) = report else {
+        guard case .missed(.missed(let id, _, _, let processRan, _)) = report else {
             Issue.record("expected a missed stall, got \(report)")
             return
         }
@@ -369,7 +437,7 @@ struct DetectorMachineTests {
         // No look ran (a starved detector): the next answer comes 360 ms later.
         let answer = machine.answered(at: 385 * ms, thread: 7, queue: 1, cpu: (1_000 + cpuMs) * ms)
         let step = try #require(answer)
-        guard case .missed(_, let duration, _, let processRan)? = step.outcome else {
+        guard case .missed(_, let duration, _, let processRan, _)? = step.outcome else {
             Issue.record("expected a missed stall, got \(String(describing: step.outcome))")
             return
         }
@@ -387,7 +455,7 @@ struct DetectorMachineTests {
         // The target was blocked from its first probe on (a `queue.sync` right after
         // `start()`), and the looks were late: the first answer comes at 400 ms.
         let answer = machine.answered(at: 400 * ms, thread: 7, queue: 1, cpu: (1_000 + cpuMs) * ms)
-        guard case .missed(_, let duration, _, let processRan)? = try #require(answer).outcome else {
+        guard case .missed(_, let duration, _, let processRan, _)? = try #require(answer).outcome else {
             Issue.record("expected a missed stall, got \(String(describing: answer?.outcome))")
             return
         }
@@ -400,7 +468,7 @@ struct DetectorMachineTests {
         var machine = running()
         _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
         let answer = machine.answered(at: 385 * ms, thread: 7, queue: 1, cpu: 10_000 * ms)
-        guard case .missed(_, _, _, let processRan)? = try #require(answer).outcome else {
+        guard case .missed(_, _, _, let processRan, _)? = try #require(answer).outcome else {
             Issue.record("expected a missed stall")
             return
         }
@@ -566,7 +634,8 @@ struct DetectorMachineTests {
         // a threshold after the midpoint of the answer (26 ms) and the post (50 ms).
         let latePlan = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let late = try #require(latePlan)
-        #expect(late == .init(post: false, look: .arm(timeout: 288 * ms - 75 * ms)))
+        // …and the run delay of the thread that answered last is read.
+        #expect(late == .init(post: false, look: .arm(timeout: 288 * ms - 75 * ms), readRunDelay: 7))
         let armedPlan = machine.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: true)
         let armed = try #require(armedPlan)
         #expect(armed == .init(post: false, look: .keep), "armed once")
@@ -589,7 +658,7 @@ struct DetectorMachineTests {
         #expect(!machine.needsCPU(at: 30 * ms), "a prompt answer reads no CPU time")
         #expect(machine.needsCPU(at: 400 * ms))
         let answer = machine.answered(at: 400 * ms, thread: 7, queue: 1, cpu: 1_094 * ms)
-        guard case .missed(_, _, _, let processRan)? = try #require(answer).outcome else {
+        guard case .missed(_, _, _, let processRan, _)? = try #require(answer).outcome else {
             Issue.record("expected a missed stall, got \(String(describing: answer?.outcome))")
             return
         }
@@ -808,7 +877,7 @@ private struct RandomRun {
         case .ended(let id, let duration, _, _):
             if !started.contains(id) { problems.append("stall \(id) ended before it started") }
             checkEnded(id, duration: duration)
-        case .missed(let id, _, _, _):
+        case .missed(let id, _, _, _, _):
             if started.contains(id) || !missed.insert(id).inserted {
                 problems.append("stall \(id) missed twice or after .started")
             }

@@ -285,6 +285,22 @@ struct RealConditionTests {
         #expect(run.ended.count == run.started.count)
     }
 
+    @Test(
+        "an idle event loop at nice 19 whose probes wait up to 0.7 s for a core beside spinning threads: no stall; its own 700 ms job: one each time"
+    )
+    func idleLoopWaitingForACore() throws {
+        // Before its thread's wait for a core was weighed, each run reported 4 or 5
+        // stalls without a stack for 3 such spells (the process ran, so a late
+        // answer passed as evidence). Never tried again: a false stall fails.
+        let run = try ProbeRun.run(["starved-loop", "3"], timeLimit: 60)
+        #expect(run.exitStatus == 0 && run.lines.contains("DONE"), "\(run.lines.suffix(5))")
+        let waited = run.lines.first { $0.hasPrefix("LOOPWAIT ") }.flatMap { Double($0.dropFirst(9)) } ?? 0
+        print("starved loop: probes waited up to \(Int(waited)) ms for a core; \(run.started.count) stalls reported")
+        let falseStalls = run.started.filter { !$0.report.contains("starvedLoopJob") }
+        #expect(falseStalls.isEmpty, "stalls while the loop only waited for a core: \(falseStalls.map(\.report))")
+        #expect(run.started.count == 3 && run.ended.count == 3, "one per job: \(run.started.map(\.report))")
+    }
+
     @Test("a main-run-loop detector started inside a run-loop pass reports a stall in that same pass")
     func startedInsideARunLoopPass() throws {
         let named = { (run: ProbeRun) in run.started.first?.report.contains("uniquelyNamedMainThreadBlocker") == true }

@@ -266,6 +266,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
         guard let plan else { return }
         if plan.post { postProbe() }
+        if let thread = plan.readRunDelay, let delay = ProcessFacts.runDelay(ofThread: thread) {
+            state.withLock { $0.machine.runDelayRead(of: thread, delay: delay) }
+        }
         profiler.beat(now: beat.time, next: beat.next)
     }
 
@@ -395,9 +398,13 @@ final class DetectorCore: Sendable, HeartbeatMember {
     private func record(answerAt time: Int64, answer: ProbeAnswer) {
         let late = state.withLock { $0.machine.needsCPU(at: time) }
         let cpu = late ? ProcessFacts.cpuTime() : nil
+        // This thread's wait for a core so far (the answer runs on it).
+        let runDelay = late ? ProcessFacts.runDelay(ofThread: nil) : nil
         let step = state.withLock { state -> (DetectorMachine.Step, DelayedWork?)? in
             defer { state.machine.releaseProbeSlot() }
-            guard let step = state.machine.answered(at: time, thread: answer.thread, queue: answer.queue, cpu: cpu)
+            guard
+                let step = state.machine.answered(
+                    at: time, thread: answer.thread, queue: answer.queue, cpu: cpu, runDelay: runDelay)
             else {
                 return nil
             }
@@ -449,7 +456,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
                     id: id, phase: .ended, duration: duration, backtrace: backtrace, sampling: sampling,
                     profile: (profile, activities))
             ])
-        case .missed(let id, let duration, let since, let processRan):
+        case .missed(let id, let duration, let since, let processRan, let waitedForCore):
             // Not a stall if the process was stopped meanwhile (the witness may
             // need a moment to record the continue), nor while debugged.
             let now = Monotonic.now()
@@ -458,13 +465,19 @@ final class DetectorCore: Sendable, HeartbeatMember {
                 return traceMissed(duration, "stopped")
             }
             guard reportsWhileDebugged || !isTraced() else { return traceMissed(duration, "debugged") }
-            // Only with evidence that the target ran its own code meanwhile (a
-            // sample of the thread running its job, or the process's CPU time):
-            // a process that did not get the CPU at all (stopped, or starved)
-            // answers late too.
-            guard let backtrace = lastSample(gathered) ?? (processRan ? Self.unsampledMissedStall : nil) else {
-                return traceMissed(duration, "no-evidence")
-            }
+            // Only with evidence that the target ran its own code meanwhile (its
+            // thread's wait for a core, a sample of the thread running its job,
+            // or the process's CPU time): a process that did not get the CPU at
+            // all (stopped, or starved), or a target that was idle but waited for
+            // a core to answer, answers late too.
+            let sample = lastSample(gathered)
+            guard
+                DetectorMachine.missedIsStall(
+                    duration: duration, threshold: thresholdTicks, processRan: processRan, sampled: sample != nil,
+                    waitedForCore: waitedForCore)
+            else { return traceMissed(duration, waitedForCore == nil ? "no-evidence" : "waited-for-core") }
+            let backtrace =
+                sample ?? (processRan || waitedForCore == nil ? Self.unsampledMissedStall : Self.unsampledAsleep)
             traceMissed(duration, "reported")
             let waited = state.withLock { $0.lastLookWaited }
             for phase in [StallEvent.Phase.started, .ended] {
@@ -488,6 +501,13 @@ final class DetectorCore: Sendable, HeartbeatMember {
     /// lasted.
     static let unsampledMissedStall = StallBacktrace.unavailable(
         "no sample of the target's job was finished before the stall ended (the detector's threads waited for a core, or its sample was still under way); the process used over a quarter of a core meanwhile"
+    )
+
+    /// A missed stall's stack when no sample was taken of a target whose
+    /// thread did not wait for a core (asleep in its own job, say) while the
+    /// detector's threads got none to sample it.
+    static let unsampledAsleep = StallBacktrace.unavailable(
+        "no sample of the target's job was finished before the stall ended (the detector's threads waited for a core); the answering thread did not wait for one for most of the stall"
     )
 
     /// The last sample a session took, named: a missed stall's stack.

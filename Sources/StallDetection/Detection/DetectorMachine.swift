@@ -36,6 +36,9 @@ struct DetectorMachine: Sendable {
     struct BeatPlan: Equatable, Sendable {
         var post: Bool
         var look: LookPlan
+        /// The thread whose run delay to read now (``runDelayRead(of:delay:)``):
+        /// the look armed now waits for that thread's next answer.
+        var readRunDelay: Int32? = nil
     }
 
     /// What a look decided: nothing to do, a stall goes on (the fatal report may
@@ -66,8 +69,11 @@ struct DetectorMachine: Sendable {
         /// and the process used at least a quarter of a core while it lasted
         /// (``processRan(cpu:over:)``): the detector was late for the process's
         /// own work, not because the process got no CPU (stopped, or starved by
-        /// other processes).
-        case missed(id: UInt64, duration: Int64, since: Int64, processRan: Bool = false)
+        /// other processes). `waitedForCore`: how long of the stall the answering
+        /// thread waited on a run queue for a core (its `schedstat` run delay
+        /// since a look was armed for this answer), when it was the thread that
+        /// answered before (``missedIsStall(duration:threshold:processRan:sampled:waitedForCore:)``).
+        case missed(id: UInt64, duration: Int64, since: Int64, processRan: Bool = false, waitedForCore: Int64? = nil)
     }
 
     /// What the sample of a stall leads to.
@@ -111,7 +117,7 @@ struct DetectorMachine: Sendable {
         /// `.ended` arrived while `.started` was still being sampled.
         /// The answer that ended the stall while it was sampled: how long it lasted,
         /// when it ended, the answering thread, whether the process ran meanwhile.
-        var endedWhileSampling: (duration: Int64, at: Int64, thread: Int32?, processRan: Bool)?
+        var endedWhileSampling: (duration: Int64, at: Int64, thread: Int32?, processRan: Bool, waited: Int64?)?
         var phase = Phase.sampling
     }
 
@@ -142,6 +148,9 @@ struct DetectorMachine: Sendable {
     /// The process's CPU time when the outstanding probe was posted (or at the
     /// last answer that carried it, or at the start), and when.
     private var lastAnswerCPU: (time: Int64, cpu: Int64)?
+    /// The run delay (``runDelayRead(of:delay:)``) of the thread that answered
+    /// last, read when a look was armed for the next answer.
+    private var runDelayBaseline: (thread: Int32, delay: Int64)?
     private var open: OpenStall?
 
     /// `queue`: the address of the serial queue the target owns, when known
@@ -266,7 +275,32 @@ struct DetectorMachine: Sendable {
         guard !lookArmed, open == nil, let due = tracker.dueTime, outstanding || due <= next else {
             return BeatPlan(post: !outstanding, look: .keep)
         }
-        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)))
+        runDelayBaseline = nil
+        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)), readRunDelay: lastAnsweringThread)
+    }
+
+    /// The run delay of `thread` (nanoseconds it has waited on a run queue for
+    /// a core, in all), read after a beat armed a look. A thread waiting for a
+    /// core when it was read does not count that wait yet: the kernel adds it
+    /// once the thread runs.
+    mutating func runDelayRead(of thread: Int32, delay: Int64) {
+        guard lifecycle == .running, lastAnsweringThread == thread else { return }
+        runDelayBaseline = (thread, delay)
+    }
+
+    /// Whether a stall no look confirmed is reported: with a known wait for a
+    /// core, when the thread was held up by its own work (the stall less that
+    /// wait) for at least the threshold, sampled or not; otherwise when a
+    /// sample showed the target's job, or the process ran (at least a quarter
+    /// of a core) while it lasted. An idle event loop woken by the probe that
+    /// waited 250 ms for a core is no stall of its own; a loop asleep in its
+    /// own job, on a machine where the detector's threads got no core to
+    /// sample it, is one.
+    static func missedIsStall(
+        duration: Int64, threshold: Int64, processRan: Bool, sampled: Bool, waitedForCore: Int64?
+    ) -> Bool {
+        if let waitedForCore { return duration - waitedForCore >= threshold }
+        return sampled || processRan
     }
 
     /// A probe was handed to the target at `time` (a posted probe: `.custom`,
@@ -303,8 +337,14 @@ struct DetectorMachine: Sendable {
 
     /// A probe answered at `time`, on `thread` (and serial `queue`, if known);
     /// `cpu` is the process's CPU time then, if read.
-    mutating func answered(at time: Int64, thread: Int32?, queue: UInt?, cpu: Int64? = nil) -> Step? {
+    mutating func answered(
+        at time: Int64, thread: Int32?, queue: UInt?, cpu: Int64? = nil, runDelay: Int64? = nil
+    ) -> Step? {
         guard lifecycle == .running else { return nil }
+        let waitedForCore = runDelayBaseline.flatMap { baseline in
+            runDelay.flatMap { baseline.thread == thread && $0 >= baseline.delay ? $0 - baseline.delay : nil }
+        }
+        runDelayBaseline = nil
         lastAnsweringThread = thread
         lastAnsweringQueue = queue
         lastObservation = max(lastObservation, time)
@@ -313,7 +353,8 @@ struct DetectorMachine: Sendable {
         }
         if let cpu { lastAnswerCPU = (time, cpu) }
         let lag = tracker.pendingSince.map { waited(until: time, owedFrom: $0) }
-        let outcome = finish(tracker.progress(at: time), at: time, thread: thread, processRan: ran ?? false)
+        let outcome = finish(
+            tracker.progress(at: time), at: time, thread: thread, processRan: ran ?? false, waited: waitedForCore)
         tracker.probeSent(at: nextProbe(after: time))
         owedFromGrid = true
         // A look armed for this answer's lateness (or a stall's) has nothing left
@@ -361,16 +402,17 @@ struct DetectorMachine: Sendable {
 
     /// The outcome of a tracker event for the open stall, if any.
     private mutating func finish(
-        _ event: StallTracker.Event?, at time: Int64, thread: Int32?, processRan: Bool = false
+        _ event: StallTracker.Event?, at time: Int64, thread: Int32?, processRan: Bool = false, waited: Int64? = nil
     ) -> Outcome? {
         if case .missed(let id, let duration) = event {
-            return .missed(id: id, duration: duration, since: lastContinueSeen, processRan: processRan)
+            return .missed(
+                id: id, duration: duration, since: lastContinueSeen, processRan: processRan, waitedForCore: waited)
         }
         guard case .ended(let id, let duration) = event, var stall = open, stall.id == id else { return nil }
         switch stall.phase {
         case .sampling:
             // The sample under way emits both events.
-            stall.endedWhileSampling = (duration, time, thread, processRan)
+            stall.endedWhileSampling = (duration, time, thread, processRan, waited)
             open = stall
             return nil
         case .awaitingConfirmation:
@@ -380,7 +422,9 @@ struct DetectorMachine: Sendable {
             // core to answer its signal on a loaded machine).
             open = nil
             return stall.suppressed
-                ? nil : .missed(id: id, duration: duration, since: lastContinueSeen, processRan: processRan)
+                ? nil
+                : .missed(
+                    id: id, duration: duration, since: lastContinueSeen, processRan: processRan, waitedForCore: waited)
         case .reported:
             open = nil
             if stall.suppressed { return nil }
@@ -499,7 +543,9 @@ struct DetectorMachine: Sendable {
             open = stall.endedWhileSampling == nil ? stall : nil
             guard let ended = stall.endedWhileSampling, !suppressed else { return .nothing }
             return .missed(
-                .missed(id: stall.id, duration: ended.duration, since: lastContinueSeen, processRan: ended.processRan))
+                .missed(
+                    id: stall.id, duration: ended.duration, since: lastContinueSeen, processRan: ended.processRan,
+                    waitedForCore: ended.waited))
         }
         stall.phase = .reported
         guard let ended = stall.endedWhileSampling else {

@@ -18,6 +18,22 @@ enum ProcessFacts {
         return Int64(time.tv_sec) * 1_000_000_000 + Int64(time.tv_nsec)
     }
 
+    /// How long thread `thread` (the calling thread when nil) has waited on a
+    /// run queue for a core, in all, in nanoseconds: the second field of its
+    /// `schedstat` (a wait still under way is added once the thread runs). Nil
+    /// where the kernel keeps no such counts (no `CONFIG_SCHED_INFO`), or off
+    /// Linux.
+    static func runDelay(ofThread thread: Int32?) -> Int64? {
+        #if os(Linux)
+        let path = thread.map { "/proc/self/task/\($0)/schedstat" } ?? "/proc/thread-self/schedstat"
+        guard let line = read(path) else { return nil }
+        let fields = line.split(whereSeparator: { $0 == " " || $0 == "\n" })
+        return fields.count >= 2 ? Int64(fields[1]) : nil
+        #else
+        return nil
+        #endif
+    }
+
     /// Whether a debugger (or any tracer) is attached: on Linux `TracerPid` in
     /// `/proc/self/status` is not 0; on Darwin `sysctl` `KERN_PROC_PID` sets
     /// `P_TRACED` in the process flags (Apple's technical Q&A QA1361).
