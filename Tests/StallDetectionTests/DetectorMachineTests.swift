@@ -263,8 +263,9 @@ struct DetectorMachineTests {
         _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
         let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let plan = try #require(armed)
-        #expect(plan.readRunDelay == 7, "\(plan)")
-        machine.runDelayRead(of: 7, delay: 1_000 * ms)
+        let read = try #require(plan.readRunDelay)
+        #expect(read.thread == 7, "\(plan)")
+        machine.runDelayRead(of: 7, delay: 1_000 * ms, forAnswerOwedSince: read.owedSince)
         return machine
     }
 
@@ -312,6 +313,19 @@ struct DetectorMachineTests {
         var unread = try awaitingLateAnswer()
         let withoutDelay = unread.answered(at: 330 * ms, thread: 7, queue: 1)
         #expect(try missed(withoutDelay).waited == nil)
+        // A reading that comes after the answer it was for is not kept for the next.
+        var late = running()
+        _ = late.answered(at: 25 * ms, thread: 7, queue: 1)
+        late.releaseProbeSlot()
+        _ = late.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let armed = late.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        let owed = try #require(armed?.readRunDelay).owedSince
+        _ = late.answered(at: 80 * ms, thread: 7, queue: 1)
+        late.runDelayRead(of: 7, delay: 1_000 * ms, forAnswerOwedSince: owed)
+        late.releaseProbeSlot()
+        _ = late.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: false)
+        let next = late.answered(at: 500 * ms, thread: 7, queue: 1, runDelay: 1_270 * ms)
+        #expect(try missed(next).waited == nil, "a baseline read for an answer already given")
         for (processRan, sampled, expected) in [(false, false, false), (true, false, true), (false, true, true)] {
             #expect(
                 DetectorMachine.missedIsStall(
@@ -635,7 +649,7 @@ struct DetectorMachineTests {
         let latePlan = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let late = try #require(latePlan)
         // …and the run delay of the thread that answered last is read.
-        #expect(late == .init(post: false, look: .arm(timeout: 288 * ms - 75 * ms), readRunDelay: 7))
+        #expect(late.post == false && late.look == .arm(timeout: 288 * ms - 75 * ms) && late.readRunDelay?.thread == 7)
         let armedPlan = machine.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: true)
         let armed = try #require(armedPlan)
         #expect(armed == .init(post: false, look: .keep), "armed once")

@@ -266,8 +266,8 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
         guard let plan else { return }
         if plan.post { postProbe() }
-        if let thread = plan.readRunDelay, let delay = ProcessFacts.runDelay(ofThread: thread) {
-            state.withLock { $0.machine.runDelayRead(of: thread, delay: delay) }
+        if let (thread, owedSince) = plan.readRunDelay, let delay = ProcessFacts.runDelay(ofThread: thread) {
+            state.withLock { $0.machine.runDelayRead(of: thread, delay: delay, forAnswerOwedSince: owedSince) }
         }
         profiler.beat(now: beat.time, next: beat.next)
     }

@@ -36,9 +36,16 @@ struct DetectorMachine: Sendable {
     struct BeatPlan: Equatable, Sendable {
         var post: Bool
         var look: LookPlan
-        /// The thread whose run delay to read now (``runDelayRead(of:delay:)``):
-        /// the look armed now waits for that thread's next answer.
-        var readRunDelay: Int32? = nil
+        /// The thread whose run delay to read now, for the answer owed since
+        /// `owedSince` (``runDelayRead(of:delay:forAnswerOwedSince:)``): the look
+        /// armed now waits for that thread's next answer.
+        var readRunDelay: (thread: Int32, owedSince: Int64)? = nil
+
+        static func == (left: BeatPlan, right: BeatPlan) -> Bool {
+            left.post == right.post && left.look == right.look
+                && left.readRunDelay?.thread == right.readRunDelay?.thread
+                && left.readRunDelay?.owedSince == right.readRunDelay?.owedSince
+        }
     }
 
     /// What a look decided: nothing to do, a stall goes on (the fatal report may
@@ -148,8 +155,8 @@ struct DetectorMachine: Sendable {
     /// The process's CPU time when the outstanding probe was posted (or at the
     /// last answer that carried it, or at the start), and when.
     private var lastAnswerCPU: (time: Int64, cpu: Int64)?
-    /// The run delay (``runDelayRead(of:delay:)``) of the thread that answered
-    /// last, read when a look was armed for the next answer.
+    /// The run delay (``runDelayRead(of:delay:forAnswerOwedSince:)``) of the
+    /// thread that answered last, read when a look was armed for the next answer.
     private var runDelayBaseline: (thread: Int32, delay: Int64)?
     private var open: OpenStall?
 
@@ -276,15 +283,17 @@ struct DetectorMachine: Sendable {
             return BeatPlan(post: !outstanding, look: .keep)
         }
         runDelayBaseline = nil
-        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)), readRunDelay: lastAnsweringThread)
+        let read = lastAnsweringThread.flatMap { thread in tracker.pendingSince.map { (thread, $0) } }
+        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)), readRunDelay: read)
     }
 
     /// The run delay of `thread` (nanoseconds it has waited on a run queue for
-    /// a core, in all), read after a beat armed a look. A thread waiting for a
-    /// core when it was read does not count that wait yet: the kernel adds it
-    /// once the thread runs.
-    mutating func runDelayRead(of thread: Int32, delay: Int64) {
-        guard lifecycle == .running, lastAnsweringThread == thread else { return }
+    /// a core, in all), read after a beat armed a look for the answer owed
+    /// since `owedSince`; ignored when that answer came meanwhile. A thread
+    /// waiting for a core when it was read does not count that wait yet: the
+    /// kernel adds it once the thread runs.
+    mutating func runDelayRead(of thread: Int32, delay: Int64, forAnswerOwedSince owedSince: Int64) {
+        guard lifecycle == .running, lastAnsweringThread == thread, tracker.pendingSince == owedSince else { return }
         runDelayBaseline = (thread, delay)
     }
 
