@@ -599,12 +599,13 @@ final class StallProfiler: Sendable {
     /// (named here: on the detector queue only).
     private func writeRefresh(_ gathered: Gathered) {
         let profile = profile(of: gathered)
-        guard
-            let event = state.withLock({ $0.session?.stall }).map({ stall in
-                stall.event.inProgress(duration: Monotonic.now() - stall.start, profile: profile)
-            })
-        else { return }
-        fatal?.write(event)
+        // Asked for under the lock that ends the session: a stall that ended
+        // while its profile was named (its `.ended` removes the report right
+        // after) gets no report written after that removal.
+        state.withLock { state in
+            guard let stall = state.session?.stall else { return }
+            fatal?.write(stall.event.inProgress(duration: Monotonic.now() - stall.start, profile: profile))
+        }
     }
 
     /// Whether a sample of the blocked thread counts: a queue's or the pool's
