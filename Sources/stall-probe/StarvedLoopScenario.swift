@@ -25,7 +25,11 @@ final class ThreadLoop: @unchecked Sendable {
     init(name: String, nice: Int32) {
         let thread = Thread { [self] in
             // Linux keeps the nice value per thread: 0 is the calling thread.
+            #if canImport(Glibc)
             setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice)
+            #else
+            setpriority(PRIO_PROCESS, 0, nice)
+            #endif
             run()
         }
         thread.name = name
