@@ -255,7 +255,8 @@ final class SamplingContext: @unchecked Sendable {
         if let lastTask, lastTask.identity == identity {
             return TaskRead(address: address, identity: identity, chain: lastTask.chain)
         }
-        let chain = TaskRecord.chain(at: address)
+        let (tasks, cut) = TaskRecord.chain(at: address, layout: layout, readWord: MemoryBlocks().word(at:))
+        let chain = tasks.isEmpty ? nil : TaskChain(tasks: tasks, cut: cut)
         lastTask = (identity, chain)
         return TaskRead(address: address, identity: identity, chain: chain)
     }

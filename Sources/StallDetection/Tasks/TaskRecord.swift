@@ -57,15 +57,6 @@ struct TaskRecord: Sendable, Equatable {
             status: words[count - 1])
     }
 
-    /// The task a sampled thread ran, read with this process's verified
-    /// layout; nil when the address is unknown or 0 (no task), the layout is
-    /// not verified, or what is there is no task.
-    static func chain(at address: UInt?) -> TaskChain? {
-        guard let address, address != 0, let layout = SwiftTaskLayout.verified else { return nil }
-        let (tasks, cut) = chain(at: address, layout: layout, readWord: MemoryBlocks().word(at:))
-        return tasks.isEmpty ? nil : TaskChain(tasks: tasks, cut: cut)
-    }
-
     /// The task at `address` and its parents, innermost first (empty when
     /// `address` holds no task). The parents stop at a top-level task, at one
     /// that cannot be read (`cut` says so) or after ``parentLimit``.
