@@ -263,9 +263,9 @@ struct DetectorMachineTests {
         _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
         let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let plan = try #require(armed)
-        let read = try #require(plan.readRunDelay)
-        #expect(read.thread == 7, "\(plan)")
-        machine.runDelayRead(of: 7, delay: 1_000 * ms, forAnswerOwedSince: read.owedSince)
+        let read = try #require(plan.readRunDelays)
+        #expect(read.threads == [7], "\(plan)")
+        machine.runDelaysRead([(7, 1_000 * ms)], forAnswerOwedSince: read.owedSince)
         return machine
     }
 
@@ -302,6 +302,44 @@ struct DetectorMachineTests {
                 duration: duration, threshold: threshold, processRan: false, sampled: false, waitedForCore: waited))
     }
 
+    @Test("a queue's answer on another of the workers that answered before: that worker's wait is weighed")
+    func otherWorkerWaitedForCore() throws {
+        var machine = running()
+        // Workers 7, 8 and 9 answered in turn; 9 last.
+        for (index, worker) in [7, 8, 9, 8, 9].enumerated() {
+            _ = machine.answered(at: Int64(5 + index) * ms, thread: Int32(worker), queue: 1)
+            machine.releaseProbeSlot()
+        }
+        _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        let plan = try #require(armed)
+        let read = try #require(plan.readRunDelays)
+        #expect(read.threads == [9, 8, 7], "the latest first, each once: \(plan)")
+        // A thread the plan did not name is not kept as a baseline.
+        machine.runDelaysRead([(9, 500 * ms), (7, 1_000 * ms), (12, 0)], forAnswerOwedSince: read.owedSince)
+        var byOlderWorker = machine
+        let answer = byOlderWorker.answered(at: 330 * ms, thread: 7, queue: 1, runDelay: 1_270 * ms)
+        #expect(try missed(answer).waited == 270 * ms)
+        let unread = machine.answered(at: 330 * ms, thread: 12, queue: 1, runDelay: 270 * ms)
+        #expect(try missed(unread).waited == nil, "thread 12 had not answered: its reading is no baseline")
+    }
+
+    @Test("a worker younger than the wait for the answer: its whole wait for a core is weighed; an older one's is not")
+    func newWorkerWaitedForCore() throws {
+        var young = try awaitingLateAnswer()
+        // The answer was owed from 50 ms (the beat that posted it); at 330 ms a
+        // worker started 200 ms ago answers, after 260 ms of waiting in all.
+        let answer = young.answered(at: 330 * ms, thread: 21, queue: 1, runDelay: 260 * ms, threadAge: 200 * ms)
+        let (duration, waited) = try missed(answer)
+        #expect(waited == 260 * ms)
+        #expect(
+            !DetectorMachine.missedIsStall(
+                duration: duration, threshold: threshold, processRan: true, sampled: false, waitedForCore: waited))
+        var old = try awaitingLateAnswer()
+        let byOld = old.answered(at: 330 * ms, thread: 21, queue: 1, runDelay: 260 * ms, threadAge: 400 * ms)
+        #expect(try missed(byOld).waited == nil, "a thread older than the wait may have waited before it")
+    }
+
     @Test("another thread's answer, a run delay that went back, or none read: no wait known, the old evidence rules")
     func waitUnknown() throws {
         var other = try awaitingLateAnswer()
@@ -319,9 +357,9 @@ struct DetectorMachineTests {
         late.releaseProbeSlot()
         _ = late.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
         let armed = late.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
-        let owed = try #require(armed?.readRunDelay).owedSince
+        let owed = try #require(armed?.readRunDelays).owedSince
         _ = late.answered(at: 80 * ms, thread: 7, queue: 1)
-        late.runDelayRead(of: 7, delay: 1_000 * ms, forAnswerOwedSince: owed)
+        late.runDelaysRead([(7, 1_000 * ms)], forAnswerOwedSince: owed)
         late.releaseProbeSlot()
         _ = late.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: false)
         let next = late.answered(at: 500 * ms, thread: 7, queue: 1, runDelay: 1_270 * ms)
@@ -649,7 +687,8 @@ struct DetectorMachineTests {
         let latePlan = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let late = try #require(latePlan)
         // …and the run delay of the thread that answered last is read.
-        #expect(late.post == false && late.look == .arm(timeout: 288 * ms - 75 * ms) && late.readRunDelay?.thread == 7)
+        #expect(late.post == false && late.look == .arm(timeout: 288 * ms - 75 * ms))
+        #expect(late.readRunDelays?.threads == [7])
         let armedPlan = machine.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: true)
         let armed = try #require(armedPlan)
         #expect(armed == .init(post: false, look: .keep), "armed once")

@@ -266,8 +266,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
         guard let plan else { return }
         if plan.post { postProbe() }
-        if let (thread, owedSince) = plan.readRunDelay, let delay = ProcessFacts.runDelay(ofThread: thread) {
-            state.withLock { $0.machine.runDelayRead(of: thread, delay: delay, forAnswerOwedSince: owedSince) }
+        if let (threads, owedSince) = plan.readRunDelays {
+            let delays = threads.compactMap { thread in ProcessFacts.runDelay(ofThread: thread).map { (thread, $0) } }
+            state.withLock { $0.machine.runDelaysRead(delays, forAnswerOwedSince: owedSince) }
         }
         profiler.beat(now: beat.time, next: beat.next)
     }
@@ -398,13 +399,15 @@ final class DetectorCore: Sendable, HeartbeatMember {
     private func record(answerAt time: Int64, answer: ProbeAnswer) {
         let late = state.withLock { $0.machine.needsCPU(at: time) }
         let cpu = late ? ProcessFacts.cpuTime() : nil
-        // This thread's wait for a core so far (the answer runs on it).
+        // This thread's wait for a core so far (the answer runs on it), and its age.
         let runDelay = late ? ProcessFacts.runDelay(ofThread: nil) : nil
+        let threadAge = late ? ProcessFacts.age(ofThread: nil) : nil
         let step = state.withLock { state -> (DetectorMachine.Step, DelayedWork?)? in
             defer { state.machine.releaseProbeSlot() }
             guard
                 let step = state.machine.answered(
-                    at: time, thread: answer.thread, queue: answer.queue, cpu: cpu, runDelay: runDelay)
+                    at: time, thread: answer.thread, queue: answer.queue, cpu: cpu, runDelay: runDelay,
+                    threadAge: threadAge)
             else {
                 return nil
             }

@@ -36,15 +36,16 @@ struct DetectorMachine: Sendable {
     struct BeatPlan: Equatable, Sendable {
         var post: Bool
         var look: LookPlan
-        /// The thread whose run delay to read now, for the answer owed since
-        /// `owedSince` (``runDelayRead(of:delay:forAnswerOwedSince:)``): the look
-        /// armed now waits for that thread's next answer.
-        var readRunDelay: (thread: Int32, owedSince: Int64)? = nil
+        /// The threads whose run delays to read now, for the answer owed since
+        /// `owedSince` (``runDelaysRead(_:forAnswerOwedSince:)``): the threads that
+        /// answered last, the latest first (a queue's answer may run on any of
+        /// the pool's workers), one of which the look armed now may see answer.
+        var readRunDelays: (threads: [Int32], owedSince: Int64)? = nil
 
         static func == (left: BeatPlan, right: BeatPlan) -> Bool {
             left.post == right.post && left.look == right.look
-                && left.readRunDelay?.thread == right.readRunDelay?.thread
-                && left.readRunDelay?.owedSince == right.readRunDelay?.owedSince
+                && left.readRunDelays?.threads == right.readRunDelays?.threads
+                && left.readRunDelays?.owedSince == right.readRunDelays?.owedSince
         }
     }
 
@@ -137,6 +138,12 @@ struct DetectorMachine: Sendable {
     /// The start of the heartbeat's grid.
     private var probeGridStart: Int64 = 0
     private(set) var lastAnsweringThread: Int32?
+    /// The distinct threads that answered last, the latest first, at most
+    /// ``rememberedAnsweringThreads``.
+    private var recentAnsweringThreads: [Int32] = []
+    /// How many answering threads ``BeatPlan/readRunDelays`` names: a serial
+    /// queue's answers run on whichever of the pool's workers is free.
+    static let rememberedAnsweringThreads = 8
     /// The serial queue the last probe ran on (the watched queue's address).
     private(set) var lastAnsweringQueue: UInt?
     /// A probe is outstanding: it has neither run nor been released.
@@ -155,9 +162,9 @@ struct DetectorMachine: Sendable {
     /// The process's CPU time when the outstanding probe was posted (or at the
     /// last answer that carried it, or at the start), and when.
     private var lastAnswerCPU: (time: Int64, cpu: Int64)?
-    /// The run delay (``runDelayRead(of:delay:forAnswerOwedSince:)``) of the
-    /// thread that answered last, read when a look was armed for the next answer.
-    private var runDelayBaseline: (thread: Int32, delay: Int64)?
+    /// The run delays (``runDelaysRead(_:forAnswerOwedSince:)``) of the threads
+    /// that answered last, read when a look was armed for the next answer.
+    private var runDelayBaselines: [Int32: Int64] = [:]
     private var open: OpenStall?
 
     /// `queue`: the address of the serial queue the target owns, when known
@@ -282,19 +289,21 @@ struct DetectorMachine: Sendable {
         guard !lookArmed, open == nil, let due = tracker.dueTime, outstanding || due <= next else {
             return BeatPlan(post: !outstanding, look: .keep)
         }
-        runDelayBaseline = nil
-        let read = lastAnsweringThread.flatMap { thread in tracker.pendingSince.map { (thread, $0) } }
-        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)), readRunDelay: read)
+        runDelayBaselines = [:]
+        let read = recentAnsweringThreads.isEmpty ? nil : tracker.pendingSince.map { (recentAnsweringThreads, $0) }
+        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)), readRunDelays: read)
     }
 
-    /// The run delay of `thread` (nanoseconds it has waited on a run queue for
-    /// a core, in all), read after a beat armed a look for the answer owed
+    /// The run delays of threads (nanoseconds each has waited on a run queue
+    /// for a core, in all), read after a beat armed a look for the answer owed
     /// since `owedSince`; ignored when that answer came meanwhile. A thread
     /// waiting for a core when it was read does not count that wait yet: the
     /// kernel adds it once the thread runs.
-    mutating func runDelayRead(of thread: Int32, delay: Int64, forAnswerOwedSince owedSince: Int64) {
-        guard lifecycle == .running, lastAnsweringThread == thread, tracker.pendingSince == owedSince else { return }
-        runDelayBaseline = (thread, delay)
+    mutating func runDelaysRead(_ delays: [(thread: Int32, delay: Int64)], forAnswerOwedSince owedSince: Int64) {
+        guard lifecycle == .running, tracker.pendingSince == owedSince else { return }
+        for (thread, delay) in delays where recentAnsweringThreads.contains(thread) {
+            runDelayBaselines[thread] = delay
+        }
     }
 
     /// Whether a stall no look confirmed is reported: with a known wait for a
@@ -310,6 +319,18 @@ struct DetectorMachine: Sendable {
     ) -> Bool {
         if let waitedForCore { return duration - waitedForCore >= threshold }
         return sampled || processRan
+    }
+
+    /// How long the answer at `time` waited for a core on `thread`: its run
+    /// delay less the one read when the look for it was armed; or, for a thread
+    /// younger than the wait for the answer (a worker the pool started for it),
+    /// its whole run delay. Nil when neither is known (no look was armed, the
+    /// thread is older and was not read, or the delay went back).
+    private func waitedForCore(at time: Int64, thread: Int32?, runDelay: Int64?, threadAge: Int64?) -> Int64? {
+        guard let thread, let runDelay else { return nil }
+        if let baseline = runDelayBaselines[thread] { return runDelay >= baseline ? runDelay - baseline : nil }
+        guard let threadAge, let owedSince = tracker.pendingSince, threadAge <= time - owedSince else { return nil }
+        return runDelay
     }
 
     /// A probe was handed to the target at `time` (a posted probe: `.custom`,
@@ -345,16 +366,22 @@ struct DetectorMachine: Sendable {
     // MARK: Facts from the target
 
     /// A probe answered at `time`, on `thread` (and serial `queue`, if known);
-    /// `cpu` is the process's CPU time then, if read.
+    /// `cpu` is the process's CPU time then, if read; `runDelay` and
+    /// `threadAge`, that thread's wait for a core in all and how long it has
+    /// existed, if read (``waitedForCore(at:thread:runDelay:threadAge:)``).
     mutating func answered(
-        at time: Int64, thread: Int32?, queue: UInt?, cpu: Int64? = nil, runDelay: Int64? = nil
+        at time: Int64, thread: Int32?, queue: UInt?, cpu: Int64? = nil, runDelay: Int64? = nil,
+        threadAge: Int64? = nil
     ) -> Step? {
         guard lifecycle == .running else { return nil }
-        let waitedForCore = runDelayBaseline.flatMap { baseline in
-            runDelay.flatMap { baseline.thread == thread && $0 >= baseline.delay ? $0 - baseline.delay : nil }
-        }
-        runDelayBaseline = nil
+        let waitedForCore = waitedForCore(at: time, thread: thread, runDelay: runDelay, threadAge: threadAge)
+        runDelayBaselines = [:]
         lastAnsweringThread = thread
+        if let thread {
+            recentAnsweringThreads.removeAll { $0 == thread }
+            recentAnsweringThreads.insert(thread, at: 0)
+            if recentAnsweringThreads.count > Self.rememberedAnsweringThreads { recentAnsweringThreads.removeLast() }
+        }
         lastAnsweringQueue = queue
         lastObservation = max(lastObservation, time)
         let ran = cpu.flatMap { cpu in

@@ -34,6 +34,27 @@ enum ProcessFacts {
         #endif
     }
 
+    /// How long thread `thread` (the calling thread when nil) has existed, in
+    /// nanoseconds: the boot-time clock less the thread's start time (field 22
+    /// of its `stat`, in clock ticks since boot, so to 10 ms). Nil where it
+    /// cannot be read, or off Linux.
+    static func age(ofThread thread: Int32?) -> Int64? {
+        #if os(Linux)
+        let path = thread.map { "/proc/self/task/\($0)/stat" } ?? "/proc/thread-self/stat"
+        // The name (field 2) is in parentheses and may hold spaces or ')':
+        // the fields are counted from the last ')'.
+        guard let line = read(path), let close = line.lastIndex(of: ")") else { return nil }
+        let fields = line[line.index(after: close)...].split(separator: " ")
+        let ticksPerSecond = Int64(sysconf(Int32(_SC_CLK_TCK)))
+        // Field 3 (the state) is the first after the name: field 22 is the 20th.
+        guard fields.count >= 20, let ticks = Int64(fields[19]), ticksPerSecond > 0 else { return nil }
+        let start = ticks / ticksPerSecond * 1_000_000_000 + ticks % ticksPerSecond * 1_000_000_000 / ticksPerSecond
+        return max(0, bootTimeNanoseconds() - start)
+        #else
+        return nil
+        #endif
+    }
+
     /// Whether a debugger (or any tracer) is attached: on Linux `TracerPid` in
     /// `/proc/self/status` is not 0; on Darwin `sysctl` `KERN_PROC_PID` sets
     /// `P_TRACED` in the process flags (Apple's technical Q&A QA1361).

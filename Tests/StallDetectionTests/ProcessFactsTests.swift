@@ -1,0 +1,41 @@
+import Foundation
+import Synchronization
+import Testing
+
+@testable import StallDetection
+
+#if os(Linux)
+import Glibc
+
+@Suite("Process facts from /proc")
+struct ProcessFactsTests {
+    @Test("a thread's age: a new thread's is under a second and below the main thread's, whatever its name")
+    func threadAge() throws {
+        let mainThread = try #require(ProcessFacts.age(ofThread: ProcessFacts.mainThreadID))
+        let seen = Mutex<(age: Int64?, byID: Int64?)>((nil, nil))
+        let thread = Thread {
+            let id = Int32(truncatingIfNeeded: ThreadIDs.current())
+            seen.withLock { $0 = (ProcessFacts.age(ofThread: nil), ProcessFacts.age(ofThread: id)) }
+        }
+        // A name with spaces and parentheses: the fields are counted after the last ')'.
+        thread.name = "a) b ) c"
+        let started = ContinuousClock.now
+        thread.start()
+        while seen.withLock({ $0.age == nil }) && ContinuousClock.now < started + .seconds(10) { usleep(1_000) }
+        let (age, byID) = seen.withLock { $0 }
+        let young = try #require(age)
+        #expect(young >= 0 && young < 1_000_000_000, "\(young) ns")
+        #expect(byID.map { abs($0 - young) <= 20_000_000 } == true, "\(String(describing: byID)) against \(young)")
+        #expect(mainThread >= young, "the main thread (\(mainThread) ns) is older than a new one (\(young) ns)")
+        #expect(ProcessFacts.age(ofThread: -1) == nil)
+    }
+
+    @Test("a thread's run delay only grows")
+    func runDelayGrows() throws {
+        let before = try #require(ProcessFacts.runDelay(ofThread: nil))
+        for _ in 0..<20 { sched_yield() }
+        let after = try #require(ProcessFacts.runDelay(ofThread: nil))
+        #expect(after >= before)
+    }
+}
+#endif
