@@ -14,6 +14,9 @@ import StallDetection
 //   asynclet an `async let` child task on the actor
 //   actors   the actor awaits a second actor (on its own queue) that blocks
 //   deep     as queue, with `depth` levels (200 in the tests)
+//   sync     a task on the cooperative pool calls `queue.sync` into the watched queue
+//            (no actor) and blocks in it: the blocked thread is a pool thread that
+//            never answered a probe, asleep, and its task is "sync caller"
 // Extra output lines, per event:
 //   ASYNC <phase> - <the report's frames, one name each, `|`-separated>
 //   ASYNCTASK <phase> <the blocked thread's task, then its parents: each quoted name or
@@ -139,6 +142,11 @@ private func startAsyncChain(target: String, depth: Int, first: ChainActor, seco
             try? await Task.sleep(for: .milliseconds(300))
             async let result = first.run(depth: depth)
             _ = await result
+        }
+    case "sync":
+        Task.detached(name: "sync caller", priority: .medium) {
+            try? await Task.sleep(for: .milliseconds(300))
+            first.executor.queue.sync { asyncChainBlocker(600) }
         }
     default:
         Task(name: "request 42") {

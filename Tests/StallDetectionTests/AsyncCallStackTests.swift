@@ -132,6 +132,24 @@ extension StallDetectorIntegrationTests {
             #expect(withCallers > 0, "every sample lost its callers: \(profile)")
         }
 
+        @Test("a queue.sync from a task blocks a pool thread that never answered a probe: the report names the task")
+        func syncFromATask() throws {
+            // The pool thread's pointer is found on its stack (the descriptor at its
+            // top), not from a probe it answered: before, no report named the task.
+            let run = try ProbeRun.run(["async-chain", "sync"], timeLimit: 60)
+            #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
+            let reports = run.lines.filter { $0.hasPrefix("ASYNC ") }
+            #expect(reports.count == 2, "\(run.lines)")
+            for line in reports {
+                #expect(line.contains("asyncChainBlocker(_:)|") && line.contains("DispatchQueue.sync"), "\(line)")
+            }
+            let tasks = run.lines.filter { $0.hasPrefix("ASYNCTASK ") }
+            #expect(tasks.count == 2, "\(run.lines)")
+            for line in tasks {
+                #expect(line.hasSuffix(" \"sync caller\" top-level task"), "\(line)")
+            }
+        }
+
         @Test("a chain of 200 awaits keeps all 200 levels, in order")
         func deepChain() throws {
             let run = try ProbeRun.run(["async-chain", "deep", "200"], timeLimit: 60)

@@ -252,10 +252,12 @@ struct TaskRecordTests {
         }
         detector.stop()
         // No other stall: an idle queue whose answer waited for a core (on
-        // whichever worker) is none.
+        // whichever worker) is none; nor is the blocker's stall without its stack.
         let all = events.withLock { $0 }
         let started = blockerStalls(all)
-        #expect(all.filter { $0.phase == .started }.count == started.count, "a false stall: \(all)")
+        #expect(
+            all.filter { $0.phase == .started }.count == started.count,
+            "a stall that does not name the blocker (a false one, or the blocker's without its stack): \(all)")
         try #require(started.count == 1, "\(all)")
         let backtrace = started[0].backtrace
         #expect(backtrace.task?.name == "render" && backtrace.task?.relation == .taskGroupChild, "\(backtrace)")

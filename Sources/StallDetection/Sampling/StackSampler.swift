@@ -223,11 +223,16 @@ final class StackSampler {
         let limitWords = max(1, min(buffer.count, limit / MemoryLayout<UInt>.size))
         let readAt = Monotonic.now()
         // Its task, between the two readings too.
-        let (task, threadPointer) = ThreadPointers.currentTask(of: tid)
+        var (task, threadPointer) = ThreadPointers.currentTask(of: tid)
         let (copiedWords, error) = buffer.withUnsafeMutableBytes { bytes in
             Self.copyMemoryNotingError(
                 from: sp,
                 into: UnsafeMutableRawBufferPointer(rebasing: bytes[..<(limitWords * MemoryLayout<UInt>.size)]))
+        }
+        if threadPointer == nil && copiedWords >= 3 {
+            (task, threadPointer) = buffer.withUnsafeBufferPointer { words in
+                ThreadPointers.findTask(of: tid, stack: UnsafeBufferPointer(rebasing: words[..<copiedWords]), at: sp)
+            }
         }
         // Unchanged scheduling counts say the thread did not run meanwhile;
         // without them, an unchanged syscall line says it is still in the same

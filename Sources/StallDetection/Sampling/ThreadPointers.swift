@@ -13,6 +13,10 @@ import Synchronization
 /// A thread that exited may have left its id to a new thread: the record read
 /// holds the thread's id, and one that does not match is not used.
 enum ThreadPointers {
+    /// A thread's task (0: none; nil: not read) and the thread pointer it was
+    /// read through.
+    typealias TaskRead = (task: UInt?, pointer: UInt?)
+
     /// At most this many threads are remembered; the table is emptied when full.
     static let limit = 4_096
 
@@ -28,9 +32,14 @@ enum ThreadPointers {
     /// (`stallcapture_thread_mark`) says so, with no lock taken.
     static func recordCurrent() {
         guard stallcapture_thread_mark() != generation.load(ordering: .acquiring) else { return }
-        let thread = stallcapture_current_tid()
-        let pointer = UInt(stallcapture_thread_pointer())
-        let recordedIn = table.withLock { table -> UInt32 in
+        let recordedIn = record(UInt(stallcapture_thread_pointer()), of: stallcapture_current_tid())
+        stallcapture_set_thread_mark(recordedIn)
+    }
+
+    /// Remembers `pointer` as thread `thread`'s; returns the table's generation.
+    @discardableResult
+    private static func record(_ pointer: UInt, of thread: Int32) -> UInt32 {
+        table.withLock { table -> UInt32 in
             if table.pointers[thread] != pointer {
                 if table.pointers.count >= limit {
                     table.pointers.removeAll(keepingCapacity: true)
@@ -41,7 +50,6 @@ enum ThreadPointers {
             }
             return table.generation
         }
-        stallcapture_set_thread_mark(recordedIn)
     }
 
     /// The queue thread `thread` drains now (0: none), if it can be read.
@@ -52,9 +60,38 @@ enum ThreadPointers {
         return queue
     }
 
+    /// The Swift task of a thread asleep that never answered a probe (a fresh
+    /// process's first stall, a `queue.sync` called from a task), and its
+    /// pointer, found in a copy of its stack (`words`, read from `sp` up) and
+    /// remembered. glibc keeps a thread's descriptor at the top of the stack it
+    /// allocated, above the static TLS blocks, and on x86_64 the thread pointer
+    /// is the descriptor's address, whose first and third words (`tcb`, `self`)
+    /// hold that address again; a candidate is taken only when the descriptor
+    /// holds the thread's id too (``currentTask(of:)``). A stack the copy did not
+    /// reach the top of, or one the program allocated itself, gives nil.
+    static func findTask(of thread: Int32, stack words: UnsafeBufferPointer<UInt>, at sp: UInt) -> TaskRead {
+        #if arch(x86_64) && os(Linux)
+        let wordSize = UInt(MemoryLayout<UInt>.size)
+        // From the top down: the descriptor lies above every frame.
+        var index = words.count - 3
+        while index >= 0 {
+            let address = sp &+ UInt(index) &* wordSize
+            if words[index] == address && words[index + 2] == address {
+                var task: UInt = 0
+                if stallcapture_task_of_thread(thread, address, &task) == 1 {
+                    record(address, of: thread)
+                    return (task, address)
+                }
+            }
+            index -= 1
+        }
+        #endif
+        return (nil, nil)
+    }
+
     /// The Swift task thread `thread` runs now (0: none), if it can be read,
     /// and the thread's pointer it was read through.
-    static func currentTask(of thread: Int32) -> (task: UInt?, pointer: UInt?) {
+    static func currentTask(of thread: Int32) -> TaskRead {
         guard let pointer = table.withLock({ $0.pointers[thread] }) else { return (nil, nil) }
         var task: UInt = 0
         guard stallcapture_task_of_thread(thread, pointer, &task) == 1 else { return (nil, pointer) }
