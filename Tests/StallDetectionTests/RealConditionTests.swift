@@ -58,13 +58,12 @@ struct RealConditionTests {
         var run = try ProbeRun.run([scenario], traced: true)
         var stall = try #require(Self.firstStall(run), "lost: \(run.lines.filter { !$0.hasPrefix("stalldetection") })")
         var sampled = Self.looked(run, scenario: scenario, stall: stall)
-        // Also tried again when the sampler's CPU went over the budget: beside
-        // busy processes one run in about 15 today took 76 ms where the others
-        // took 18–33 (a machine's bound; every run's figure is printed).
-        for _ in 1..<5 where !sampled || stall.samples / 0.9 < Self.promised(for: run) || Self.overBudget(run) {
+        // The sampler's CPU is not a reason to try again: the bucket bounds it
+        // whatever a sample costs (``allowedCPU(_:)``), on any machine.
+        for _ in 1..<5 where !sampled || stall.samples / 0.9 < Self.promised(for: run) {
             print(
-                "\(scenario): tried again after \(stall) (the rate, the sampler's looks or its CPU budget missed: "
-                    + "\(Self.samplingCPU(run)) ms)")
+                "\(scenario): tried again after \(stall) (the rate or the sampler's looks missed; sampling CPU "
+                    + "\(Self.samplingCPU(run)) of \(Self.allowedCPU(run)) ms allowed)")
             // A second apart: the parallel suite's load comes in bursts.
             Thread.sleep(forTimeInterval: 1)
             run = try ProbeRun.run([scenario], traced: true)
@@ -83,7 +82,7 @@ struct RealConditionTests {
                 + "one every \(interval) ms, A \(stall.a) : B \(stall.b)")
         #expect(rate >= promised, "\(stall.samples) samples over the 0.9 s stall")
         #expect(interval <= 1_000 / promised, "the pace sampled every \(interval) ms")
-        // The sampler's CPU, sample by sample: within the budget.
+        // The sampler's CPU, sample by sample: within the bucket's bound.
         let (sampling, allowed) = (Self.samplingCPU(run), Self.allowedCPU(run))
         print("\(scenario): the sampler used \(sampling) ms of CPU over 1 s (\(run.tracedSamples.count) samples)")
         #expect(sampling <= allowed, "\(sampling) ms of sampling CPU, \(allowed) ms allowed")
@@ -96,13 +95,15 @@ struct RealConditionTests {
         run.tracedSamples.reduce(0) { $0 + max(0, $1.cost - $1.naming) } / 1_000
     }
 
-    /// The budget over the stall, plus the bucket's 2 ms burst and 25 µs a
-    /// sample of scheduling overhead charged with it.
+    /// The bucket's bound over the stall's second: the budget, plus its 2 ms
+    /// burst, 25 µs a sample of scheduling overhead charged with it, and the
+    /// costliest sample (the bucket can be overdrawn by one sample, whose cost is
+    /// known only once it is taken: beside busy processes one run in about 15
+    /// took 76 ms where the others took 18–33).
     static func allowedCPU(_ run: ProbeRun) -> Double {
-        budget * 1_000 + 2 + Double(run.tracedSamples.count) * 0.025
+        let costliest = run.tracedSamples.map { max(0, $0.cost - $0.naming) }.max() ?? 0
+        return budget * 1_000 + 2 + Double(run.tracedSamples.count) * 0.025 + costliest / 1_000
     }
-
-    static func overBudget(_ run: ProbeRun) -> Bool { samplingCPU(run) > allowedCPU(run) }
 
     /// The pace's interval (milliseconds) in the `.ended` profile:
     /// `PROFILE <id> ended <samples> <interval ms> <span ms>`.

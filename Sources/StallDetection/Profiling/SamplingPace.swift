@@ -10,10 +10,12 @@
 ///
 /// Under that, a token bucket of CPU time guarantees the budget: it fills at
 /// `budget` (``defaultBudget``, 3 %: 30 µs of CPU per millisecond) up to `burst`, each sample spends
-/// what it cost, and when it is empty the next sample waits until it has refilled.
-/// So over any stretch of time `T` sampling costs at most `budget × T + burst` of
-/// CPU, whatever a sample costs. The bucket outlives a stall: stalls in a row
-/// share it.
+/// what it cost, and when it is overdrawn the next sample waits until it has
+/// refilled. A sample's cost is known only once it is taken, so the bucket can
+/// be overdrawn by at most one sample: over any stretch of time `T` sampling
+/// costs at most `budget × T + burst` of CPU, plus the cost of the one sample
+/// that overdrew it, whatever a sample costs. The bucket outlives a stall:
+/// stalls in a row share it.
 struct SamplingPace: Sendable {
     /// The share of one core sampling may use: 3 %, and 4 % in a debug build of
     /// this package, whose unoptimized unwinder makes a sample about 5 times
