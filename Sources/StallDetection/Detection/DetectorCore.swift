@@ -253,6 +253,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
     /// whether the look is due before the next beat; the post happens after the
     /// lock, and the profiler arms its early look the same way.
     func beat(_ beat: Heartbeat.Beat) {
+        if SamplingTrace.isEnabled { SamplingTrace.probe("beat", at: beat.time) }
         // A queue's probe is handed over now; a posted one when `post` is called.
         let handsOverNow = target.ownsProbeQueue
         let plan = state.withLock { state -> DetectorMachine.BeatPlan? in
@@ -319,7 +320,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
     private func handingOver() -> Bool {
         state.withLock { state in
             guard state.machine.lifecycle == .running else { return false }
-            state.machine.posted(at: Monotonic.now())
+            let now = Monotonic.now()
+            state.machine.posted(at: now)
+            if SamplingTrace.isEnabled { SamplingTrace.probe("posted", at: now) }
             return true
         }
     }
@@ -397,6 +400,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
     /// slot. The process's CPU time is read only for an answer that may end or
     /// miss a stall.
     private func record(answerAt time: Int64, answer: ProbeAnswer) {
+        if SamplingTrace.isEnabled { SamplingTrace.probe("answered", at: time) }
         let late = state.withLock { $0.machine.needsCPU(at: time) }
         let cpu = late ? ProcessFacts.cpuTime() : nil
         // This thread's wait for a core so far (the answer runs on it), and its age.
@@ -542,6 +546,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
         // The replaced look is cancelled here, on the detector queue, after the lock
         // (the one running now, this one, returns at once).
+        if SamplingTrace.isEnabled && look != .nothing {
+            SamplingTrace.probe("look", at: now, late: state.withLock { $0.lastLookWaited })
+        }
         _ = replaced?.cancel()
         switch look {
         case .nothing: return

@@ -36,6 +36,15 @@ import Darwin
 /// its thread-specific data names, whether its stack's words hold the watched
 /// queue, whether it runs a job, and `took` or `skip`).
 ///
+/// The probes' timeline, to trace a stall seen late or measured short (a
+/// detector whose own threads waited for a core):
+///
+///     stalldetection probe <beat|posted|answered|look> <when µs> <late µs>
+///
+/// each beat (with how late it ran after its grid point), each probe handed to
+/// a posted target (`.custom`, the cooperative pool), each answer, and each look
+/// (with how late it ran after it was due), on the monotonic clock.
+///
 /// A stall no look saw before it ended (a missed stall) prints what was decided,
 /// to trace a stall that went unreported:
 ///
@@ -67,6 +76,12 @@ enum SamplingTrace {
         let text =
             "stalldetection copy \(thread) " + (head + [copy.truncated ? "1" : "0"] + words).joined(separator: " ")
             + "\n"
+        _ = text.withCString { write(2, $0, strlen($0)) }
+    }
+
+    /// Prints one point of the probes' timeline (`probe`).
+    static func probe(_ what: StaticString, at time: Int64, late: Int64 = 0) {
+        let text = "stalldetection probe \(what) \(time / 1_000) \(late / 1_000)\n"
         _ = text.withCString { write(2, $0, strlen($0)) }
     }
 
