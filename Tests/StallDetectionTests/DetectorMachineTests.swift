@@ -232,6 +232,58 @@ struct DetectorMachineTests {
         }
     }
 
+    @Test("a second look while the executor's thread only waited for a core since the first: no report yet")
+    func secondLookWhileWaitingForACore() throws {
+        var machine = running()
+        guard case (.sample(let first), _) = machine.look(now: 300 * ms, continued: nil) else {
+            Issue.record("expected a stall")
+            return
+        }
+        let runnable = DetectorMachine.ExecutorThread(thread: 7, runnable: true, ran: 40 * ms)
+        let firstConfirms = machine.confirmsWithoutJob(first, executor: runnable)
+        #expect(!firstConfirms, "a first look never confirms without a job")
+        _ = machine.sampled(
+            first, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
+        // Runnable again, 0.2 ms on a core since: waiting for one. Asked again.
+        guard case (.sample(let second), _) = machine.look(now: 325 * ms, continued: nil) else {
+            Issue.record("expected a second look")
+            return
+        }
+        var waiting = runnable
+        waiting.ran += 200_000
+        let secondConfirms = machine.confirmsWithoutJob(second, executor: waiting)
+        #expect(!secondConfirms)
+        let (report, settled, _) = machine.sampled(
+            second, reported: sample, samples: [:], samplingTime: ms, confirmed: false, suppressed: false)
+        guard case .nothing = report else {
+            Issue.record("a second look while the thread waits for a core reports nothing, got \(report)")
+            return
+        }
+        #expect(!settled)
+        // It ran 5 ms by the next look (a job of its own, not found): reported.
+        guard case (.sample(let third), _) = machine.look(now: 350 * ms, continued: nil) else {
+            Issue.record("expected a third look")
+            return
+        }
+        var ran = waiting
+        ran.ran += 5 * ms
+        var afterRunning = machine
+        let thirdConfirms = afterRunning.confirmsWithoutJob(third, executor: ran)
+        #expect(thirdConfirms)
+        // Asleep at the look, or another thread, or unknown: the second look confirms as before.
+        for executor in [
+            DetectorMachine.ExecutorThread(thread: 7, runnable: false, ran: ran.ran),
+            .init(thread: 8, runnable: true, ran: 0),
+        ] {
+            var other = machine
+            let confirms = other.confirmsWithoutJob(third, executor: executor)
+            #expect(confirms, "\(executor)")
+        }
+        var unknown = machine
+        let unknownConfirms = unknown.confirmsWithoutJob(third, executor: nil)
+        #expect(unknownConfirms)
+    }
+
     @Test("an unconfirmed stall that ends before the second look is a missed stall")
     func unconfirmedThenAnswered() throws {
         var machine = running()
@@ -263,9 +315,9 @@ struct DetectorMachineTests {
         _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
         let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let plan = try #require(armed)
-        let read = try #require(plan.readRunDelays)
+        let read = try #require(plan.readSchedules)
         #expect(read.threads == [7], "\(plan)")
-        machine.runDelaysRead([(7, 1_000 * ms)], forAnswerOwedSince: read.owedSince)
+        machine.schedulesRead([(7, .waited(1_000 * ms))], forAnswerOwedSince: read.owedSince)
         return machine
     }
 
@@ -283,7 +335,7 @@ struct DetectorMachineTests {
     func idleLoopWaitedForCore() throws {
         var machine = try awaitingLateAnswer()
         // Thread 7 answers at 330 ms: 270 ms of it waiting for a core.
-        let answer = machine.answered(at: 330 * ms, thread: 7, queue: 1, runDelay: 1_270 * ms)
+        let answer = machine.answered(at: 330 * ms, thread: 7, queue: 1, schedule: .waited(1_270 * ms))
         let (duration, waited) = try missed(answer)
         #expect(waited == 270 * ms && duration >= threshold)
         #expect(
@@ -294,12 +346,37 @@ struct DetectorMachineTests {
     @Test("a loop asleep in its own job, never sampled, the process idle: a stall all the same")
     func asleepInItsJob() throws {
         var machine = try awaitingLateAnswer()
-        let answer = machine.answered(at: 330 * ms, thread: 7, queue: 1, runDelay: 1_004 * ms)
+        let answer = machine.answered(at: 330 * ms, thread: 7, queue: 1, schedule: .waited(1_004 * ms))
         let (duration, waited) = try missed(answer)
         #expect(waited == 4 * ms)
         #expect(
             DetectorMachine.missedIsStall(
                 duration: duration, threshold: threshold, processRan: false, sampled: false, waitedForCore: waited))
+    }
+
+    @Test("a thread that ran its own job for half the threshold: its waits were the job's, and the stall counts")
+    func preemptedJobIsAStall() throws {
+        var machine = running()
+        _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
+        machine.releaseProbeSlot()
+        _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        let read = try #require(armed?.readSchedules)
+        machine.schedulesRead([(7, .init(ran: 100 * ms, waited: 1_000 * ms))], forAnswerOwedSince: read.owedSince)
+        // A spinning job preempted on a crowded machine: 150 ms on a core and
+        // 120 ms waiting, over the 280 ms until its answer.
+        var spinning = machine
+        let busy = spinning.answered(
+            at: 330 * ms, thread: 7, queue: 1, schedule: .init(ran: 250 * ms, waited: 1_120 * ms))
+        let (duration, waited) = try missed(busy)
+        #expect(waited == 0, "no wait counts against a thread that ran its own job")
+        #expect(
+            DetectorMachine.missedIsStall(
+                duration: duration, threshold: threshold, processRan: true, sampled: false, waitedForCore: waited))
+        // The same wait with 2 ms on a core (the answer alone): an idle thread's.
+        let idle = machine.answered(
+            at: 330 * ms, thread: 7, queue: 1, schedule: .init(ran: 102 * ms, waited: 1_270 * ms))
+        #expect(try missed(idle).waited == 270 * ms)
     }
 
     @Test("a queue's answer on another of the workers that answered before: that worker's wait is weighed")
@@ -313,14 +390,15 @@ struct DetectorMachineTests {
         _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
         let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let plan = try #require(armed)
-        let read = try #require(plan.readRunDelays)
+        let read = try #require(plan.readSchedules)
         #expect(read.threads == [9, 8, 7], "the latest first, each once: \(plan)")
         // A thread the plan did not name is not kept as a baseline.
-        machine.runDelaysRead([(9, 500 * ms), (7, 1_000 * ms), (12, 0)], forAnswerOwedSince: read.owedSince)
+        machine.schedulesRead(
+            [(9, .waited(500 * ms)), (7, .waited(1_000 * ms)), (12, .waited(0))], forAnswerOwedSince: read.owedSince)
         var byOlderWorker = machine
-        let answer = byOlderWorker.answered(at: 330 * ms, thread: 7, queue: 1, runDelay: 1_270 * ms)
+        let answer = byOlderWorker.answered(at: 330 * ms, thread: 7, queue: 1, schedule: .waited(1_270 * ms))
         #expect(try missed(answer).waited == 270 * ms)
-        let unread = machine.answered(at: 330 * ms, thread: 12, queue: 1, runDelay: 270 * ms)
+        let unread = machine.answered(at: 330 * ms, thread: 12, queue: 1, schedule: .waited(270 * ms))
         #expect(try missed(unread).waited == nil, "thread 12 had not answered: its reading is no baseline")
     }
 
@@ -329,24 +407,25 @@ struct DetectorMachineTests {
         var young = try awaitingLateAnswer()
         // The answer was owed from 50 ms (the beat that posted it); at 330 ms a
         // worker started 200 ms ago answers, after 260 ms of waiting in all.
-        let answer = young.answered(at: 330 * ms, thread: 21, queue: 1, runDelay: 260 * ms, threadAge: 200 * ms)
+        let answer = young.answered(
+            at: 330 * ms, thread: 21, queue: 1, schedule: .waited(260 * ms), threadAge: 200 * ms)
         let (duration, waited) = try missed(answer)
         #expect(waited == 260 * ms)
         #expect(
             !DetectorMachine.missedIsStall(
                 duration: duration, threshold: threshold, processRan: true, sampled: false, waitedForCore: waited))
         var old = try awaitingLateAnswer()
-        let byOld = old.answered(at: 330 * ms, thread: 21, queue: 1, runDelay: 260 * ms, threadAge: 400 * ms)
+        let byOld = old.answered(at: 330 * ms, thread: 21, queue: 1, schedule: .waited(260 * ms), threadAge: 400 * ms)
         #expect(try missed(byOld).waited == nil, "a thread older than the wait may have waited before it")
     }
 
     @Test("another thread's answer, a run delay that went back, or none read: no wait known, the old evidence rules")
     func waitUnknown() throws {
         var other = try awaitingLateAnswer()
-        let byOther = other.answered(at: 330 * ms, thread: 8, queue: 1, runDelay: 1_270 * ms)
+        let byOther = other.answered(at: 330 * ms, thread: 8, queue: 1, schedule: .waited(1_270 * ms))
         #expect(try missed(byOther).waited == nil)
         var backwards = try awaitingLateAnswer()
-        let wentBack = backwards.answered(at: 330 * ms, thread: 7, queue: 1, runDelay: 900 * ms)
+        let wentBack = backwards.answered(at: 330 * ms, thread: 7, queue: 1, schedule: .waited(900 * ms))
         #expect(try missed(wentBack).waited == nil)
         var unread = try awaitingLateAnswer()
         let withoutDelay = unread.answered(at: 330 * ms, thread: 7, queue: 1)
@@ -357,12 +436,12 @@ struct DetectorMachineTests {
         late.releaseProbeSlot()
         _ = late.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
         let armed = late.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
-        let owed = try #require(armed?.readRunDelays).owedSince
+        let owed = try #require(armed?.readSchedules).owedSince
         _ = late.answered(at: 80 * ms, thread: 7, queue: 1)
-        late.runDelaysRead([(7, 1_000 * ms)], forAnswerOwedSince: owed)
+        late.schedulesRead([(7, .waited(1_000 * ms))], forAnswerOwedSince: owed)
         late.releaseProbeSlot()
         _ = late.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: false)
-        let next = late.answered(at: 500 * ms, thread: 7, queue: 1, runDelay: 1_270 * ms)
+        let next = late.answered(at: 500 * ms, thread: 7, queue: 1, schedule: .waited(1_270 * ms))
         #expect(try missed(next).waited == nil, "a baseline read for an answer already given")
         for (processRan, sampled, expected) in [(false, false, false), (true, false, true), (false, true, true)] {
             #expect(
@@ -688,7 +767,7 @@ struct DetectorMachineTests {
         let late = try #require(latePlan)
         // …and the run delay of the thread that answered last is read.
         #expect(late.post == false && late.look == .arm(timeout: 288 * ms - 75 * ms))
-        #expect(late.readRunDelays?.threads == [7])
+        #expect(late.readSchedules?.threads == [7])
         let armedPlan = machine.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: true)
         let armed = try #require(armedPlan)
         #expect(armed == .init(post: false, look: .keep), "armed once")
@@ -974,4 +1053,9 @@ private struct SplitMix {
         z = (z ^ (z >> 27)) &* 0x94D0_49EB_11B7_5133
         return z ^ (z >> 31)
     }
+}
+
+extension ProcessFacts.Schedule {
+    /// A thread that waited `nanoseconds` for a core in all and never ran.
+    static func waited(_ nanoseconds: Int64) -> Self { Self(ran: 0, waited: nanoseconds) }
 }

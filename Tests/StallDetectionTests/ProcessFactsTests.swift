@@ -30,12 +30,15 @@ struct ProcessFactsTests {
         #expect(ProcessFacts.age(ofThread: -1) == nil)
     }
 
-    @Test("a thread's run delay only grows")
-    func runDelayGrows() throws {
-        let before = try #require(ProcessFacts.runDelay(ofThread: nil))
-        for _ in 0..<20 { sched_yield() }
-        let after = try #require(ProcessFacts.runDelay(ofThread: nil))
-        #expect(after >= before)
+    @Test("a thread's time on a core grows while it runs; its wait for one never goes back")
+    func scheduleGrows() throws {
+        let before = try #require(ProcessFacts.schedule(ofThread: nil))
+        let end = ContinuousClock.now + .milliseconds(20)
+        var spins = 0
+        while ContinuousClock.now < end { spins &+= 1 }
+        let after = try #require(ProcessFacts.schedule(ofThread: nil))
+        #expect(spins > 0 && after.ran > before.ran && after.waited >= before.waited, "\(before) then \(after)")
+        #expect(ProcessFacts.schedule(ofThread: ProcessFacts.mainThreadID) != nil)
     }
 }
 #endif

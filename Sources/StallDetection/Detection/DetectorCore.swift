@@ -267,9 +267,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
         guard let plan else { return }
         if plan.post { postProbe() }
-        if let (threads, owedSince) = plan.readRunDelays {
-            let delays = threads.compactMap { thread in ProcessFacts.runDelay(ofThread: thread).map { (thread, $0) } }
-            state.withLock { $0.machine.runDelaysRead(delays, forAnswerOwedSince: owedSince) }
+        if let (threads, owedSince) = plan.readSchedules {
+            let read = threads.compactMap { thread in ProcessFacts.schedule(ofThread: thread).map { (thread, $0) } }
+            state.withLock { $0.machine.schedulesRead(read, forAnswerOwedSince: owedSince) }
         }
         profiler.beat(now: beat.time, next: beat.next)
     }
@@ -403,14 +403,15 @@ final class DetectorCore: Sendable, HeartbeatMember {
         if SamplingTrace.isEnabled { SamplingTrace.probe("answered", at: time) }
         let late = state.withLock { $0.machine.needsCPU(at: time) }
         let cpu = late ? ProcessFacts.cpuTime() : nil
-        // This thread's wait for a core so far (the answer runs on it), and its age.
-        let runDelay = late ? ProcessFacts.runDelay(ofThread: nil) : nil
+        // This thread's time on and waiting for a core so far (the answer runs
+        // on it), and its age.
+        let schedule = late ? ProcessFacts.schedule(ofThread: nil) : nil
         let threadAge = late ? ProcessFacts.age(ofThread: nil) : nil
         let step = state.withLock { state -> (DetectorMachine.Step, DelayedWork?)? in
             defer { state.machine.releaseProbeSlot() }
             guard
                 let step = state.machine.answered(
-                    at: time, thread: answer.thread, queue: answer.queue, cpu: cpu, runDelay: runDelay,
+                    at: time, thread: answer.thread, queue: answer.queue, cpu: cpu, schedule: schedule,
                     threadAge: threadAge)
             else {
                 return nil
@@ -557,6 +558,14 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
     }
 
+    /// The thread that answered last, as a look that found no job sees it.
+    private func executorThread() -> DetectorMachine.ExecutorThread? {
+        guard let thread = state.withLock({ $0.machine.lastAnsweringThread }),
+            let schedule = ProcessFacts.schedule(ofThread: thread), let runnable = ProcessFacts.isRunnable(thread)
+        else { return nil }
+        return DetectorMachine.ExecutorThread(thread: thread, runnable: runnable, ran: schedule.ran)
+    }
+
     /// Samples a stall the look found, and emits what that leads to.
     private func sampleAndReport(_ decision: DetectorMachine.Decision, now: Int64) {
         let suppressed = decision.suppressed ?? (!reportsWhileDebugged && isTraced())
@@ -587,10 +596,13 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
         let samplingTime = Monotonic.now() - sampleStart
         // A heartbeat target's stall is confirmed by a thread running a job (or by a
-        // second look); the main run loop's culprit is the main thread by definition.
-        let confirmed = decision.second || suppressed || !target.usesHeartbeat || target.isConfirmed(by: reported)
+        // second look, unless the executor's thread only waited for a core since
+        // the first); the main run loop's culprit is the main thread by definition.
+        let jobSeen = suppressed || !target.usesHeartbeat || target.isConfirmed(by: reported)
+        let executor = jobSeen ? nil : executorThread()
         let (report, settled, endedAt) = state.withLock { state in
-            state.machine.sampled(
+            let confirmed = jobSeen || state.machine.confirmsWithoutJob(decision, executor: executor)
+            return state.machine.sampled(
                 decision, reported: reported, samples: samples, seen: seen, samplingTime: samplingTime,
                 confirmed: confirmed, suppressed: suppressed)
         }

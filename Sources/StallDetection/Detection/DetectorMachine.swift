@@ -36,16 +36,16 @@ struct DetectorMachine: Sendable {
     struct BeatPlan: Equatable, Sendable {
         var post: Bool
         var look: LookPlan
-        /// The threads whose run delays to read now, for the answer owed since
-        /// `owedSince` (``runDelaysRead(_:forAnswerOwedSince:)``): the threads that
+        /// The threads whose schedules to read now, for the answer owed since
+        /// `owedSince` (``schedulesRead(_:forAnswerOwedSince:)``): the threads that
         /// answered last, the latest first (a queue's answer may run on any of
         /// the pool's workers), one of which the look armed now may see answer.
-        var readRunDelays: (threads: [Int32], owedSince: Int64)? = nil
+        var readSchedules: (threads: [Int32], owedSince: Int64)? = nil
 
         static func == (left: BeatPlan, right: BeatPlan) -> Bool {
             left.post == right.post && left.look == right.look
-                && left.readRunDelays?.threads == right.readRunDelays?.threads
-                && left.readRunDelays?.owedSince == right.readRunDelays?.owedSince
+                && left.readSchedules?.threads == right.readSchedules?.threads
+                && left.readSchedules?.owedSince == right.readSchedules?.owedSince
         }
     }
 
@@ -127,6 +127,18 @@ struct DetectorMachine: Sendable {
         /// when it ended, the answering thread, whether the process ran meanwhile.
         var endedWhileSampling: (duration: Int64, at: Int64, thread: Int32?, processRan: Bool, waited: Int64?)?
         var phase = Phase.sampling
+        /// The executor's thread as the last look that found no job saw it
+        /// (``confirmsWithoutJob(_:executor:)``).
+        var executor: ExecutorThread?
+    }
+
+    /// The thread that answered last, at a look whose sample found no job: whether
+    /// it was runnable (running, or waiting for a core), and its time on a core
+    /// in all, in nanoseconds.
+    struct ExecutorThread: Equatable, Sendable {
+        var thread: Int32
+        var runnable: Bool
+        var ran: Int64
     }
 
     let threshold: Int64
@@ -141,7 +153,7 @@ struct DetectorMachine: Sendable {
     /// The distinct threads that answered last, the latest first, at most
     /// ``rememberedAnsweringThreads``.
     private var recentAnsweringThreads: [Int32] = []
-    /// How many answering threads ``BeatPlan/readRunDelays`` names: a serial
+    /// How many answering threads ``BeatPlan/readSchedules`` names: a serial
     /// queue's answers run on whichever of the pool's workers is free.
     static let rememberedAnsweringThreads = 8
     /// The serial queue the last probe ran on (the watched queue's address).
@@ -162,9 +174,9 @@ struct DetectorMachine: Sendable {
     /// The process's CPU time when the outstanding probe was posted (or at the
     /// last answer that carried it, or at the start), and when.
     private var lastAnswerCPU: (time: Int64, cpu: Int64)?
-    /// The run delays (``runDelaysRead(_:forAnswerOwedSince:)``) of the threads
+    /// The schedules (``schedulesRead(_:forAnswerOwedSince:)``) of the threads
     /// that answered last, read when a look was armed for the next answer.
-    private var runDelayBaselines: [Int32: Int64] = [:]
+    private var scheduleBaselines: [Int32: ProcessFacts.Schedule] = [:]
     private var open: OpenStall?
 
     /// `queue`: the address of the serial queue the target owns, when known
@@ -289,20 +301,22 @@ struct DetectorMachine: Sendable {
         guard !lookArmed, open == nil, let due = tracker.dueTime, outstanding || due <= next else {
             return BeatPlan(post: !outstanding, look: .keep)
         }
-        runDelayBaselines = [:]
+        scheduleBaselines = [:]
         let read = recentAnsweringThreads.isEmpty ? nil : tracker.pendingSince.map { (recentAnsweringThreads, $0) }
-        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)), readRunDelays: read)
+        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)), readSchedules: read)
     }
 
-    /// The run delays of threads (nanoseconds each has waited on a run queue
-    /// for a core, in all), read after a beat armed a look for the answer owed
-    /// since `owedSince`; ignored when that answer came meanwhile. A thread
-    /// waiting for a core when it was read does not count that wait yet: the
-    /// kernel adds it once the thread runs.
-    mutating func runDelaysRead(_ delays: [(thread: Int32, delay: Int64)], forAnswerOwedSince owedSince: Int64) {
+    /// The schedules of threads (their time on a core and waiting for one, in
+    /// all), read after a beat armed a look for the answer owed since
+    /// `owedSince`; ignored when that answer came meanwhile. A thread waiting
+    /// for a core when it was read does not count that wait yet: the kernel
+    /// adds it once the thread runs.
+    mutating func schedulesRead(
+        _ schedules: [(thread: Int32, schedule: ProcessFacts.Schedule)], forAnswerOwedSince owedSince: Int64
+    ) {
         guard lifecycle == .running, tracker.pendingSince == owedSince else { return }
-        for (thread, delay) in delays where recentAnsweringThreads.contains(thread) {
-            runDelayBaselines[thread] = delay
+        for (thread, schedule) in schedules where recentAnsweringThreads.contains(thread) {
+            scheduleBaselines[thread] = schedule
         }
     }
 
@@ -321,16 +335,30 @@ struct DetectorMachine: Sendable {
         return sampled || processRan
     }
 
-    /// How long the answer at `time` waited for a core on `thread`: its run
-    /// delay less the one read when the look for it was armed; or, for a thread
-    /// younger than the wait for the answer (a worker the pool started for it),
-    /// its whole run delay. Nil when neither is known (no look was armed, the
-    /// thread is older and was not read, or the delay went back).
-    private func waitedForCore(at time: Int64, thread: Int32?, runDelay: Int64?, threadAge: Int64?) -> Int64? {
-        guard let thread, let runDelay else { return nil }
-        if let baseline = runDelayBaselines[thread] { return runDelay >= baseline ? runDelay - baseline : nil }
-        guard let threadAge, let owedSince = tracker.pendingSince, threadAge <= time - owedSince else { return nil }
-        return runDelay
+    /// How long the answer at `time` waited for a core on `thread`, as far as
+    /// the stall is weighed (``missedIsStall(duration:threshold:processRan:sampled:waitedForCore:)``):
+    /// its wait since the schedule read when the look for it was armed; or, for
+    /// a thread younger than the wait for the answer (a worker the pool started
+    /// for it), all its wait. 0 when the thread also ran for half the threshold
+    /// meanwhile: it was running a job of its own, and its waits were that
+    /// job's, preempted on a crowded machine (8 spinning queues on 2 busy
+    /// cores), not an idle thread's wait to answer. Nil when neither is known
+    /// (no look was armed, the thread is older and was not read, or its counts
+    /// went back).
+    private func waitedForCore(
+        at time: Int64, thread: Int32?, schedule: ProcessFacts.Schedule?, threadAge: Int64?
+    ) -> Int64? {
+        guard let thread, let schedule else { return nil }
+        let since: ProcessFacts.Schedule
+        if let baseline = scheduleBaselines[thread] {
+            since = ProcessFacts.Schedule(ran: schedule.ran - baseline.ran, waited: schedule.waited - baseline.waited)
+        } else if let threadAge, let owedSince = tracker.pendingSince, threadAge <= time - owedSince {
+            since = schedule
+        } else {
+            return nil
+        }
+        guard since.ran >= 0, since.waited >= 0 else { return nil }
+        return since.ran >= threshold / 2 ? 0 : since.waited
     }
 
     /// A probe was handed to the target at `time` (a posted probe: `.custom`,
@@ -366,18 +394,18 @@ struct DetectorMachine: Sendable {
     // MARK: Facts from the target
 
     /// A probe answered at `time`, on `thread` (and serial `queue`, if known);
-    /// `cpu` is the process's CPU time then, if read; `runDelay` and
-    /// `threadAge`, that thread's wait for a core in all and how long it has
-    /// existed, if read (``waitedForCore(at:thread:runDelay:threadAge:)``).
+    /// `cpu` is the process's CPU time then, if read; `schedule` and
+    /// `threadAge`, that thread's time on and waiting for a core in all and how
+    /// long it has existed, if read (``waitedForCore(at:thread:schedule:threadAge:)``).
     mutating func answered(
-        at time: Int64, thread: Int32?, queue: UInt?, cpu: Int64? = nil, runDelay: Int64? = nil,
+        at time: Int64, thread: Int32?, queue: UInt?, cpu: Int64? = nil, schedule: ProcessFacts.Schedule? = nil,
         threadAge: Int64? = nil
     ) -> Step? {
         guard lifecycle == .running else { return nil }
-        let waitedForCore = waitedForCore(at: time, thread: thread, runDelay: runDelay, threadAge: threadAge)
-        runDelayBaselines = [:]
+        let waitedForCore = waitedForCore(at: time, thread: thread, schedule: schedule, threadAge: threadAge)
+        scheduleBaselines = [:]
         lastAnsweringThread = thread
-        if let thread {
+        if let thread, recentAnsweringThreads.first != thread {
             recentAnsweringThreads.removeAll { $0 == thread }
             recentAnsweringThreads.insert(thread, at: 0)
             if recentAnsweringThreads.count > Self.rememberedAnsweringThreads { recentAnsweringThreads.removeLast() }
@@ -536,6 +564,28 @@ struct DetectorMachine: Sendable {
         guard let due = tracker.dueTime else { return .drop }
         guard usesHeartbeat else { return .arm(timeout: healthyLookTimeout) }
         return due - now < heartbeat ? .arm(timeout: max(0, due - now)) : .drop
+    }
+
+    /// Whether a look whose sample found no thread running the target's job
+    /// confirms the stall of `decision`: the second look does (the target still
+    /// owes its answer a heartbeat after the first look found no job), unless
+    /// the thread that answered last was runnable at both looks and ran under a
+    /// millisecond in between. That is an idle executor woken by its probe that
+    /// waits for a core on a crowded machine (a loop at nice 19 beside threads
+    /// busy on every core waited 0.76 s, and was reported twice in 3 spells
+    /// without a stack): the next look asks again, and the answer, when it
+    /// comes, is weighed as a stall no look confirmed
+    /// (``missedIsStall(duration:threshold:processRan:sampled:waitedForCore:)``).
+    /// A thread asleep, or one that ran, confirms it as before.
+    mutating func confirmsWithoutJob(_ decision: Decision, executor: ExecutorThread?) -> Bool {
+        guard lifecycle == .running, var stall = open, stall.id == decision.id else { return decision.second }
+        let previous = stall.executor
+        stall.executor = executor
+        open = stall
+        guard decision.second else { return false }
+        guard let previous, let executor, previous.thread == executor.thread, previous.runnable, executor.runnable
+        else { return true }
+        return executor.ran - previous.ran >= 1_000_000
     }
 
     /// The stall of `decision` was sampled: `reported` is the stack found for

@@ -18,17 +18,34 @@ enum ProcessFacts {
         return Int64(time.tv_sec) * 1_000_000_000 + Int64(time.tv_nsec)
     }
 
-    /// How long thread `thread` (the calling thread when nil) has waited on a
-    /// run queue for a core, in all, in nanoseconds: the second field of its
-    /// `schedstat` (a wait still under way is added once the thread runs). Nil
-    /// where the kernel keeps no such counts (no `CONFIG_SCHED_INFO`), or off
-    /// Linux.
-    static func runDelay(ofThread thread: Int32?) -> Int64? {
+    /// A thread's time on a core and waiting on a run queue for one, in all, in
+    /// nanoseconds: the first two fields of its `schedstat`.
+    struct Schedule: Equatable, Sendable {
+        var ran: Int64
+        var waited: Int64
+    }
+
+    /// Thread `thread`'s ``Schedule`` (the calling thread's when nil); a wait
+    /// still under way is added once the thread runs. Nil where the kernel keeps
+    /// no such counts (no `CONFIG_SCHED_INFO`), or off Linux.
+    static func schedule(ofThread thread: Int32?) -> Schedule? {
         #if os(Linux)
         let path = thread.map { "/proc/self/task/\($0)/schedstat" } ?? "/proc/thread-self/schedstat"
         guard let line = read(path) else { return nil }
         let fields = line.split(whereSeparator: { $0 == " " || $0 == "\n" })
-        return fields.count >= 2 ? Int64(fields[1]) : nil
+        guard fields.count >= 2, let ran = Int64(fields[0]), let waited = Int64(fields[1]) else { return nil }
+        return Schedule(ran: ran, waited: waited)
+        #else
+        return nil
+        #endif
+    }
+
+    /// Whether thread `thread` is runnable (state `R` in its `stat`: running,
+    /// or waiting for a core); nil where it cannot be read, or off Linux.
+    static func isRunnable(_ thread: Int32) -> Bool? {
+        #if os(Linux)
+        guard let line = read("/proc/self/task/\(thread)/stat"), let close = line.lastIndex(of: ")") else { return nil }
+        return line[line.index(after: close)...].split(separator: " ").first == "R"
         #else
         return nil
         #endif

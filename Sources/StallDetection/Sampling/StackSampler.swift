@@ -231,7 +231,9 @@ final class StackSampler {
         }
         if threadPointer == nil && copiedWords >= 3 {
             (task, threadPointer) = buffer.withUnsafeBufferPointer { words in
-                ThreadPointers.findTask(of: tid, stack: UnsafeBufferPointer(rebasing: words[..<copiedWords]), at: sp)
+                ThreadPointers.findTask(
+                    of: tid, stack: UnsafeBufferPointer(rebasing: words[..<copiedWords]), at: sp,
+                    reachedTop: copiedWords < limitWords)
             }
         }
         // Unchanged scheduling counts say the thread did not run meanwhile;

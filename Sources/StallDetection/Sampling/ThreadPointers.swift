@@ -68,9 +68,16 @@ enum ThreadPointers {
     /// is the descriptor's address, whose first and third words (`tcb`, `self`)
     /// hold that address again; a candidate is taken only when the descriptor
     /// holds the thread's id too (``currentTask(of:)``). A stack the copy did not
-    /// reach the top of, or one the program allocated itself, gives nil.
-    static func findTask(of thread: Int32, stack words: UnsafeBufferPointer<UInt>, at sp: UInt) -> TaskRead {
+    /// reach the top of (`reachedTop` false: the copy stopped at its limit), or
+    /// one the program allocated itself, gives nil. A whole stack without a
+    /// descriptor (the main thread's: its descriptor is in the static TLS area)
+    /// is not searched again while its thread sleeps in the same megabyte.
+    static func findTask(
+        of thread: Int32, stack words: UnsafeBufferPointer<UInt>, at sp: UInt, reachedTop: Bool
+    ) -> TaskRead {
         #if arch(x86_64) && os(Linux)
+        let searched = UInt64(UInt32(bitPattern: thread)) << 32 | UInt64(truncatingIfNeeded: sp >> 20)
+        guard !withoutDescriptor.withLock({ $0.contains(searched) }) else { return (nil, nil) }
         let wordSize = UInt(MemoryLayout<UInt>.size)
         // From the top down: the descriptor lies above every frame.
         var index = words.count - 3
@@ -85,9 +92,19 @@ enum ThreadPointers {
             }
             index -= 1
         }
+        if reachedTop {
+            withoutDescriptor.withLock { stacks in
+                if stacks.count >= limit { stacks.removeAll(keepingCapacity: true) }
+                stacks.insert(searched)
+            }
+        }
         #endif
         return (nil, nil)
     }
+
+    /// Stacks searched whole without a descriptor: a thread's id and its stack
+    /// pointer's megabyte (a thread that reuses the id has a stack elsewhere).
+    private static let withoutDescriptor = Locked<Set<UInt64>>([])
 
     /// The Swift task thread `thread` runs now (0: none), if it can be read,
     /// and the thread's pointer it was read through.
