@@ -293,9 +293,6 @@ case "async-alternate":
 case "starved-loop":
     runStarvedLoop(rounds: arguments.dropFirst().first.flatMap { Int($0) } ?? 3)
 
-case "starved-queue":
-    runStarvedQueue(rounds: arguments.dropFirst().first.flatMap { Int($0) } ?? 3)
-
 case "async-chain":
     let target = arguments.dropFirst().first ?? "queue"
     runAsyncChain(target: target, depth: arguments.dropFirst(2).first.flatMap { Int($0) } ?? 1)

@@ -317,18 +317,6 @@ struct RealConditionTests {
         #expect(run.started.count == 3 && run.ended.count == 3, "one per job: \(run.started.map(\.report))")
     }
 
-    @Test("a serial queue in a process at nice 19 beside busy threads: no stall while idle, its job's stall each time")
-    func queueInAStarvedProcess() throws {
-        // Never tried again: a false or a lost stall fails.
-        let run = try ProbeRun.run(["starved-queue", "3"], timeLimit: 60)
-        #expect(run.exitStatus == 0 && run.lines.contains("DONE"), "\(run.lines.suffix(5))")
-        let facts = run.lines.filter { $0.hasPrefix("QUEUEWAIT ") || $0.hasPrefix("THREADS ") }
-        print("starved queue: \(facts.joined(separator: ", ")); \(run.started.count) stalls reported")
-        let falseStalls = run.started.filter { !$0.report.contains("starvedQueueJob") }
-        #expect(falseStalls.isEmpty, "stalls while the queue was idle: \(falseStalls.map(\.report))")
-        #expect(run.started.count == 3 && run.ended.count == 3, "one per job: \(run.started.map(\.report))")
-    }
-
     @Test("a main-run-loop detector started inside a run-loop pass reports a stall in that same pass")
     func startedInsideARunLoopPass() throws {
         let named = { (run: ProbeRun) in run.started.first?.report.contains("uniquelyNamedMainThreadBlocker") == true }
