@@ -559,9 +559,8 @@ final class DetectorCore: Sendable, HeartbeatMember {
     }
 
     /// The thread that answered last, as a look that found no job sees it.
-    private func executorThread() -> DetectorMachine.ExecutorThread? {
-        guard let thread = state.withLock({ $0.machine.lastAnsweringThread }),
-            let schedule = ProcessFacts.schedule(ofThread: thread), let runnable = ProcessFacts.isRunnable(thread)
+    private func executorThread(_ thread: Int32) -> DetectorMachine.ExecutorThread? {
+        guard let schedule = ProcessFacts.schedule(ofThread: thread), let runnable = ProcessFacts.isRunnable(thread)
         else { return nil }
         return DetectorMachine.ExecutorThread(thread: thread, runnable: runnable, ran: schedule.ran)
     }
@@ -573,10 +572,10 @@ final class DetectorCore: Sendable, HeartbeatMember {
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")
         var samples: [Int32: StallBacktrace] = [:]
         var seen: Int64?
+        let (lastAnswering, queue) = state.withLock {
+            ($0.machine.lastAnsweringThread, $0.machine.lastAnsweringQueue)
+        }
         if !suppressed {
-            let (lastAnswering, queue) = state.withLock {
-                ($0.machine.lastAnsweringThread, $0.machine.lastAnsweringQueue)
-            }
             // A watched queue's or the main queue's drainer is found with the
             // profiler's sampler (its unwinds share the calls the profile decoded);
             // other targets are searched with this context (the profiler's queue,
@@ -599,7 +598,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         // second look, unless the executor's thread only waited for a core since
         // the first); the main run loop's culprit is the main thread by definition.
         let jobSeen = suppressed || !target.usesHeartbeat || target.isConfirmed(by: reported)
-        let executor = jobSeen ? nil : executorThread()
+        let executor = jobSeen ? nil : lastAnswering.flatMap(executorThread)
         let (report, settled, endedAt) = state.withLock { state in
             let confirmed = jobSeen || state.machine.confirmsWithoutJob(decision, executor: executor)
             return state.machine.sampled(

@@ -30,8 +30,7 @@ enum ProcessFacts {
     /// no such counts (no `CONFIG_SCHED_INFO`), or off Linux.
     static func schedule(ofThread thread: Int32?) -> Schedule? {
         #if os(Linux)
-        let path = thread.map { "/proc/self/task/\($0)/schedstat" } ?? "/proc/thread-self/schedstat"
-        guard let line = read(path) else { return nil }
+        guard let line = read(threadFile("schedstat", of: thread)) else { return nil }
         let fields = line.split(whereSeparator: { $0 == " " || $0 == "\n" })
         guard fields.count >= 2, let ran = Int64(fields[0]), let waited = Int64(fields[1]) else { return nil }
         return Schedule(ran: ran, waited: waited)
@@ -44,8 +43,8 @@ enum ProcessFacts {
     /// or waiting for a core); nil where it cannot be read, or off Linux.
     static func isRunnable(_ thread: Int32) -> Bool? {
         #if os(Linux)
-        guard let line = read("/proc/self/task/\(thread)/stat"), let close = line.lastIndex(of: ")") else { return nil }
-        return line[line.index(after: close)...].split(separator: " ").first == "R"
+        guard let fields = statFields(ofThread: thread) else { return nil }
+        return fields.first == "R"
         #else
         return nil
         #endif
@@ -57,11 +56,7 @@ enum ProcessFacts {
     /// cannot be read, or off Linux.
     static func age(ofThread thread: Int32?) -> Int64? {
         #if os(Linux)
-        let path = thread.map { "/proc/self/task/\($0)/stat" } ?? "/proc/thread-self/stat"
-        // The name (field 2) is in parentheses and may hold spaces or ')':
-        // the fields are counted from the last ')'.
-        guard let line = read(path), let close = line.lastIndex(of: ")") else { return nil }
-        let fields = line[line.index(after: close)...].split(separator: " ")
+        guard let fields = statFields(ofThread: thread) else { return nil }
         let ticksPerSecond = Int64(sysconf(Int32(_SC_CLK_TCK)))
         // Field 3 (the state) is the first after the name: field 22 is the 20th.
         guard fields.count >= 20, let ticks = Int64(fields[19]), ticksPerSecond > 0 else { return nil }
@@ -70,6 +65,19 @@ enum ProcessFacts {
         #else
         return nil
         #endif
+    }
+
+    /// The path of thread `thread`'s `/proc` file `name` (the calling thread's when nil).
+    private static func threadFile(_ name: String, of thread: Int32?) -> String {
+        thread.map { "/proc/self/task/\($0)/\(name)" } ?? "/proc/thread-self/\(name)"
+    }
+
+    /// Thread `thread`'s `stat` fields from the third (the state) on. The name
+    /// (field 2) is in parentheses and may hold spaces or ')': the fields are
+    /// counted from the last ')'.
+    private static func statFields(ofThread thread: Int32?) -> [Substring]? {
+        guard let line = read(threadFile("stat", of: thread)), let close = line.lastIndex(of: ")") else { return nil }
+        return line[line.index(after: close)...].split(separator: " ")
     }
 
     /// Whether a debugger (or any tracer) is attached: on Linux `TracerPid` in
