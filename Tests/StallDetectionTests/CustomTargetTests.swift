@@ -331,6 +331,36 @@ extension StallDetectorInProcessTests {
             holder.withLock { $0 = nil }
         }
 
+        @Test("a loop's job asleep on a condition confirms a stall at the first look")
+        func jobAsleepOnAConditionConfirms() throws {
+            #if os(Linux)
+            let condition = NSCondition()
+            let tid = Locked<Int32>(0)
+            let released = Locked(false)
+            let loop = Thread {
+                tid.withLock { $0 = stallcapture_current_tid() }
+                condition.lock()
+                while !released.withLock({ $0 }) { condition.wait() }
+                condition.unlock()
+            }
+            loop.start()
+            while tid.withLock({ $0 }) == 0 || !ThreadState.isAsleep(thread: tid.withLock { $0 }) { usleep(1_000) }
+            let context = SamplingContext()
+            let search = context.find(
+                target: .custom(name: "loop") { _ in }, lastAnswering: tid.withLock { $0 }, queue: nil,
+                candidatesOnly: false)
+            let sample = context.named(search, awaitsInFull: false).backtrace
+            let confirmed = StallDetector.Target.custom(name: "loop") { _ in }.isConfirmed(by: sample)
+            condition.lock()
+            released.withLock { $0 = true }
+            condition.signal()
+            condition.unlock()
+            _ = try #require(search.found, "\(search)")
+            #expect(sample.frames.contains { $0.function?.contains("pthread_cond") == true }, "\(sample)")
+            #expect(confirmed, "a job asleep on a condition is a job")
+            #endif
+        }
+
         @Test("an idle event-loop thread parked in epoll_wait is recognised as idle")
         func epollWaitIsIdle() throws {
             #if os(Linux)
