@@ -364,28 +364,62 @@ int stallcapture_in_handler(pid_t tid, uint32_t within_ms) {
     return left == INSIDE_HANDLER || monotonic_milliseconds() - left <= within_ms;
 }
 
-// The threads running a detector's probe, or that ran one, at index tid % 256:
-// the thread's id in the high half, in the low half its begins and ends
-// counted (odd: inside). Two threads at one index overwrite each other; the one
-// overwritten is then not known to run a probe, as before this table.
+// The threads running a detector's probe, or that ran one: the thread's id in
+// the high half, in the low half its begins and ends counted (odd: inside). A
+// thread's entry is in one of PROBE_WAYS slots from index tid % 256: a thread
+// beginning a probe takes its own slot, else one whose thread is not inside a
+// probe, else (every slot held by a thread inside one) the first, overwriting
+// it; the one overwritten is then not known to run a probe. (With one slot an
+// index, a test process's other probe threads overwrote a sleeping thread's
+// entry while it was sampled, and its probe's wait was taken for its stall.)
+// Every write is a compare-and-exchange, so a slot taken meanwhile is never
+// written over.
 #define PROBE_THREADS 256
+#define PROBE_WAYS 4
 static _Atomic uint64_t probe_threads[PROBE_THREADS];
+
+static _Atomic uint64_t *probe_slot(pid_t tid, int way) {
+    return &probe_threads[((uint32_t)tid + (uint32_t)way) % PROBE_THREADS];
+}
+
+// Moves `self`'s own entry to `inside`; 0 when it has no slot (it was taken).
+static int note_own_probe(pid_t self, int inside) {
+    for (int way = 0; way < PROBE_WAYS; way++) {
+        _Atomic uint64_t *slot = probe_slot(self, way);
+        uint64_t entry = atomic_load_explicit(slot, memory_order_relaxed);
+        if ((pid_t)(entry >> 32) != self) continue;
+        uint32_t count = (uint32_t)entry;
+        if ((count & 1u) != (uint32_t)inside) count += 1;
+        uint64_t next = ((uint64_t)(uint32_t)self << 32) | count;
+        if (atomic_compare_exchange_strong_explicit(slot, &entry, next, memory_order_release, memory_order_relaxed))
+            return 1;
+    }
+    return 0;
+}
 
 static void note_probe(int inside) {
     pid_t self = stallcapture_current_tid();
-    _Atomic uint64_t *slot = &probe_threads[(uint32_t)self % PROBE_THREADS];
-    uint64_t entry = atomic_load_explicit(slot, memory_order_relaxed);
-    uint32_t count = (pid_t)(entry >> 32) == self ? (uint32_t)entry : 0;
-    if ((count & 1u) != (uint32_t)inside) count += 1;
-    atomic_store_explicit(slot, ((uint64_t)(uint32_t)self << 32) | count, memory_order_release);
+    if (note_own_probe(self, inside) || !inside) return;
+    uint64_t first = ((uint64_t)(uint32_t)self << 32) | 1u;
+    for (int way = 0; way < PROBE_WAYS; way++) {
+        _Atomic uint64_t *slot = probe_slot(self, way);
+        uint64_t entry = atomic_load_explicit(slot, memory_order_relaxed);
+        if ((entry & 1u) != 0) continue;  // its thread is inside a probe
+        if (atomic_compare_exchange_strong_explicit(slot, &entry, first, memory_order_release, memory_order_relaxed))
+            return;
+    }
+    atomic_store_explicit(probe_slot(self, 0), first, memory_order_release);
 }
 
 void stallcapture_probe_begin(void) { note_probe(1); }
 void stallcapture_probe_end(void) { note_probe(0); }
 
 uint64_t stallcapture_probe_mark(pid_t tid) {
-    uint64_t entry = atomic_load_explicit(&probe_threads[(uint32_t)tid % PROBE_THREADS], memory_order_acquire);
-    return (pid_t)(entry >> 32) == tid ? entry : 0;
+    for (int way = 0; way < PROBE_WAYS; way++) {
+        uint64_t entry = atomic_load_explicit(probe_slot(tid, way), memory_order_acquire);
+        if ((pid_t)(entry >> 32) == tid) return entry;
+    }
+    return 0;
 }
 
 static void handler(int signal_number, siginfo_t *info, void *context) {

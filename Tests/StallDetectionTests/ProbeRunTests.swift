@@ -23,6 +23,41 @@ struct ProbeRunTests {
         #expect(SamplingContext.ranProbe(before: thread | 4, after: thread | 5), "began between")
     }
 
+    @Test("a thread inside a probe stays known as inside while a thread whose id shares its slot runs probes")
+    func sharedSlot() throws {
+        let inside = Atomic<Int32>(0)
+        let release = DispatchSemaphore(value: 0)
+        let holder = Thread {
+            stallcapture_probe_begin()
+            inside.store(stallcapture_current_tid(), ordering: .releasing)
+            release.wait()
+            stallcapture_probe_end()
+        }
+        holder.start()
+        defer { release.signal() }
+        while inside.load(ordering: .acquiring) == 0 { usleep(1_000) }
+        let held = inside.load(ordering: .acquiring)
+        // New threads until one's id falls on the holder's slot (ids count up).
+        let collided = Atomic(false)
+        for _ in 0..<5_000 where !collided.load(ordering: .acquiring) {
+            let done = DispatchSemaphore(value: 0)
+            let other = Thread {
+                if stallcapture_current_tid() % 256 == held % 256 {
+                    collided.store(true, ordering: .releasing)
+                    stallcapture_probe_begin()
+                    stallcapture_probe_end()
+                    stallcapture_probe_begin()
+                }
+                done.signal()
+            }
+            other.start()
+            done.wait()
+        }
+        let found = collided.load(ordering: .acquiring)
+        try #require(found, "no thread id fell on the holder's slot in 5,000 threads")
+        #expect(stallcapture_probe_mark(held) & 1 == 1, "the holder's record was overwritten")
+    }
+
     @Test("a thread asleep inside a probe's run is sampled as a probe's; asleep outside one, as its own stack")
     func sleepingInsideAProbe() throws {
         #expect(StackSampler.install() == nil)

@@ -164,8 +164,8 @@ void stallcapture_probe_begin(void);
 void stallcapture_probe_end(void);
 
 /// Thread `tid`'s probe record (its id in the high half, in the low half a
-/// count of its begins and ends: odd while it runs a probe), or 0 when the
-/// record's slot holds another thread's. Two reads that differ, or an odd one,
+/// count of its begins and ends: odd while it runs a probe), or 0 when none
+/// of the slots it may be in holds it. Two reads that differ, or an odd one,
 /// bracket a moment the thread ran a probe.
 uint64_t stallcapture_probe_mark(pid_t tid);
 
