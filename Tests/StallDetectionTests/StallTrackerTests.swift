@@ -152,6 +152,30 @@ struct StackHandlingTests {
         #expect(!StackShape.looksIdle([frame("main")]))
     }
 
+    @Test("a .custom thread runnable in a wait to be woken does not confirm a stall; asleep there, or running, it does")
+    func wokenWaiter() {
+        func sample(_ names: [String]) -> StallBacktrace {
+            StallBacktrace(frames: names.map { frame($0) }, threadID: 7, unavailableReason: nil)
+        }
+        let parked = sample([
+            "__futex_abstimed_wait_common64", "___pthread_cond_wait", "Foundation.NSCondition.wait() -> ()",
+            "ThreadLoop.run()", "start_thread",
+        ])
+        let locking = sample(["__lll_lock_wait", "pthread_mutex_lock", "job()"])
+        let spinning = sample(["job()", "start_thread"])
+        let deepInJob = sample(["a", "b", "c", "d", "pthread_cond_wait"])
+        #expect(SamplingContext.isWokenWaiter(parked, runnable: true))
+        #expect(SamplingContext.isWokenWaiter(locking, runnable: true))
+        #expect(!SamplingContext.isWokenWaiter(parked, runnable: false), "asleep: a job waiting on a condition")
+        #expect(!SamplingContext.isWokenWaiter(spinning, runnable: true), "running its own code")
+        #expect(!SamplingContext.isWokenWaiter(deepInJob, runnable: true), "the wait is not the innermost call")
+        let loop = StallDetector.Target.custom(name: "loop") { _ in }
+        #expect(!loop.isConfirmed(by: parked, signalled: true, state: { _ in "S" }), "signalled: it was runnable")
+        #expect(!loop.isConfirmed(by: parked, signalled: false, state: { _ in "R" }), "runnable after the sample")
+        #expect(loop.isConfirmed(by: parked, signalled: false, state: { _ in "S" }), "asleep throughout")
+        #expect(loop.isConfirmed(by: spinning, signalled: true, state: { _ in "R" }))
+    }
+
     @Test("the compact backtrace encoding uses the shortest sign-extended deltas")
     func compactEncoding() {
         let bytes = CompactBacktrace.encode([0x55a2_ea83_132f, 0x55a2_ea83_2481, 0x55a2_ea83_2402])

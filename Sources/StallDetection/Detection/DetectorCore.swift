@@ -572,6 +572,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         var reported = StallBacktrace.unavailable("not sampled: a debugger is attached")
         var samples: [Int32: StallBacktrace] = [:]
         var seen: Int64?
+        var signalled = false
         let (lastAnswering, queue) = state.withLock {
             ($0.machine.lastAnsweringThread, $0.machine.lastAnsweringQueue)
         }
@@ -589,6 +590,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
             // report is not held up by reading their modules' debug information.
             let blocked = sampling.named(search, awaitsInFull: false)
             (reported, samples, seen) = (blocked.backtrace, blocked.samples, search.found?.time)
+            signalled = search.found?.signalled ?? false
             profiler.stallStarted(
                 backtrace: reported, activities: blocked.activities, start: now - decision.duration, seen: seen,
                 at: sampleStart)
@@ -597,7 +599,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         // A heartbeat target's stall is confirmed by a thread running a job (or by a
         // second look, unless the executor's thread only waited for a core since
         // the first); the main run loop's culprit is the main thread by definition.
-        let jobSeen = suppressed || !target.usesHeartbeat || target.isConfirmed(by: reported)
+        let jobSeen = suppressed || !target.usesHeartbeat || target.isConfirmed(by: reported, signalled: signalled)
         let executor = jobSeen ? nil : lastAnswering.flatMap(executorThread)
         let (report, settled, endedAt) = state.withLock { state in
             let confirmed = jobSeen || state.machine.confirmsWithoutJob(decision, executor: executor)
@@ -695,16 +697,28 @@ extension StallDetector.Target {
 
     /// Whether a first sample confirms a heartbeat target's stall at once: a
     /// dispatch queue's by a thread running a job; a custom executor's by the
-    /// thread that last ran a probe doing anything but waiting for work.
-    func isConfirmed(by sample: StallBacktrace) -> Bool {
+    /// thread that last ran a probe doing anything but waiting for work: neither
+    /// parked, nor woken from a wait and not run since (`signalled`: the sampler
+    /// signalled it, as it does a runnable thread; `state` reads its state
+    /// letter after the sample).
+    func isConfirmed(
+        by sample: StallBacktrace, signalled: Bool = false,
+        state: (Int32) -> Character? = { ThreadState.letter(thread: $0) }
+    ) -> Bool {
         switch self {
         case .cooperativePool:
             sample.unavailableReason == nil && StackShape.holdsPoolThread(sample.frames)
         case .custom:
-            sample.unavailableReason == nil
-                && !SamplingContext.isIdle(sample, thread: Int32(truncatingIfNeeded: sample.threadID ?? 0))
+            sample.unavailableReason == nil && isBusy(sample, signalled: signalled, state: state)
         default:
             StackShape.runsJob(sample.frames)
         }
+    }
+
+    private func isBusy(_ sample: StallBacktrace, signalled: Bool, state: (Int32) -> Character?) -> Bool {
+        let thread = Int32(truncatingIfNeeded: sample.threadID ?? 0)
+        guard !SamplingContext.isIdle(sample, thread: thread) else { return false }
+        guard StackShape.waitsToBeWoken(sample.frames) else { return true }
+        return !SamplingContext.isWokenWaiter(sample, runnable: signalled || state(thread) == "R")
     }
 }

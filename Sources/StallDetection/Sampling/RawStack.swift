@@ -34,6 +34,9 @@ struct RawStack: Sendable {
     var time: Int64?
     /// How long the thread took to answer the signal (``StackCopy/answerDelay``).
     var answerDelay: Int64 = 0
+    /// Whether the thread was signalled (it was runnable: on a core or waiting
+    /// for one), rather than read from `/proc` asleep.
+    var signalled = false
 
     /// When the stack was the thread's, and how long the thread took to answer.
     struct Timing: Sendable {

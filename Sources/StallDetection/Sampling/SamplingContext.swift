@@ -174,7 +174,8 @@ final class SamplingContext: @unchecked Sendable {
             if signalled, let installError {
                 return .failed(.unavailable(installError, threadID: Self.reportedID(thread)))
             }
-            let (raw, wentBeyond) = unwind(copy, thread: thread, queue: queue)
+            var (raw, wentBeyond) = unwind(copy, thread: thread, queue: queue)
+            raw.signalled = signalled
             guard !signalled, copy.truncated, wentBeyond || !summary(raw).reachesRoot else { return .stack(raw) }
             // Taken again whole; a thread that woke meanwhile is signalled, and
             // its whole stack of a moment later is the sample.
@@ -182,7 +183,9 @@ final class SamplingContext: @unchecked Sendable {
             guard case .copied(let whole, let signalledNow) = again,
                 !signalledNow || installError == nil
             else { return .stack(raw) }
-            return .stack(unwind(whole, thread: thread, queue: queue).raw)
+            var wholeRaw = unwind(whole, thread: thread, queue: queue).raw
+            wholeRaw.signalled = signalledNow
+            return .stack(wholeRaw)
         }
     }
 
@@ -700,6 +703,17 @@ final class SamplingContext: @unchecked Sendable {
     static func isIdle(_ sample: StallBacktrace, thread: Int32) -> Bool {
         if StackShape.looksIdle(sample.frames) { return true }
         return !StackShape.runsJob(sample.frames) && ThreadState.isInEventWait(thread: thread)
+    }
+
+    /// Whether a sampled thread was woken from a wait and had not run on: its
+    /// stack sleeps until woken (``StackShape/waitsToBeWoken(_:)``) while the
+    /// kernel had it runnable (`runnable`: it was signalled, as a runnable thread
+    /// is, or its state is R after the sample). An executor with a thread of its
+    /// own, parked on a condition and woken by its probe on a crowded machine,
+    /// looks so until it gets a core; so does a job whose lock was just handed
+    /// to it. Neither is seen running a job: the stall waits for a second look.
+    static func isWokenWaiter(_ sample: StallBacktrace, runnable: Bool) -> Bool {
+        runnable && StackShape.waitsToBeWoken(sample.frames)
     }
 
     /// `threads` with those asleep in the kernel first, in their order, then the

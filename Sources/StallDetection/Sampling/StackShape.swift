@@ -91,6 +91,22 @@ enum StackShape {
             || waitsForEvents(frames)
     }
 
+    /// The calls a thread sleeps in until another thread wakes it: a condition
+    /// variable, a semaphore, a contended lock, a bare futex.
+    static let wakeWaitCalls = [
+        "pthread_cond_wait", "pthread_cond_timedwait", "pthread_cond_clockwait", "futex_wait",
+        "futex_abstimed_wait", "__lll_lock_wait", "sem_wait", "sem_timedwait", "sem_clockwait",
+    ]
+
+    /// True when the innermost named frames (up to 4) sleep until another
+    /// thread wakes them (``wakeWaitCalls``): an executor of its own parked on
+    /// a condition, or a job waiting for a lock.
+    static func waitsToBeWoken(_ frames: [StackFrame]) -> Bool {
+        frames.lazy.compactMap(\.function).prefix(4).contains { name in
+            wakeWaitCalls.contains { name.contains($0) }
+        }
+    }
+
     /// The system calls an event loop parks in.
     static let eventWaitCalls = ["epoll_wait", "epoll_pwait", "kevent"]
 
