@@ -717,8 +717,7 @@ extension StallDetector.Target {
 
     private func isBusy(_ sample: StallBacktrace, signalled: Bool, state: (Int32) -> Character?) -> Bool {
         let thread = Int32(truncatingIfNeeded: sample.threadID ?? 0)
-        guard !SamplingContext.isIdle(sample, thread: thread) else { return false }
-        guard StackShape.waitsToBeWoken(sample.frames) else { return true }
-        return !SamplingContext.isWokenWaiter(sample, runnable: signalled || state(thread) == "R")
+        return !SamplingContext.isIdle(sample, thread: thread)
+            && !SamplingContext.isWokenWaiter(sample, runnable: signalled || state(thread) == "R")
     }
 }

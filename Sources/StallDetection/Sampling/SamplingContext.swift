@@ -712,8 +712,9 @@ final class SamplingContext: @unchecked Sendable {
     /// own, parked on a condition and woken by its probe on a crowded machine,
     /// looks so until it gets a core; so does a job whose lock was just handed
     /// to it. Neither is seen running a job: the stall waits for a second look.
-    static func isWokenWaiter(_ sample: StallBacktrace, runnable: Bool) -> Bool {
-        runnable && StackShape.waitsToBeWoken(sample.frames)
+    /// `runnable` is asked only for such a stack.
+    static func isWokenWaiter(_ sample: StallBacktrace, runnable: @autoclosure () -> Bool) -> Bool {
+        StackShape.waitsToBeWoken(sample.frames) && runnable()
     }
 
     /// `threads` with those asleep in the kernel first, in their order, then the

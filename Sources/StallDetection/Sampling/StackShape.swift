@@ -102,9 +102,7 @@ enum StackShape {
     /// thread wakes them (``wakeWaitCalls``): an executor of its own parked on
     /// a condition, or a job waiting for a lock.
     static func waitsToBeWoken(_ frames: [StackFrame]) -> Bool {
-        frames.lazy.compactMap(\.function).prefix(4).contains { name in
-            wakeWaitCalls.contains { name.contains($0) }
-        }
+        innermostCalls(frames, include: wakeWaitCalls)
     }
 
     /// The system calls an event loop parks in.
@@ -113,8 +111,12 @@ enum StackShape {
     /// True when the innermost named frames (the C library's, up to 4) are an
     /// event-wait system call: the thread sleeps until a descriptor is ready.
     static func waitsForEvents(_ frames: [StackFrame]) -> Bool {
-        frames.lazy.compactMap(\.function).prefix(4).contains { name in
-            eventWaitCalls.contains { name.contains($0) }
-        }
+        innermostCalls(frames, include: eventWaitCalls)
+    }
+
+    /// Whether the innermost named frames (the C library's, up to 4) include one
+    /// of `calls`.
+    private static func innermostCalls(_ frames: [StackFrame], include calls: [String]) -> Bool {
+        frames.lazy.compactMap(\.function).prefix(4).contains { name in calls.contains { name.contains($0) } }
     }
 }
