@@ -19,6 +19,17 @@ func customTargetBlocker(_ ms: UInt32, thread: Locked<Int32>) {
 /// cases also run under ThreadSanitizer, for their races); each test ends
 /// with `stop()` returning and the stream finishing, so a deadlock hangs the test
 /// (and a leak shows in the weak reference).
+/// Waits on a condition nobody signals for `milliseconds`: a job asleep in
+/// `pthread_cond_timedwait`.
+@inline(never)
+func conditionWaitingJob(milliseconds: Int) {
+    let condition = NSCondition()
+    let end = Date(timeIntervalSinceNow: Double(milliseconds) / 1_000)
+    condition.lock()
+    while Date() < end { _ = condition.wait(until: end) }
+    condition.unlock()
+}
+
 /// Waits (really, up to 20 s) until `condition` holds: a loaded machine may take
 /// long to sample a first stall, and `stop()` drops a sample under way.
 func waitUntil(_ condition: () -> Bool) async {
@@ -92,6 +103,43 @@ extension StallDetectorInProcessTests {
             #expect(started.backtrace.threadID == UInt64(UInt32(bitPattern: blocked.withLock { $0 })), "\(started)")
             #expect(started.duration >= .milliseconds(100), "detected after \(started.duration)")
             #expect(ended.duration > .milliseconds(300) && ended.duration < .milliseconds(700), "\(ended.duration)")
+        }
+
+        @Test(
+            "a loop thread of its own whose job waits 500 ms on a condition: the stall is reported, naming the job",
+            .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
+        func jobWaitingOnACondition() async {
+            // The job's stack ends in `pthread_cond_timedwait`, like a parked loop's:
+            // asleep there, it is a job, and the first look confirms it.
+            let jobs = Locked<[@Sendable () -> Void]>([])
+            let wake = DispatchSemaphore(value: 0)
+            let loop = Thread {
+                while true {
+                    wake.wait()
+                    guard let job = jobs.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) else { return }
+                    job()
+                }
+            }
+            loop.start()
+            let detector = StallDetector(
+                target: .custom(name: "condition loop") { probe in
+                    jobs.withLock { $0.append(probe) }
+                    wake.signal()
+                },
+                threshold: .milliseconds(150), heartbeat: .milliseconds(20))
+            let collector = Collector(detector)
+            detector.start()
+            usleep(100_000)
+            jobs.withLock { $0.append { conditionWaitingJob(milliseconds: 500) } }
+            wake.signal()
+            await waitUntil {
+                collector.snapshot.contains { $0.phase == .ended && "\($0)".contains("conditionWaitingJob") }
+            }
+            detector.stop()
+            wake.signal()  // an empty queue ends the loop
+            let events = await collector.finish()
+            let named = events.filter { $0.phase == .started && "\($0)".contains("conditionWaitingJob") }
+            #expect(named.count == 1, "\(events)")
         }
 
         /// The `.started` event that names `customTargetBlocker` and its `.ended`.
