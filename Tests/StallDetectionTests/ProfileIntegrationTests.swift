@@ -57,9 +57,12 @@ extension StallDetectorIntegrationTests {
             // the microseconds it took to fall asleep (EINTR, documented in
             // HowStallReportsAreMade; bounded by SamplerAttackTests'
             // `sleepsCutShort`), so the stall staged did not happen.
+            // A run tried again is held to its reports all the same: both stalls
+            // (A's, and B's however short) reported once each.
             var run = try ProbeRun.run([scenario])
             for _ in 1..<3 where run.firstSleepCutShort(of: 300) {
                 print("\(scenario): B's sleep was cut short (\(run.sleeps)): run again")
+                #expect(run.ended.count == 2, "a run whose sleep was cut short: \(run.lines)")
                 run = try ProbeRun.run([scenario])
             }
             #expect(run.exitStatus == 0)
@@ -128,6 +131,8 @@ extension StallDetectorIntegrationTests {
                 let over = (run.value("STALLCPU").first ?? 0) / 3_000 * 100 > budget + 3.0
                 guard over || (ProbeRun.probeIsRelease && (Self.profile(run, id: 2)?.count ?? 0) < 30) else { break }
                 print("3 s stall, taken again: \(run.value("STALLCPU").first ?? 0) ms of CPU")
+                // Only the cost is tried again: the stall's profile is owed by every run.
+                #expect(Self.profile(run, id: 2) != nil, "a run tried again lost its profile: \(run.lines)")
                 run = try ProbeRun.run(["profile-cost", "3000"])
             }
             #expect(run.exitStatus == 0)
