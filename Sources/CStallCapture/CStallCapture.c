@@ -131,12 +131,15 @@ typedef struct known_stack {
     _Atomic uintptr_t thread_pointer;
     _Atomic uintptr_t low;
     _Atomic uintptr_t high;
+    /// Samples of the entry's thread copied directly (for tests).
+    _Atomic uint64_t direct_copies;
 } known_stack;
 
 static known_stack known_stacks[KNOWN_STACKS];
-static _Atomic uint64_t direct_copies;
-
-uint64_t stallcapture_direct_copies(void) { return atomic_load_explicit(&direct_copies, memory_order_relaxed); }
+uint64_t stallcapture_direct_copies(pid_t tid) {
+    return tid > 0 ? atomic_load_explicit(&known_stacks[(uint32_t)tid % KNOWN_STACKS].direct_copies, memory_order_relaxed)
+                   : 0;
+}
 
 void stallcapture_learn_stack(pid_t tid, uintptr_t pointer, uintptr_t low, uintptr_t high) {
     if (tid <= 0 || pointer == 0 || low >= high) return;
@@ -176,6 +179,25 @@ static int known_stack_of(pid_t tid, uintptr_t pointer, uintptr_t *low, uintptr_
 int stallcapture_knows_stack(pid_t tid, uintptr_t pointer) {
     uintptr_t low, high;
     return known_stack_of(tid, pointer, &low, &high);
+}
+
+void stallcapture_learn_own_stack(void) {
+    pid_t self = stallcapture_current_tid();
+    // The main thread's bounds come from /proc/self/maps, which glibc reads
+    // here: it is learned after its first sample instead.
+    if (self <= 0 || self == getpid()) return;
+    pthread_attr_t attributes;
+    if (pthread_getattr_np(pthread_self(), &attributes) != 0) return;
+    void *address = NULL;
+    size_t size = 0;
+    int got = pthread_attr_getstack(&attributes, &address, &size);
+    pthread_attr_destroy(&attributes);
+    if (got != 0) return;
+    uintptr_t low = (uintptr_t)address, high = low + size, pointer = thread_pointer();
+    uintptr_t here = (uintptr_t)&attributes;  // a word of this thread's stack
+    // The stack below the thread pointer, in the block glibc describes.
+    if (here < low || here >= high || pointer <= here || pointer >= high) return;
+    stallcapture_learn_stack(self, pointer, low, pointer);
 }
 
 // Copies `size` bytes (a multiple of the word size) from a mapping known to be
@@ -403,7 +425,7 @@ static void fill_sample(stallcapture_sample *out, void *context, pid_t self) {
         copy_known(out->stack, out->sp, size);
         out->stack_size = size;
         out->copied_directly = 1;
-        atomic_fetch_add_explicit(&direct_copies, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&known_stacks[(uint32_t)self % KNOWN_STACKS].direct_copies, 1, memory_order_relaxed);
     } else if (out->sp != 0) {
         struct iovec local = {out->stack, STALLCAPTURE_STACK_BYTES};
         struct iovec remote = {(void *)out->sp, STALLCAPTURE_STACK_BYTES};
@@ -694,7 +716,8 @@ void stallcapture_learn_stack(pid_t tid, uintptr_t pointer, uintptr_t low, uintp
     (void)tid; (void)pointer; (void)low; (void)high;
 }
 int stallcapture_knows_stack(pid_t tid, uintptr_t pointer) { (void)tid; (void)pointer; return 0; }
-uint64_t stallcapture_direct_copies(void) { return 0; }
+void stallcapture_learn_own_stack(void) {}
+uint64_t stallcapture_direct_copies(pid_t tid) { (void)tid; return 0; }
 uintptr_t stallcapture_thread_pointer(void) { return 0; }
 int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t *queue) {
     (void)tid; (void)thread_pointer; (void)queue;

@@ -33,12 +33,12 @@ struct StackMappingTests {
         }
         let pointer = try #require(first.threadPointer)
         #expect(stallcapture_knows_stack(tid, pointer) == 1, "the mapping was learned from the first sample")
-        let directBefore = stallcapture_direct_copies()
+        let directBefore = stallcapture_direct_copies(tid)
         guard case .copied(let second, signalled: true) = sampler.capture(thread: tid) else {
             Issue.record("no second signal sample")
             return
         }
-        #expect(stallcapture_direct_copies() > directBefore, "the second copy went through the kernel")
+        #expect(stallcapture_direct_copies(tid) > directBefore, "the second copy went through the kernel")
         #expect(second.threadPointer == pointer)
         // The direct copy ends at the thread pointer (the stack and its
         // thread-local storage), less than 256 KB above the spinning frame;
@@ -93,17 +93,39 @@ struct StackMappingTests {
                 #expect(created == 0)
                 while thread.load(ordering: .acquiring) == 0 { usleep(1_000) }
                 let tid = thread.load(ordering: .acquiring)
-                let directBefore = stallcapture_direct_copies()
+                let directBefore = stallcapture_direct_copies(tid)
                 let context = SamplingContext()
                 for _ in 0..<3 {
                     let names = context.backtrace(of: tid).frames.compactMap(\.function)
                     #expect(names.contains { $0.contains("stackMappingSpinner") }, "\(names)")
                 }
-                #expect(stallcapture_direct_copies() - directBefore >= 2, "samples after the first copied directly")
+                #expect(stallcapture_direct_copies(tid) - directBefore >= 2, "samples after the first copied directly")
                 spinning.store(false, ordering: .relaxed)
                 pthread_join(handle, nil)
             }
         }
+    }
+
+    @Test("a thread that answered a probe has its stack known before any sample: its first sample is direct")
+    func learnedAtTheAnswer() throws {
+        let spinning = Atomic<Bool>(true)
+        let thread = Atomic<Int32>(0)
+        let pointer = Atomic<UInt>(0)
+        let worker = Thread {
+            ThreadPointers.recordCurrent()  // what a probe's answer does
+            pointer.store(UInt(stallcapture_thread_pointer()), ordering: .releasing)
+            thread.store(stallcapture_current_tid(), ordering: .releasing)
+            stackMappingSpinner(spinning)
+        }
+        worker.start()
+        defer { spinning.store(false, ordering: .relaxed) }
+        while thread.load(ordering: .acquiring) == 0 { usleep(1_000) }
+        let tid = thread.load(ordering: .acquiring)
+        #expect(stallcapture_knows_stack(tid, pointer.load(ordering: .acquiring)) == 1)
+        let directBefore = stallcapture_direct_copies(tid)
+        let names = SamplingContext().backtrace(of: tid).frames.compactMap(\.function)
+        #expect(names.contains { $0.contains("stackMappingSpinner") }, "\(names)")
+        #expect(stallcapture_direct_copies(tid) > directBefore, "the first sample went through the kernel")
     }
 
     @Test("the range taken runs from the mapping holding the stack pointer to the thread pointer, or is the main stack")

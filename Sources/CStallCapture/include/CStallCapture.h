@@ -180,10 +180,16 @@ uint64_t stallcapture_probe_mark(pid_t tid);
 /// sampled thread preempted in its handler holds no lock of the process'.
 void stallcapture_learn_stack(pid_t tid, uintptr_t pointer, uintptr_t low, uintptr_t high);
 
+/// Learns the calling thread's stack (glibc's description of it, up to the
+/// thread pointer) when it is not the main thread: called where a thread first
+/// answers a probe, so that even its first sample needs no system call.
+void stallcapture_learn_own_stack(void);
+
 /// 1 when a mapping is known for `tid` running with `pointer`.
 int stallcapture_knows_stack(pid_t tid, uintptr_t pointer);
 
-/// Samples whose stack the handler copied directly, process-wide, so far.
-uint64_t stallcapture_direct_copies(void);
+/// Samples of threads whose id falls on `tid`'s entry that the handler copied
+/// directly so far (for tests).
+uint64_t stallcapture_direct_copies(pid_t tid);
 
 #endif
