@@ -21,9 +21,10 @@ import CStallCapture
 /// and the range ends at the thread pointer, below which lie the stack and the
 /// thread-local storage; or the mapping is the main thread's `[stack]`, whose
 /// top never moves. A thread on another stack (an alternate signal stack, a
-/// coroutine's elsewhere) keeps the kernel's copy. Each thread's mapping is
-/// looked up once: the lookups tried are remembered (4,096 at most, then
-/// forgotten together).
+/// coroutine's elsewhere) keeps the kernel's copy. A thread that answered a
+/// probe learned its range itself (`stallcapture_learn_own_stack`); any other
+/// thread's mapping is looked up once: the lookups tried are remembered (4,096
+/// at most, then forgotten together).
 enum StackMappings {
     private static let tried = Locked(Set<Tried>())
     private static let rememberedTries = 4_096
@@ -36,7 +37,9 @@ enum StackMappings {
     /// After a sample of `thread` copied through the kernel: learns the mapping
     /// holding `stackPointer`, if it qualifies and was not looked up before.
     static func learn(thread: Int32, stackPointer: UInt, threadPointer: UInt) {
-        guard thread > 0, stackPointer != 0, threadPointer != 0 else { return }
+        guard thread > 0, stackPointer != 0, threadPointer != 0,
+            stallcapture_knows_stack(thread, threadPointer) == 0
+        else { return }
         let key = Tried(thread: thread, threadPointer: threadPointer)
         let first = tried.withLock { tried in
             if tried.count >= rememberedTries { tried.removeAll() }
