@@ -104,122 +104,6 @@ static int read_memory(uintptr_t address, void *into, size_t size) {
     return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)size ? 0 : -1;
 }
 
-// Stack mappings known to be readable, one entry per thread id modulo
-// KNOWN_STACKS, learned by the sampler from /proc/self/maps after a sample that
-// was copied through the kernel (stallcapture_learn_stack). With its entry, the
-// handler copies its own stack and thread-local words with plain loads: every
-// process_vm_readv takes the process' memory-map lock for reading, and a thread
-// preempted inside one (at nice 19 on a busy machine, for hundreds of
-// milliseconds) holds it there. Any mmap, munmap or mprotect then waits, and
-// every page fault and process_vm_readv of every thread queues behind that
-// writer: the whole process stood still for the sample of one thread.
-//
-// An entry is (thread id, thread pointer, mapping). It is used only by the thread
-// it names, running with that thread pointer, for addresses inside the mapping:
-// the mapping was verified to hold both the stack pointer and the thread pointer
-// (a glibc thread's stack block, with its TLS and TCB at the top), or to be the
-// main thread's "[stack]". A thread id used again by a new thread with the same
-// thread pointer has its TCB, and so the top of its stack block, at the same
-// place. Writers are serialized per entry by an odd sequence; the handler takes
-// an entry only when the sequence was even and unchanged around its reads
-// (a seqlock), and otherwise reads through the kernel as before.
-#define KNOWN_STACKS 2048
-
-typedef struct known_stack {
-    _Atomic uint64_t sequence;
-    _Atomic pid_t tid;
-    _Atomic uintptr_t thread_pointer;
-    _Atomic uintptr_t low;
-    _Atomic uintptr_t high;
-    /// Samples of the entry's thread copied directly (for tests).
-    _Atomic uint64_t direct_copies;
-} known_stack;
-
-static known_stack known_stacks[KNOWN_STACKS];
-uint64_t stallcapture_direct_copies(pid_t tid) {
-    return tid > 0 ? atomic_load_explicit(&known_stacks[(uint32_t)tid % KNOWN_STACKS].direct_copies, memory_order_relaxed)
-                   : 0;
-}
-
-void stallcapture_learn_stack(pid_t tid, uintptr_t pointer, uintptr_t low, uintptr_t high) {
-    if (tid <= 0 || pointer == 0 || low >= high) return;
-    known_stack *entry = &known_stacks[(uint32_t)tid % KNOWN_STACKS];
-    uint64_t sequence = atomic_load_explicit(&entry->sequence, memory_order_relaxed);
-    if ((sequence & 1) != 0) return;  // another sampler is writing it
-    if (!atomic_compare_exchange_strong_explicit(
-            &entry->sequence, &sequence, sequence + 1, memory_order_acq_rel, memory_order_relaxed)) {
-        return;
-    }
-    atomic_thread_fence(memory_order_release);
-    atomic_store_explicit(&entry->tid, tid, memory_order_relaxed);
-    atomic_store_explicit(&entry->thread_pointer, pointer, memory_order_relaxed);
-    atomic_store_explicit(&entry->low, low, memory_order_relaxed);
-    atomic_store_explicit(&entry->high, high, memory_order_relaxed);
-    atomic_store_explicit(&entry->sequence, sequence + 2, memory_order_release);
-}
-
-// The mapping learned for `tid` running with `pointer`, if its entry is whole
-// and names them (1), else 0.
-static int known_stack_of(pid_t tid, uintptr_t pointer, uintptr_t *low, uintptr_t *high) {
-    known_stack *entry = &known_stacks[(uint32_t)tid % KNOWN_STACKS];
-    uint64_t before = atomic_load_explicit(&entry->sequence, memory_order_acquire);
-    if ((before & 1) != 0) return 0;
-    pid_t owner = atomic_load_explicit(&entry->tid, memory_order_relaxed);
-    uintptr_t owner_pointer = atomic_load_explicit(&entry->thread_pointer, memory_order_relaxed);
-    uintptr_t from = atomic_load_explicit(&entry->low, memory_order_relaxed);
-    uintptr_t to = atomic_load_explicit(&entry->high, memory_order_relaxed);
-    atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&entry->sequence, memory_order_relaxed) != before) return 0;
-    if (owner != tid || owner_pointer != pointer || from >= to) return 0;
-    *low = from;
-    *high = to;
-    return 1;
-}
-
-int stallcapture_knows_stack(pid_t tid, uintptr_t pointer) {
-    uintptr_t low, high;
-    return known_stack_of(tid, pointer, &low, &high);
-}
-
-void stallcapture_learn_own_stack(void) {
-    pid_t self = stallcapture_current_tid();
-    // The main thread's bounds come from /proc/self/maps, which glibc reads
-    // here: it is learned after its first sample instead.
-    if (self <= 0 || self == getpid()) return;
-    pthread_attr_t attributes;
-    if (pthread_getattr_np(pthread_self(), &attributes) != 0) return;
-    void *address = NULL;
-    size_t size = 0;
-    int got = pthread_attr_getstack(&attributes, &address, &size);
-    pthread_attr_destroy(&attributes);
-    if (got != 0) return;
-    uintptr_t low = (uintptr_t)address, high = low + size, pointer = thread_pointer();
-    uintptr_t here = (uintptr_t)&attributes;  // a word of this thread's stack
-    // The stack below the thread pointer, in the block glibc describes.
-    if (here < low || here >= high || pointer <= here || pointer >= high) return;
-    stallcapture_learn_stack(self, pointer, low, pointer);
-}
-
-// Copies `size` bytes (a multiple of the word size) from a mapping known to be
-// readable, word by word (volatile: never turned into a memcpy call, which a
-// sanitizer would intercept and check against other frames' redzones).
-__attribute__((no_sanitize("address", "thread")))
-static void copy_known(void *into, uintptr_t address, size_t size) {
-    const volatile uintptr_t *source = (const volatile uintptr_t *)address;
-    uintptr_t *target = (uintptr_t *)into;
-    for (size_t index = 0; index < size / sizeof(uintptr_t); index++) target[index] = source[index];
-}
-
-// Reads `size` bytes at `address`: directly when inside the known mapping
-// [low, high), else through the kernel. 0 on success.
-static int read_word_at(uintptr_t address, void *into, size_t size, uintptr_t low, uintptr_t high) {
-    if (low < high && address >= low && address <= high - size && address % sizeof(uintptr_t) == 0) {
-        copy_known(into, address, size);
-        return 0;
-    }
-    return read_memory(address, into, size);
-}
-
 // Run on a queue: finds libdispatch's thread-local record through the pthread key
 // libdispatch registers it under (its value is the record's address; the record
 // starts with the thread id and then holds the current queue), and stores the
@@ -359,7 +243,7 @@ int stallcapture_is_answering(pid_t tid) {
     return 0;
 }
 
-static void fill_sample(stallcapture_sample *out, void *context, pid_t self) {
+static void fill_sample(stallcapture_sample *out, void *context) {
     ucontext_t *uc = (ucontext_t *)context;
     struct timespec now;
     out->time_ns = clock_gettime(CLOCK_MONOTONIC, &now) == 0
@@ -383,14 +267,11 @@ static void fill_sample(stallcapture_sample *out, void *context, pid_t self) {
     // during malloc or free).
     // Read through the kernel: a thread whose thread pointer is not glibc's (a
     // runtime that makes its own threads) gets "unknown", not a fault.
-    // Both directly from the thread's learned mapping when they lie in it.
-    uintptr_t low = 0, high = 0;
-    if (!known_stack_of(self, thread_pointer(), &low, &high)) low = high = 0;
     out->queue = 0;
     out->queue_known = 0;
     if (atomic_load_explicit(&queue_slot_found, memory_order_acquire)) {
         uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&queue_slot_offset, memory_order_relaxed);
-        out->queue_known = read_word_at(slot, &out->queue, sizeof out->queue, low, high) == 0;
+        out->queue_known = read_memory(slot, &out->queue, sizeof out->queue) == 0;
         if (!out->queue_known) out->queue = 0;
     }
     // The task, the same way (the runtime's own accessor goes through
@@ -400,33 +281,23 @@ static void fill_sample(stallcapture_sample *out, void *context, pid_t self) {
     out->thread_pointer = thread_pointer();
     if (atomic_load_explicit(&task_slot_found, memory_order_acquire)) {
         uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&task_slot_offset, memory_order_relaxed);
-        out->task_known = read_word_at(slot, &out->task, sizeof out->task, low, high) == 0;
+        out->task_known = read_memory(slot, &out->task, sizeof out->task) == 0;
         if (!out->task_known) out->task = 0;
     }
     // No unwinding here: glibc's backtrace() (libgcc) reads the code at each
     // return address to recognize signal frames, and faulted on a JIT's
     // execute-only or just-unmapped page. The sampler thread unwinds the copy.
-    // The stack is copied directly when it lies in the thread's learned
-    // mapping; otherwise through the kernel, which stops at the first unmapped
+    // Copy the stack through the kernel, which stops at the first unmapped
     // page instead of faulting.
     out->stack_size = 0;
     out->copy_error = 0;
     out->on_alternate_stack = 0;
-    out->copied_directly = 0;
     stack_t alternate;
     if (sigaltstack(NULL, &alternate) == 0 && !(alternate.ss_flags & SS_DISABLE) &&
         out->sp >= (uintptr_t)alternate.ss_sp && out->sp - (uintptr_t)alternate.ss_sp < alternate.ss_size) {
         out->on_alternate_stack = 1;
     }
-    if (out->sp != 0 && !out->on_alternate_stack && out->sp >= low && out->sp < high
-        && out->sp % sizeof(uintptr_t) == 0) {
-        size_t size = high - out->sp < STALLCAPTURE_STACK_BYTES ? high - out->sp : STALLCAPTURE_STACK_BYTES;
-        size -= size % sizeof(uintptr_t);
-        copy_known(out->stack, out->sp, size);
-        out->stack_size = size;
-        out->copied_directly = 1;
-        atomic_fetch_add_explicit(&known_stacks[(uint32_t)self % KNOWN_STACKS].direct_copies, 1, memory_order_relaxed);
-    } else if (out->sp != 0) {
+    if (out->sp != 0) {
         struct iovec local = {out->stack, STALLCAPTURE_STACK_BYTES};
         struct iovec remote = {(void *)out->sp, STALLCAPTURE_STACK_BYTES};
         ssize_t copied = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
@@ -561,7 +432,7 @@ static void handler(int signal_number, siginfo_t *info, void *context) {
             pid_t expected = self;
             if (!atomic_compare_exchange_strong(&slots[index].tid, &expected, -1)) continue;
             atomic_store(&slots[index].answering, self);
-            fill_sample(slots[index].out, context, self);
+            fill_sample(slots[index].out, context);
             atomic_store(&slots[index].answering, 0);
             atomic_store(&slots[index].tid, 0);
             sem_post(&slots[index].done);
@@ -712,12 +583,6 @@ int stallcapture_in_handler(pid_t tid, uint32_t within_ms) { (void)tid; (void)wi
 void stallcapture_probe_begin(void) {}
 void stallcapture_probe_end(void) {}
 uint64_t stallcapture_probe_mark(pid_t tid) { (void)tid; return 0; }
-void stallcapture_learn_stack(pid_t tid, uintptr_t pointer, uintptr_t low, uintptr_t high) {
-    (void)tid; (void)pointer; (void)low; (void)high;
-}
-int stallcapture_knows_stack(pid_t tid, uintptr_t pointer) { (void)tid; (void)pointer; return 0; }
-void stallcapture_learn_own_stack(void) {}
-uint64_t stallcapture_direct_copies(pid_t tid) { (void)tid; return 0; }
 uintptr_t stallcapture_thread_pointer(void) { return 0; }
 int stallcapture_queue_of_thread(pid_t tid, uintptr_t thread_pointer, uintptr_t *queue) {
     (void)tid; (void)thread_pointer; (void)queue;

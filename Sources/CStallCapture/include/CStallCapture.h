@@ -58,10 +58,6 @@ typedef struct stallcapture_sample {
     /// errno of the copy's first failed read when nothing was copied (EPERM or
     /// ENOSYS: `process_vm_readv` refused, as a seccomp filter does), else 0.
     int copy_error;
-    /// 1 when the stack and thread-local words were read directly from the
-    /// thread's learned mapping (``stallcapture_learn_stack``), 0 when through
-    /// the kernel.
-    int copied_directly;
     /// 1 when `sp` lies on the thread's alternate signal stack (`sigaltstack`):
     /// the copy then ends with that stack, not with the thread's own.
     int on_alternate_stack;
@@ -172,24 +168,5 @@ void stallcapture_probe_end(void);
 /// of the slots it may be in holds it. Two reads that differ, or an odd one,
 /// bracket a moment the thread ran a probe.
 uint64_t stallcapture_probe_mark(pid_t tid);
-
-/// Tells the handler that `[low, high)` is one readable mapping holding the
-/// stack of thread `tid` while it runs with thread pointer `pointer` (learned
-/// from /proc/self/maps after a sample copied through the kernel): its later
-/// samples copy the stack and thread-local words without a system call, so a
-/// sampled thread preempted in its handler holds no lock of the process'.
-void stallcapture_learn_stack(pid_t tid, uintptr_t pointer, uintptr_t low, uintptr_t high);
-
-/// Learns the calling thread's stack (glibc's description of it, up to the
-/// thread pointer) when it is not the main thread: called where a thread first
-/// answers a probe, so that even its first sample needs no system call.
-void stallcapture_learn_own_stack(void);
-
-/// 1 when a mapping is known for `tid` running with `pointer`.
-int stallcapture_knows_stack(pid_t tid, uintptr_t pointer);
-
-/// Samples of threads whose id falls on `tid`'s entry that the handler copied
-/// directly so far (for tests).
-uint64_t stallcapture_direct_copies(pid_t tid);
 
 #endif

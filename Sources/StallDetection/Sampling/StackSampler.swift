@@ -243,10 +243,6 @@ final class StackSampler {
             ranBefore.map { files.read(.schedstat, thread: tid) == $0 } ?? (files.read(.syscall, thread: tid) == before)
         guard still else { return files.lastOpenError == 0 ? .ranWhileCopied : .notAsleep }
         if copiedWords == 0 { return .refused(Self.copyRefused(tid, sp: sp, error: error)) }
-        // Its mapping is learned now, so that a first signal sample (an event
-        // loop's thread woken by its probe, waiting for a core) needs no
-        // system call either.
-        if let threadPointer { StackMappings.learn(thread: tid, stackPointer: sp, threadPointer: threadPointer) }
         // A whole copy shares the buffer (no 256 KB copy per sample); the copy is
         // gone again before the next capture writes to the buffer.
         return .copied(
@@ -389,11 +385,6 @@ final class StackSampler {
             if sample.pointee.stack_size == 0 && sample.pointee.copy_error != 0 {
                 return .unavailable(
                     Self.copyRefused(tid, sp: UInt(sample.pointee.sp), error: sample.pointee.copy_error))
-            }
-            if sample.pointee.copied_directly == 0 && sample.pointee.on_alternate_stack == 0 {
-                StackMappings.learn(
-                    thread: tid, stackPointer: UInt(sample.pointee.sp),
-                    threadPointer: UInt(sample.pointee.thread_pointer))
             }
             let stackBytes = UnsafeRawBufferPointer(
                 start: stallcapture_sample_stack(sample), count: Int(sample.pointee.stack_size))

@@ -27,14 +27,11 @@ enum ThreadPointers {
     /// their pointer before.
     private static let generation = Atomic<UInt32>(1)
 
-    /// Remembers the calling thread's pointer (a probe's answer), and teaches
-    /// the signal handler its stack range. A thread that
+    /// Remembers the calling thread's pointer (a probe's answer). A thread that
     /// recorded it in the table's current generation returns at once: its mark
     /// (`stallcapture_thread_mark`) says so, with no lock taken.
     static func recordCurrent() {
         guard stallcapture_thread_mark() != generation.load(ordering: .acquiring) else { return }
-        // Its stack range too, for the sampling signal's handler (``StackMappings``).
-        stallcapture_learn_own_stack()
         let recordedIn = record(UInt(stallcapture_thread_pointer()), of: stallcapture_current_tid())
         stallcapture_set_thread_mark(recordedIn)
     }
