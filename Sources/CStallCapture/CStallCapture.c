@@ -4,6 +4,8 @@
 #if defined(__linux__)
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <limits.h>
 #include <stddef.h>
 #include <pthread.h>
@@ -243,6 +245,56 @@ int stallcapture_is_answering(pid_t tid) {
     return 0;
 }
 
+// Where the main thread's stack mapping ends (0: not known), read at install:
+// its thread pointer is not on its stack.
+static uintptr_t main_stack_end;
+
+static void read_main_stack_end(void) {
+    int maps = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (maps < 0) return;
+    // Line by line (a server's file holds thousands of lines; [stack] is near
+    // the end); a line longer than `line` is cut, which leaves its range whole.
+    char chunk[4096], line[512];
+    size_t used = 0;
+    ssize_t count;
+    while ((count = read(maps, chunk, sizeof chunk)) > 0) {
+        for (ssize_t index = 0; index < count; index++) {
+            if (chunk[index] != '\n') {
+                if (used < sizeof line - 1) line[used++] = chunk[index];
+                continue;
+            }
+            line[used] = 0;
+            used = 0;
+            unsigned long start = 0, end = 0;
+            if (strstr(line, "[stack]") != NULL && sscanf(line, "%lx-%lx", &start, &end) == 2) {
+                main_stack_end = (uintptr_t)end;
+                close(maps);
+                return;
+            }
+        }
+    }
+    close(maps);
+}
+
+// Where the stack that holds `sp` ends, as far as the handler can know without
+// the memory-map lock (0: not known). A copy that runs past its mapping's end
+// faults in the kernel, and a fault on an address in no mapping takes that lock.
+// A glibc thread's stack lies below its thread pointer, in the same mapping (the
+// descriptor and static TLS end the mapping); the main thread's ends where its
+// `[stack]` mapping does.
+static uintptr_t stack_end(uintptr_t sp, uintptr_t pointer) {
+    if (pointer > sp) return pointer;
+    // The main thread's stack may grow to 64 MB below where it ended at install.
+    if (main_stack_end > sp && main_stack_end - sp <= ((uintptr_t)64 << 20)) return main_stack_end;
+    return 0;
+}
+
+// Reads `size` bytes of the interrupted thread's memory in the handler; 1 when read.
+static int handler_read(uintptr_t address, void *into, size_t size) {
+    int error = 0;
+    return stallcapture_copy_memory(into, address, size, &error) == size;
+}
+
 static void fill_sample(stallcapture_sample *out, void *context) {
     ucontext_t *uc = (ucontext_t *)context;
     struct timespec now;
@@ -265,13 +317,14 @@ static void fill_sample(stallcapture_sample *out, void *context) {
     // library with thread-local storage updates the thread's TLS vector and
     // frees memory inside the handler (heap corruption when the signal came
     // during malloc or free).
-    // Read through the kernel: a thread whose thread pointer is not glibc's (a
-    // runtime that makes its own threads) gets "unknown", not a fault.
+    // Read without faulting (stallcapture_copy_memory): a thread whose thread
+    // pointer is not glibc's (a runtime that makes its own threads) gets
+    // "unknown", not a fault.
     out->queue = 0;
     out->queue_known = 0;
     if (atomic_load_explicit(&queue_slot_found, memory_order_acquire)) {
         uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&queue_slot_offset, memory_order_relaxed);
-        out->queue_known = read_memory(slot, &out->queue, sizeof out->queue) == 0;
+        out->queue_known = handler_read(slot, &out->queue, sizeof out->queue);
         if (!out->queue_known) out->queue = 0;
     }
     // The task, the same way (the runtime's own accessor goes through
@@ -281,14 +334,14 @@ static void fill_sample(stallcapture_sample *out, void *context) {
     out->thread_pointer = thread_pointer();
     if (atomic_load_explicit(&task_slot_found, memory_order_acquire)) {
         uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&task_slot_offset, memory_order_relaxed);
-        out->task_known = read_memory(slot, &out->task, sizeof out->task) == 0;
+        out->task_known = handler_read(slot, &out->task, sizeof out->task);
         if (!out->task_known) out->task = 0;
     }
     // No unwinding here: glibc's backtrace() (libgcc) reads the code at each
     // return address to recognize signal frames, and faulted on a JIT's
     // execute-only or just-unmapped page. The sampler thread unwinds the copy.
-    // Copy the stack through the kernel, which stops at the first unmapped
-    // page instead of faulting.
+    // Copy the stack as far as it is readable (stallcapture_copy_memory: never a
+    // fault, and no memory-map lock held while this thread waits for a core).
     out->stack_size = 0;
     out->copy_error = 0;
     out->on_alternate_stack = 0;
@@ -298,29 +351,13 @@ static void fill_sample(stallcapture_sample *out, void *context) {
         out->on_alternate_stack = 1;
     }
     if (out->sp != 0) {
-        struct iovec local = {out->stack, STALLCAPTURE_STACK_BYTES};
-        struct iovec remote = {(void *)out->sp, STALLCAPTURE_STACK_BYTES};
-        ssize_t copied = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
-        if (copied < 0) {
-            int first_error = errno;
-            // Retry page by page: the range may end in an unmapped page.
-            size_t total = 0;
-            long page = sysconf(_SC_PAGESIZE);
-            size_t first = page - (out->sp % (uintptr_t)page);
-            size_t chunk = first;
-            while (total < STALLCAPTURE_STACK_BYTES) {
-                if (chunk > STALLCAPTURE_STACK_BYTES - total) chunk = STALLCAPTURE_STACK_BYTES - total;
-                struct iovec l = {out->stack + total, chunk};
-                struct iovec r = {(void *)(out->sp + total), chunk};
-                if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) != (ssize_t)chunk) break;
-                total += chunk;
-                chunk = (size_t)page;
-            }
-            out->stack_size = total;
-            if (total == 0) out->copy_error = first_error;
-        } else {
-            out->stack_size = (size_t)copied;
-        }
+        int error = 0;
+        size_t size = STALLCAPTURE_STACK_BYTES;
+        uintptr_t end = out->on_alternate_stack ? (uintptr_t)alternate.ss_sp + alternate.ss_size
+                                                : stack_end(out->sp, out->thread_pointer);
+        if (end > out->sp && end - out->sp < size) size = end - out->sp;
+        out->stack_size = stallcapture_copy_memory(out->stack, out->sp, size, &error);
+        if (out->stack_size == 0) out->copy_error = error;
     }
 }
 
@@ -451,6 +488,8 @@ static void handler(int signal_number, siginfo_t *info, void *context) {
 // a thread with 4-6 KB of stack left died of SIGSEGV at its first sample.
 static void bind_handler_functions(void) {
     unsigned char byte = 0, copy = 0;
+    int copy_error = 0;
+    (void)stallcapture_copy_memory(&copy, (uintptr_t)&byte, 1, &copy_error);
     struct iovec local = {&copy, 1};
     struct iovec remote = {&byte, 1};
     (void)process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
@@ -470,6 +509,8 @@ static void bind_handler_functions(void) {
 }
 
 static void install(void) {
+    (void)stallcapture_copy_pipes_open();
+    read_main_stack_end();
     bind_handler_functions();
     locate_queue_slot();
     locate_tid_slot();

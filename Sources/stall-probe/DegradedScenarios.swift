@@ -18,7 +18,8 @@ let degradedScenarios: Set<String> = [
     "degraded-seccomp-busy", "degraded-seccomp-sleep", "degraded-sleep", "degraded-handler-replaced",
     "degraded-sigprof-blocked", "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
     "degraded-in-handler-spin-altstack", "degraded-host-profiler", "degraded-host-profiler-slow",
-    "degraded-sigprof-blocked-sync",
+    "degraded-sigprof-blocked-sync", "degraded-seccomp-stalled-busy", "degraded-seccomp-stalled-sleep",
+    "degraded-pipes-replaced",
 ]
 
 func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
@@ -26,10 +27,34 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
     case "degraded-seccomp-busy", "degraded-seccomp-sleep":
         // A seccomp filter (as hardened containers install) refuses
         // process_vm_readv with EPERM in every thread, before the detector starts.
-        emit("SECCOMP \(degradedRefuseProcessVMReadv())")
+        emit("SECCOMP \(degradedRefuseProcessVMReadv(allThreads: true))")
         degradedQueueStall(milliseconds) {
             scenario.hasSuffix("busy") ? matrixBusy1($0) : degradedSleep($0)
         }
+    case "degraded-seccomp-stalled-busy", "degraded-seccomp-stalled-sleep":
+        // A seccomp filter refuses process_vm_readv in the stalled thread only
+        // (a sandboxed worker's): the detector's thread copies its stack.
+        degradedQueueStall(milliseconds) { length in
+            emit("SECCOMP \(degradedRefuseProcessVMReadv(allThreads: false))")
+            scenario.hasSuffix("busy") ? matrixBusy1(length) : degradedSleep(length)
+        }
+    case "degraded-pipes-replaced":
+        // The program closes every pipe it did not make (the detector's copy
+        // pipes) and opens files and pipes of its own at their numbers; then a
+        // queue stalls, spinning.
+        let queue = DispatchQueue(label: "probe.degraded")
+        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+        let standIns = Mutex<[DegradedStandIn]>([])
+        watch(detector, endedCount: 1) {
+            let leaked = standIns.withLock { $0.map { $0.bytesReceived() }.reduce(0, +) }
+            emit("STANDINS \(standIns.withLock { $0.count }) LEAKED \(leaked)")
+            finishAndExit(detector)()
+        }
+        queue.asyncAfter(deadline: .now() + 0.3) {
+            standIns.withLock { $0 = degradedReplacePipes() }
+            matrixBusy1(milliseconds)
+        }
+        dispatchMain()
     case "degraded-sleep":
         // A queue sleeping in the kernel (run with /proc unmounted by the test).
         degradedQueueStall(milliseconds) { degradedSleep($0) }
@@ -225,11 +250,11 @@ func degradedSpinningHandler() {
     if spins == 42 { emit("\(spins)") }
 }
 
-/// Installs, in every thread (`SECCOMP_FILTER_FLAG_TSYNC`), a seccomp filter that
-/// makes `process_vm_readv` fail with EPERM and allows everything else. Returns 0
-/// or the errno. `prctl` and `syscall` are variadic in C, so Swift calls them
+/// Installs, in every thread (`SECCOMP_FILTER_FLAG_TSYNC`) or in the calling one
+/// only, a seccomp filter that makes `process_vm_readv` fail with EPERM and allows
+/// everything else. Returns 0 or the errno. `prctl` and `syscall` are variadic in C, so Swift calls them
 /// through pointers of their register-passing signatures.
-func degradedRefuseProcessVMReadv() -> Int32 {
+func degradedRefuseProcessVMReadv(allThreads: Bool) -> Int32 {
     #if os(Linux) && (arch(x86_64) || arch(arm64))
     #if arch(x86_64)
     let (processVMReadv, seccompCall): (UInt64, Int) = (310, 317)
@@ -256,12 +281,68 @@ func degradedRefuseProcessVMReadv() -> Int32 {
         // struct sock_fprog { u16 len; struct sock_filter *filter }
         var program: [Int] = [instructions.count, Int(bitPattern: instructions.baseAddress)]
         let result = program.withUnsafeMutableBufferPointer { fprog in
-            // SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC
-            syscall(seccompCall, 1, 1, Int(bitPattern: fprog.baseAddress), 0)
+            // SECCOMP_SET_MODE_FILTER, with or without SECCOMP_FILTER_FLAG_TSYNC
+            syscall(seccompCall, 1, allThreads ? 1 : 0, Int(bitPattern: fprog.baseAddress), 0)
         }
         return result == 0 ? 0 : errno
     }
     #else
     return ENOSYS
     #endif
+}
+
+/// A file or a pipe the program opened at a number where a pipe it closed was.
+struct DegradedStandIn: Sendable {
+    let descriptor: Int32
+    /// The pipe's read end, for a pipe.
+    let readEnd: Int32?
+
+    /// Bytes anyone wrote into it since it was opened.
+    func bytesReceived() -> Int {
+        if let readEnd {
+            var buffer = [UInt8](repeating: 0, count: 1 << 16)
+            let count = read(readEnd, &buffer, buffer.count)
+            return max(count, 0)
+        }
+        var status = stat()
+        return fstat(descriptor, &status) == 0 ? Int(status.st_size) : -1
+    }
+}
+
+/// Closes every pipe descriptor above standard error (those are the detector's:
+/// the probe makes none) and opens, at each number, a file or a pipe in turn.
+func degradedReplacePipes() -> [DegradedStandIn] {
+    let numbers = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [])
+        .compactMap { Int32($0) }.filter { $0 > 2 }.sorted()
+    let pipes = numbers.filter { number in
+        var status = stat()
+        return fstat(number, &status) == 0 && (status.st_mode & S_IFMT) == S_IFIFO
+    }
+    var standIns: [DegradedStandIn] = []
+    for (index, number) in pipes.enumerated() {
+        close(number)
+        if index % 2 == 0 {
+            let path = FileManager.default.temporaryDirectory.appendingPathComponent("stand-in-\(getpid())-\(number)")
+            let file = open(path.path, O_RDWR | O_CREAT | O_TRUNC, 0o600)
+            unlink(path.path)
+            guard file >= 0 else { continue }
+            if file != number {
+                dup2(file, number)
+                close(file)
+            }
+            standIns.append(DegradedStandIn(descriptor: number, readEnd: nil))
+        } else {
+            var ends: [Int32] = [0, 0]
+            guard pipe(&ends) == 0 else { continue }
+            _ = fcntl(ends[0], F_SETFL, O_NONBLOCK)
+            // The write end goes to the number; the read end stays where it is.
+            if ends[1] != number {
+                dup2(ends[1], number)
+                close(ends[1])
+            }
+            standIns.append(DegradedStandIn(descriptor: number, readEnd: ends[0]))
+        }
+    }
+    emit("PIPES \(pipes.count)")
+    return standIns
 }

@@ -75,6 +75,29 @@ struct DegradedEnvironmentTests {
         #expect(!report.contains("  #0 "), "no stack claimed: \(report)")
     }
 
+    @Test(
+        "process_vm_readv refused in the stalled thread only: the detector's thread copies its stack, named",
+        arguments: [
+            ("degraded-seccomp-stalled-busy", "matrixBusy1("), ("degraded-seccomp-stalled-sleep", "degradedSleep("),
+        ])
+    func seccompInStalledThreadOnly(scenario: String, function: String) throws {
+        let (report, run) = try started([scenario, "800"])
+        #expect(run.lines.contains("SECCOMP 0"), "the filter was installed: \(run.lines)")
+        #expect(report.contains(function), "the stalled function is named: \(report)")
+        #expect(!report.contains("refused"), "\(report)")
+    }
+
+    @Test(
+        "The detector's copy pipes closed and their numbers reused by the program: nothing is written there, the stall is named"
+    )
+    func copyPipesReplaced() throws {
+        let (report, run) = try started(["degraded-pipes-replaced", "800"])
+        let pipes = run.lines.first { $0.hasPrefix("PIPES ") }.flatMap { Int($0.dropFirst(6)) } ?? 0
+        #expect(pipes >= 2, "the detector's pipes were found: \(run.lines.prefix(4))")
+        #expect(run.lines.contains { $0.hasPrefix("STANDINS ") && $0.hasSuffix(" LEAKED 0") }, "\(run.lines.suffix(4))")
+        #expect(report.contains("matrixBusy1("), "the stall is still named: \(report)")
+    }
+
     @Test("/proc not mounted: the report says /proc is unreadable, not that the thread is gone")
     func procUnmounted() throws {
         let unshare = ["/usr/bin/unshare", "/bin/unshare"].first { FileManager.default.isExecutableFile(atPath: $0) }

@@ -20,7 +20,8 @@ private let tlsLibrarySource = """
 /// source) against threads that allocate and free all the time while another
 /// thread opens and closes `tlsLibrarySource`. Every allocation and free made
 /// while SIGPROF is blocked on a worker (only the handler blocks it there) is
-/// counted; the counts are printed as `allocations A frees F captures C`.
+/// counted; the counts are printed as `allocations A frees F captures C
+/// without-pipe P` (P: copies made with `process_vm_readv`, no pipe being free).
 private let handlerHarnessSource = """
     #define _GNU_SOURCE
     #include "CStallCapture.h"
@@ -95,7 +96,8 @@ private let handlerHarnessSource = """
         }
         stop = 1;
         for (int i = 0; i <= WORKERS; i++) pthread_join(threads[i], NULL);
-        printf("allocations %ld frees %ld captures %ld\\n", (long)allocations, (long)frees, captures);
+        printf("allocations %ld frees %ld captures %ld without-pipe %ld\\n", (long)allocations, (long)frees, captures,
+               (long)stallcapture_copies_without_pipe());
         return 0;
     }
     """
@@ -186,6 +188,7 @@ struct SignalHandlerSafetyTests {
                 "-O1", "-I", sources.appendingPathComponent("include").path, "-o", harness, harness + ".c",
                 sources.appendingPathComponent("CStallCapture.c").path,
                 sources.appendingPathComponent("CStallProcess.c").path,
+                sources.appendingPathComponent("CStallMemoryCopy.c").path,
                 "-L", dispatch, "-Wl,-rpath," + dispatch, "-ldispatch", "-lpthread", "-ldl",
             ])
         else {
@@ -204,8 +207,10 @@ struct SignalHandlerSafetyTests {
         print("signal safety: \(summary) (status \(process.terminationStatus))")
         #expect(process.terminationStatus == 0)
         let numbers = text.split(whereSeparator: { !$0.isNumber }).compactMap { Int($0) }
-        try #require(numbers.count == 3, "\(text)")
+        try #require(numbers.count == 4, "\(text)")
         #expect(numbers[0] == 0 && numbers[1] == 0, "the handler allocated or freed memory: \(text)")
+        // One capture at a time: each handler finds a copy pipe free.
+        #expect(numbers[3] == 0, "the handler copied with process_vm_readv: \(text)")
         // The old handler freed memory about once in six samples here.
         #expect(numbers[2] > 200, "too few samples to judge: \(text)")
     }

@@ -12,6 +12,7 @@
 
 #include "CStallActivity.h"
 #include "CStallDrainLock.h"
+#include "CStallMemoryCopy.h"
 #include "CStallProcess.h"
 
 #if defined(__linux__)
@@ -55,8 +56,9 @@ typedef struct stallcapture_sample {
     /// STALLCAPTURE_STACK_BYTES); the frame-pointer walk and the return-address
     /// scan read this copy, never the live stack.
     size_t stack_size;
-    /// errno of the copy's first failed read when nothing was copied (EPERM or
-    /// ENOSYS: `process_vm_readv` refused, as a seccomp filter does), else 0.
+    /// errno of the copy's first failed read when nothing was copied (EFAULT: `sp`
+    /// is not readable; EPERM or ENOSYS: no copy pipe was free and
+    /// `process_vm_readv` was refused, as a seccomp filter does), else 0.
     int copy_error;
     /// 1 when `sp` lies on the thread's alternate signal stack (`sigaltstack`):
     /// the copy then ends with that stack, not with the thread's own.

@@ -1,0 +1,174 @@
+#define _GNU_SOURCE
+#include "CStallMemoryCopy.h"
+
+#if defined(__linux__)
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+// Handlers copying at the same moment (one detector per event loop samples its
+// thread at the same time as the others) each need a pipe of their own.
+#define COPY_PIPES 8
+// A pipe holds this much; a stack copy of 256 KB takes one write and one read.
+#define PIPE_BYTES (256 * 1024)
+#define PAGE_BYTES 4096
+
+enum { PIPE_FREE = 0, PIPE_TAKEN = 1, PIPE_LOST = 2 };
+
+typedef struct {
+    int read_end;
+    int write_end;
+    // The pipe's identity: a descriptor the program closed (and the number given
+    // to another file) is never written to.
+    dev_t device;
+    ino_t inode;
+    size_t capacity;
+    _Atomic int state;
+} copy_pipe;
+
+static copy_pipe pipes[COPY_PIPES];
+static int pipe_count;
+// The process that opened the pipes: a forked child shares them with its
+// parent, so it copies through `process_vm_readv`.
+static pid_t pipes_owner;
+static pthread_once_t open_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t copies_without_pipe;
+
+static void open_pipes(void) {
+    for (int index = 0; index < COPY_PIPES; index++) {
+        int ends[2];
+        if (pipe2(ends, O_NONBLOCK | O_CLOEXEC) != 0) break;
+        struct stat status;
+        if (fstat(ends[1], &status) != 0) {
+            close(ends[0]);
+            close(ends[1]);
+            break;
+        }
+        int capacity = fcntl(ends[1], F_SETPIPE_SZ, PIPE_BYTES);
+        if (capacity <= 0) capacity = fcntl(ends[1], F_GETPIPE_SZ);
+        copy_pipe *pipe = &pipes[pipe_count];
+        pipe->read_end = ends[0];
+        pipe->write_end = ends[1];
+        pipe->device = status.st_dev;
+        pipe->inode = status.st_ino;
+        pipe->capacity = capacity > 0 ? (size_t)capacity : PAGE_BYTES * 16;
+        atomic_store(&pipe->state, PIPE_FREE);
+        pipe_count += 1;
+    }
+    pipes_owner = (pid_t)syscall(SYS_getpid);
+}
+
+int stallcapture_copy_pipes_open(void) {
+    pthread_once(&open_once, open_pipes);
+    return pipe_count;
+}
+
+static int is_this_pipe(int descriptor, const copy_pipe *pipe) {
+    struct stat status;
+    return fstat(descriptor, &status) == 0 && S_ISFIFO(status.st_mode) && status.st_dev == pipe->device
+        && status.st_ino == pipe->inode;
+}
+
+// A free pipe of this process, taken; NULL when none is.
+static copy_pipe *take_pipe(void) {
+    if (pipe_count == 0 || (pid_t)syscall(SYS_getpid) != pipes_owner) return NULL;
+    unsigned first = (unsigned)syscall(SYS_gettid);
+    for (int step = 0; step < pipe_count; step++) {
+        copy_pipe *pipe = &pipes[(first + (unsigned)step) % (unsigned)pipe_count];
+        int expected = PIPE_FREE;
+        if (!atomic_compare_exchange_strong(&pipe->state, &expected, PIPE_TAKEN)) continue;
+        if (is_this_pipe(pipe->write_end, pipe) && is_this_pipe(pipe->read_end, pipe)) return pipe;
+        // Closed by the program: its numbers may be another file's now.
+        atomic_store(&pipe->state, PIPE_LOST);
+    }
+    return NULL;
+}
+
+// Copies through `pipe`: from `address` to its page's end, then a pipe's
+// capacity at a time; the kernel's write stops before the first page it cannot
+// read. Returns the bytes copied, or -errno when the first write failed.
+static ssize_t copy_through(copy_pipe *pipe, unsigned char *into, uintptr_t address, size_t size) {
+    size_t total = 0;
+    size_t chunk = PAGE_BYTES - (address % PAGE_BYTES);
+    while (total < size) {
+        if (chunk > size - total) chunk = size - total;
+        ssize_t written = write(pipe->write_end, (const void *)(address + total), chunk);
+        if (written <= 0) {
+            int failure = written < 0 ? errno : EFAULT;
+            atomic_store(&pipe->state, PIPE_FREE);
+            return total == 0 ? -(ssize_t)failure : (ssize_t)total;
+        }
+        ssize_t read_back = read(pipe->read_end, into + total, (size_t)written);
+        if (read_back != written) {
+            // Not what was written: the pipe is not used again.
+            atomic_store(&pipe->state, PIPE_LOST);
+            return (ssize_t)total;
+        }
+        total += (size_t)written;
+        if ((size_t)written < chunk) break;
+        chunk = pipe->capacity;
+    }
+    atomic_store(&pipe->state, PIPE_FREE);
+    return (ssize_t)total;
+}
+
+// Copies through the kernel's `process_vm_readv`: the whole range, else page by
+// page up to the first that cannot be read.
+static size_t copy_through_kernel(unsigned char *into, uintptr_t address, size_t size, int *error) {
+    struct iovec local = {into, size};
+    struct iovec remote = {(void *)address, size};
+    ssize_t copied = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    if (copied >= 0) return (size_t)copied;
+    int first_error = errno;
+    size_t total = 0;
+    size_t chunk = PAGE_BYTES - (address % PAGE_BYTES);
+    while (total < size) {
+        if (chunk > size - total) chunk = size - total;
+        struct iovec l = {into + total, chunk};
+        struct iovec r = {(void *)(address + total), chunk};
+        if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) != (ssize_t)chunk) break;
+        total += chunk;
+        chunk = PAGE_BYTES;
+    }
+    if (total == 0) *error = first_error;
+    return total;
+}
+
+size_t stallcapture_copy_memory(void *into, uintptr_t address, size_t size, int *error) {
+    *error = 0;
+    if (size == 0) return 0;
+    copy_pipe *pipe = take_pipe();
+    if (pipe != NULL) {
+        ssize_t copied = copy_through(pipe, into, address, size);
+        if (copied >= 0) return (size_t)copied;
+        if (copied == -EFAULT) {
+            *error = EFAULT;
+            return 0;
+        }
+        // Another failure of the write (a seccomp filter refusing it): the kernel's copy is tried.
+    }
+    atomic_fetch_add_explicit(&copies_without_pipe, 1, memory_order_relaxed);
+    return copy_through_kernel(into, address, size, error);
+}
+
+uint64_t stallcapture_copies_without_pipe(void) {
+    return atomic_load_explicit(&copies_without_pipe, memory_order_relaxed);
+}
+
+#else
+
+int stallcapture_copy_pipes_open(void) { return 0; }
+size_t stallcapture_copy_memory(void *into, uintptr_t address, size_t size, int *error) {
+    (void)into; (void)address; (void)size;
+    *error = 0;
+    return 0;
+}
+uint64_t stallcapture_copies_without_pipe(void) { return 0; }
+
+#endif
