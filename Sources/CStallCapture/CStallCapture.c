@@ -499,7 +499,10 @@ static void bind_handler_functions(void) {
     (void)clock_gettime(CLOCK_MONOTONIC, &now);
     stack_t alternate;
     (void)sigaltstack(NULL, &alternate);
-    int saved_errno = errno;  // __errno_location
+    // __errno_location is a `const` function: a result left unused lets the
+    // compiler drop the call, and the handler then bound it on the sampled
+    // thread's stack (a thread on an 8 KB alternate stack died of it).
+    volatile int saved_errno = errno;
     errno = saved_errno;
     sem_t bound;
     if (sem_init(&bound, 0, 0) == 0) {

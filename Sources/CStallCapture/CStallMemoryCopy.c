@@ -69,10 +69,14 @@ int stallcapture_copy_pipes_open(void) {
     return pipe_count;
 }
 
-static int is_this_pipe(int descriptor, const copy_pipe *pipe) {
+// Whether `descriptor` is still `pipe`'s end opened for `access` (O_RDONLY or
+// O_WRONLY): both ends share one inode, so a write end copied over the read
+// end's number (leaving the pipe no reader: SIGPIPE) fails the access check.
+static int is_this_pipe(int descriptor, const copy_pipe *pipe, int access) {
     struct stat status;
-    return fstat(descriptor, &status) == 0 && S_ISFIFO(status.st_mode) && status.st_dev == pipe->device
-        && status.st_ino == pipe->inode;
+    int flags = fcntl(descriptor, F_GETFL);
+    return flags >= 0 && (flags & O_ACCMODE) == access && fstat(descriptor, &status) == 0
+        && S_ISFIFO(status.st_mode) && status.st_dev == pipe->device && status.st_ino == pipe->inode;
 }
 
 // A free pipe of this process, taken; NULL when none is.
@@ -83,7 +87,7 @@ static copy_pipe *take_pipe(void) {
         copy_pipe *pipe = &pipes[(first + (unsigned)step) % (unsigned)pipe_count];
         int expected = PIPE_FREE;
         if (!atomic_compare_exchange_strong(&pipe->state, &expected, PIPE_TAKEN)) continue;
-        if (is_this_pipe(pipe->write_end, pipe) && is_this_pipe(pipe->read_end, pipe)) return pipe;
+        if (is_this_pipe(pipe->write_end, pipe, O_WRONLY) && is_this_pipe(pipe->read_end, pipe, O_RDONLY)) return pipe;
         // Closed by the program: its numbers may be another file's now.
         atomic_store(&pipe->state, PIPE_LOST);
     }

@@ -19,7 +19,7 @@ let degradedScenarios: Set<String> = [
     "degraded-sigprof-blocked", "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
     "degraded-in-handler-spin-altstack", "degraded-host-profiler", "degraded-host-profiler-slow",
     "degraded-sigprof-blocked-sync", "degraded-seccomp-stalled-busy", "degraded-seccomp-stalled-sleep",
-    "degraded-pipes-replaced",
+    "degraded-pipes-replaced", "degraded-pipes-crossed", "degraded-in-handler-spin-smallstack",
 ]
 
 func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
@@ -33,10 +33,11 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
         }
     case "degraded-seccomp-stalled-busy", "degraded-seccomp-stalled-sleep":
         // A seccomp filter refuses process_vm_readv in the stalled thread only
-        // (a sandboxed worker's): the detector's thread copies its stack.
+        // (a sandboxed worker's): its signal handler copies through a pipe.
         degradedQueueStall(milliseconds) { length in
             emit("SECCOMP \(degradedRefuseProcessVMReadv(allThreads: false))")
-            scenario.hasSuffix("busy") ? matrixBusy1(length) : degradedSleep(length)
+            // degradedSleepThrough: a loop, never a tail call that leaves no frame.
+            scenario.hasSuffix("busy") ? matrixBusy1(length) : degradedSleepThrough(length)
         }
     case "degraded-pipes-replaced":
         // The program closes every pipe it did not make (the detector's copy
@@ -55,6 +56,14 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
             matrixBusy1(milliseconds)
         }
         dispatchMain()
+    case "degraded-pipes-crossed":
+        // The program copies each of the detector's pipes' write ends over its
+        // read end's number (the pipe is left without a reader: a write to it
+        // raises SIGPIPE); then a queue stalls, spinning.
+        degradedQueueStall(milliseconds) { length in
+            emit("CROSSED \(degradedCrossPipes())")
+            matrixBusy1(length)
+        }
     case "degraded-sleep":
         // A queue sleeping in the kernel (run with /proc unmounted by the test).
         degradedQueueStall(milliseconds) { degradedSleep($0) }
@@ -96,14 +105,15 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
         }.start()
         dispatchMain()
     case "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
-        "degraded-in-handler-spin-altstack":
+        "degraded-in-handler-spin-altstack", "degraded-in-handler-spin-smallstack":
         // The stalled job raises SIGUSR1; its handler sleeps (the detector reads
         // the thread from /proc) or spins (it is signalled) for the stall
         // (`READY` once it does, for a debugger to attach).
         degradedQueueStall(milliseconds) { length in
             degradedHandlerMilliseconds = Int32(length)
             degradedRaiseInHandler(
-                alternateStack: scenario.hasSuffix("altstack"), spinning: scenario.contains("-spin"))
+                alternateStack: scenario.hasSuffix("altstack") ? 65_536 : scenario.hasSuffix("smallstack") ? 8_192 : 0,
+                spinning: scenario.contains("-spin"))
         }
     default:
         break
@@ -198,7 +208,7 @@ func degradedSleep(_ milliseconds: Int) {
 /// Installs the SIGUSR1 handler (on a 64 KB alternate stack if asked) and raises
 /// the signal in this thread: the handler sleeps on top of this frame.
 @inline(never)
-func degradedRaiseInHandler(alternateStack: Bool, spinning: Bool) {
+func degradedRaiseInHandler(alternateStack: Int, spinning: Bool) {
     var action = sigaction()
     if spinning {
         setPlainHandler(&action) { _ in degradedSpinningHandler() }
@@ -209,13 +219,21 @@ func degradedRaiseInHandler(alternateStack: Bool, spinning: Bool) {
     } else {
         setPlainHandler(&action) { _ in degradedSleepingHandler() }
     }
-    action.sa_flags = alternateStack ? SA_ONSTACK : 0
+    action.sa_flags = alternateStack > 0 ? SA_ONSTACK : 0
     sigemptyset(&action.sa_mask)
     sigaction(SIGUSR1, &action, nil)
+    // The alternate stack, with an unreadable page below it: a handler that
+    // needs more stack than is left dies at once, as on a real guard page.
+    let guardPage = 4_096
     var memory: UnsafeMutableRawPointer?
-    if alternateStack {
-        memory = mmap(nil, 65_536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-        var stack = signalStack(memory, size: 65_536, flags: 0)
+    if alternateStack > 0,
+        let mapped = mmap(
+            nil, guardPage + alternateStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+        mapped != MAP_FAILED
+    {
+        mprotect(mapped, guardPage, PROT_NONE)
+        memory = mapped
+        var stack = signalStack(mapped + guardPage, size: alternateStack, flags: 0)
         sigaltstack(&stack, nil)
     }
     // Dispatch's worker threads block most signals.
@@ -228,7 +246,7 @@ func degradedRaiseInHandler(alternateStack: Bool, spinning: Bool) {
     if let memory {
         var none = signalStack(nil, size: 0, flags: Int32(SS_DISABLE))
         sigaltstack(&none, nil)
-        munmap(memory, 65_536)
+        munmap(memory, guardPage + alternateStack)
     }
 }
 
@@ -345,4 +363,25 @@ func degradedReplacePipes() -> [DegradedStandIn] {
     }
     emit("PIPES \(pipes.count)")
     return standIns
+}
+
+/// Copies each pipe's write end over its read end (a read-only descriptor whose
+/// pipe is open for writing at the next number, as `pipe2` hands them out).
+/// Returns how many were crossed.
+func degradedCrossPipes() -> Int {
+    func pipeEnd(_ number: Int32) -> (inode: UInt, access: Int32)? {
+        var status = stat()
+        guard fstat(number, &status) == 0, (status.st_mode & S_IFMT) == S_IFIFO else { return nil }
+        return (UInt(status.st_ino), fcntl(number, F_GETFL) & O_ACCMODE)
+    }
+    let numbers = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [])
+        .compactMap { Int32($0) }.filter { $0 > 2 }.sorted()
+    var crossed = 0
+    for number in numbers {
+        guard let read = pipeEnd(number), read.access == O_RDONLY, let write = pipeEnd(number + 1),
+            write.access == O_WRONLY, write.inode == read.inode
+        else { continue }
+        if dup2(number + 1, number) == number { crossed += 1 }
+    }
+    return crossed
 }

@@ -76,9 +76,10 @@ struct DegradedEnvironmentTests {
     }
 
     @Test(
-        "process_vm_readv refused in the stalled thread only: the detector's thread copies its stack, named",
+        "process_vm_readv refused in the stalled thread only: its handler copies through a pipe, the stall is named",
         arguments: [
-            ("degraded-seccomp-stalled-busy", "matrixBusy1("), ("degraded-seccomp-stalled-sleep", "degradedSleep("),
+            ("degraded-seccomp-stalled-busy", "matrixBusy1("),
+            ("degraded-seccomp-stalled-sleep", "degradedSleepThrough("),
         ])
     func seccompInStalledThreadOnly(scenario: String, function: String) throws {
         let (report, run) = try started([scenario, "800"])
@@ -96,6 +97,28 @@ struct DegradedEnvironmentTests {
         #expect(pipes >= 2, "the detector's pipes were found: \(run.lines.prefix(4))")
         #expect(run.lines.contains { $0.hasPrefix("STANDINS ") && $0.hasSuffix(" LEAKED 0") }, "\(run.lines.suffix(4))")
         #expect(report.contains("matrixBusy1("), "the stall is still named: \(report)")
+    }
+
+    @Test(
+        "The detector's pipes left without a reader (a write end copied over the read end): no SIGPIPE, the stall named"
+    )
+    func copyPipesCrossed() throws {
+        let (report, run) = try started(["degraded-pipes-crossed", "800"])
+        let crossed = run.lines.first { $0.hasPrefix("CROSSED ") }.flatMap { Int($0.dropFirst(8)) } ?? 0
+        #expect(crossed >= 1, "the detector's pipes were found: \(run.lines.prefix(4))")
+        #expect(run.exitStatus == 0, "the probe ended with \(run.exitStatus)")
+        #expect(report.contains("matrixBusy1("), "the stall is still named: \(report)")
+    }
+
+    @Test("A thread stalled in its handler on an 8 KB alternate stack above a guard page: sampled, named, alive")
+    func smallAlternateStack() throws {
+        // The SIGPROF handler's library calls are bound before it is installed:
+        // binding one inside it (`__errno_location`, whose call a release build
+        // dropped from the binding) overran such a stack. Run in the release
+        // matrix too.
+        let (report, run) = try started(["degraded-in-handler-spin-smallstack", "800"])
+        #expect(run.exitStatus == 0, "the probe ended with \(run.exitStatus)")
+        #expect(report.contains("degradedSpinningHandler"), "\(report)")
     }
 
     @Test("/proc not mounted: the report says /proc is unreadable, not that the thread is gone")

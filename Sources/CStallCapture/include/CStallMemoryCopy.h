@@ -26,7 +26,9 @@ int stallcapture_copy_pipes_open(void);
 /// Copies up to `size` bytes at `address` into `into`, stopping before the first
 /// byte that cannot be read. Returns the bytes copied; when none could be,
 /// `*error` gets the errno of the failed read (EFAULT, or EPERM when a seccomp
-/// filter refuses the fallback), else 0. Async-signal-safe.
+/// filter refuses the fallback), else 0. Async-signal-safe. `into` should be
+/// memory whose pages were touched before: the kernel's write into a page not yet
+/// faulted in may take the memory-map lock too.
 size_t stallcapture_copy_memory(void *into, uintptr_t address, size_t size, int *error);
 
 /// How many copies went through `process_vm_readv` because no pipe was free

@@ -44,7 +44,11 @@ final class StackSampler {
 
     init(timeout: Duration) {
         sample = .allocate(capacity: 1)
-        sample.pointee.stack_size = 0
+        // Every page touched now, on the detector's thread: the handler's first
+        // write to a page of a new mapping would fault and take the memory-map
+        // lock on the sampled thread, which may wait for a core while it holds it.
+        UnsafeMutableRawPointer(sample).initializeMemory(
+            as: UInt8.self, repeating: 0, count: MemoryLayout<stallcapture_sample>.size)
         timeoutMilliseconds = Int32(clamping: Monotonic.nanoseconds(timeout) / 1_000_000)
         buffer = [UInt](repeating: 0, count: Self.kernelCopyBytes / MemoryLayout<UInt>.size)
     }
