@@ -573,7 +573,8 @@ final class SamplingContext: @unchecked Sendable {
     /// worker to worker); an executor with a thread of its own (no queue) is
     /// never looked for elsewhere: any other thread's job would be another
     /// target's. Failing that, the failure says the executor's thread waits for
-    /// work (the second look then reports the stall without a stack). Never the
+    /// work, or that it ran a detector's probe or work while it was sampled (the
+    /// second look then reports the stall without a stack). Never the
     /// detector's own thread, never an idle thread's stack.
     private func findCustomExecutorThread(
         lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool, trail: inout [String]?
@@ -592,8 +593,13 @@ final class SamplingContext: @unchecked Sendable {
         // The worker that ran the last probe may be doing a detector's work now
         // (detectors' queues run on the same workers): never its stack.
         switch sample(thread, queue: queue) {
-        case .detectorWork:
+        case .detectorWork(let answeringProbe):
+            // Not "waiting for work": a thread that answered a probe while it was
+            // sampled (a starved loop finishing its job) was not seen waiting.
             trail?.append("\(thread):detector")
+            failure = .unavailable(
+                "the executor's thread \(thread) was \(Self.detectorWork(answeringProbe)), and no other thread was seen running its job",
+                threadID: Self.reportedID(thread))
         case .failed(let backtrace):
             trail?.append("\(thread):failed")
             failure = backtrace
