@@ -93,7 +93,7 @@ struct DegradedEnvironmentTests {
     )
     func copyPipesReplaced() throws {
         let (report, run) = try started(["degraded-pipes-replaced", "800"])
-        let pipes = run.lines.first { $0.hasPrefix("PIPES ") }.flatMap { Int($0.dropFirst(6)) } ?? 0
+        let pipes = run.value("PIPES").first ?? 0
         #expect(pipes >= 2, "the detector's pipes were found: \(run.lines.prefix(4))")
         #expect(run.lines.contains { $0.hasPrefix("STANDINS ") && $0.hasSuffix(" LEAKED 0") }, "\(run.lines.suffix(4))")
         #expect(report.contains("matrixBusy1("), "the stall is still named: \(report)")
@@ -104,7 +104,7 @@ struct DegradedEnvironmentTests {
     )
     func copyPipesCrossed() throws {
         let (report, run) = try started(["degraded-pipes-crossed", "800"])
-        let crossed = run.lines.first { $0.hasPrefix("CROSSED ") }.flatMap { Int($0.dropFirst(8)) } ?? 0
+        let crossed = run.value("CROSSED").first ?? 0
         #expect(crossed >= 1, "the detector's pipes were found: \(run.lines.prefix(4))")
         #expect(run.exitStatus == 0, "the probe ended with \(run.exitStatus)")
         #expect(report.contains("matrixBusy1("), "the stall is still named: \(report)")
