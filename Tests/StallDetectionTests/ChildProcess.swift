@@ -16,11 +16,13 @@ struct ProbeRun {
     /// `SLEEP <result> <ms>` lines: what a stalled `usleep` returned and took.
     var sleeps: [(result: Int, milliseconds: Double)] = []
 
-    /// Whether the first `SLEEP` line's sleep of `milliseconds` returned early: a
-    /// look's signal reached the thread as it fell asleep (`EINTR`), so the stall
-    /// the scenario staged did not happen.
-    func firstSleepCutShort(of milliseconds: Double) -> Bool {
-        sleeps.first.map { $0.result != 0 || $0.milliseconds < milliseconds - 1 } ?? false
+    /// Whether any of the scenario's sleeps, `staged` in order (one per `SLEEP`
+    /// line), returned early: a look's signal reached the thread as it fell
+    /// asleep (`EINTR`), so the stall the scenario staged did not happen.
+    func sleepCutShort(staged: [Double]) -> Bool {
+        zip(sleeps, staged).contains { sleep, milliseconds in
+            sleep.result != 0 || sleep.milliseconds < milliseconds - 1
+        }
     }
     /// `SAMPLING <ms>` lines, one per `.started`.
     var samplingMilliseconds: [Double] = []

@@ -131,7 +131,7 @@ struct RealConditionTests {
         print(
             "\(scenario): \(looks) looks (\(needed) needed to judge the split; \(unkept) found no stack), "
                 + "A \(stall.a) : B \(stall.b), stall \(run.realMilliseconds) ms, B asleep \(run.sleeps)")
-        if run.firstSleepCutShort(of: 300) {
+        if run.sleepCutShort(staged: [300]) {
             print("\(scenario): B's usleep was cut short by a look: \(run.sleeps)")
             return false
         }
