@@ -86,8 +86,7 @@ public final class DelayedWork: TimerEntry, @unchecked Sendable {
     ///     `advance(by:)` instead. The work keeps the queue alive at least until
     ///     the closure has run or been cancelled.
     ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default)
-    ///     is ``SystemTimerScheduler/shared``, as in every `DelayedWork`
-    ///     initializer.
+    ///     is ``SystemTimerScheduler/shared``, as for every primitive.
     ///   - work: The closure. It is released right after it runs or is cancelled.
     /// - Returns: A handle to cancel the work or query its state.
     /// - Complexity: O(1) in the number of pending timers (a timing-wheel bucket).

@@ -42,14 +42,15 @@ public final class Debouncer: Sendable {
     ///   - leading: Also run the first call of each burst at once (the latest
     ///     still runs at the end if more calls came). Default: false.
     ///   - queue: Where actions run (under a manual scheduler: inside `advance(by:)`).
-    ///   - scheduler: The scheduler that keeps the deadline.
+    ///   - scheduler: The scheduler that keeps the deadline; `nil` (the default)
+    ///     is ``SystemTimerScheduler/shared``.
     public init(
         delay: Duration,
         leading: Bool = false,
         queue: DispatchQueue = .global(),
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared
+        scheduler: (any TimerScheduler)? = nil
     ) {
-        core = DebouncerCore(delay: delay, leading: leading, executor: .queue(queue), engine: scheduler.engine)
+        core = DebouncerCore(delay: delay, leading: leading, executor: .queue(queue), engine: TimerEngine.of(scheduler))
     }
 
     /// Creates a debouncer whose actions run on a Swift executor.
@@ -67,10 +68,10 @@ public final class Debouncer: Sendable {
         delay: Duration,
         leading: Bool = false,
         executor: any Executor,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared
+        scheduler: (any TimerScheduler)? = nil
     ) {
         core = DebouncerCore(
-            delay: delay, leading: leading, executor: .onExecutor(executor), engine: scheduler.engine)
+            delay: delay, leading: leading, executor: .onExecutor(executor), engine: TimerEngine.of(scheduler))
     }
 
     deinit {

@@ -43,14 +43,16 @@ public final class Throttler: Sendable {
     ///   - latest: Which call of a window runs at its end: the latest (the
     ///     default) or the first.
     ///   - queue: Where actions run (under a manual scheduler: inside `advance(by:)`).
-    ///   - scheduler: The scheduler that keeps the windows.
+    ///   - scheduler: The scheduler that keeps the windows; `nil` (the default)
+    ///     is ``SystemTimerScheduler/shared``.
     public init(
         interval: Duration,
         latest: Bool = true,
         queue: DispatchQueue = .global(),
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared
+        scheduler: (any TimerScheduler)? = nil
     ) {
-        core = ThrottlerCore(interval: interval, latest: latest, executor: .queue(queue), engine: scheduler.engine)
+        core = ThrottlerCore(
+            interval: interval, latest: latest, executor: .queue(queue), engine: TimerEngine.of(scheduler))
     }
 
     /// Creates a throttler whose actions run on a Swift executor.
@@ -68,13 +70,13 @@ public final class Throttler: Sendable {
         interval: Duration,
         latest: Bool = true,
         executor: any Executor,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared
+        scheduler: (any TimerScheduler)? = nil
     ) {
         self.init(interval: interval, latest: latest, executor: .onExecutor(executor), scheduler: scheduler)
     }
 
-    init(interval: Duration, latest: Bool, executor: HandlerExecutor, scheduler: any TimerScheduler) {
-        core = ThrottlerCore(interval: interval, latest: latest, executor: executor, engine: scheduler.engine)
+    init(interval: Duration, latest: Bool, executor: HandlerExecutor, scheduler: (any TimerScheduler)?) {
+        core = ThrottlerCore(interval: interval, latest: latest, executor: executor, engine: TimerEngine.of(scheduler))
     }
 
     deinit {

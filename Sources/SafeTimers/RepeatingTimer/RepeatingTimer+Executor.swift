@@ -28,7 +28,7 @@ extension RepeatingTimer {
         firesImmediately: Bool = false,
         missedTicks: MissedTickPolicy = .coalesce,
         executor: any Executor,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         handler: @escaping @Sendable () -> Void
     ) {
         self.init(
@@ -49,7 +49,7 @@ extension RepeatingTimer {
         firesImmediately: Bool = false,
         missedTicks: MissedTickPolicy = .coalesce,
         executor: any Executor,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         handler: @escaping @Sendable (Owner) -> Void
     ) {
         self.init(

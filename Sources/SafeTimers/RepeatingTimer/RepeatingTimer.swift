@@ -73,8 +73,9 @@ public final class RepeatingTimer: Sendable {
     ///     was behind. Default: ``MissedTickPolicy/coalesce``.
     ///   - queue: Where the handler runs. Under a `ManualTimerScheduler` it runs
     ///     inside `advance(by:)` (an immediate first tick in the next advance).
-    ///   - scheduler: The scheduler that keeps the deadlines; the timer keeps its
-    ///     engine, so releasing the scheduler never stops the timer.
+    ///   - scheduler: The scheduler that keeps the deadlines; `nil` (the default)
+    ///     is ``SystemTimerScheduler/shared``. The timer keeps its engine, so
+    ///     releasing the scheduler never stops the timer.
     ///   - handler: Called on each tick, never twice at once. Kept until the
     ///     timer is released (not at `cancel()`: `start()` may run it again).
     public convenience init(
@@ -84,7 +85,7 @@ public final class RepeatingTimer: Sendable {
         firesImmediately: Bool = false,
         missedTicks: MissedTickPolicy = .coalesce,
         queue: DispatchQueue = .global(),
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         handler: @escaping @Sendable () -> Void
     ) {
         self.init(
@@ -113,7 +114,7 @@ public final class RepeatingTimer: Sendable {
         repetitions: Int? = nil,
         firesImmediately: Bool = false,
         missedTicks: MissedTickPolicy = .coalesce,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         handler: @escaping @MainActor @Sendable () -> Void
     ) {
         self.init(
@@ -153,7 +154,7 @@ public final class RepeatingTimer: Sendable {
         firesImmediately: Bool = false,
         missedTicks: MissedTickPolicy = .coalesce,
         queue: DispatchQueue = .global(),
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         handler: @escaping @Sendable (Owner) -> Void
     ) {
         self.init(
@@ -191,7 +192,7 @@ public final class RepeatingTimer: Sendable {
         repetitions: Int? = nil,
         firesImmediately: Bool = false,
         missedTicks: MissedTickPolicy = .coalesce,
-        scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+        scheduler: (any TimerScheduler)? = nil,
         handler: @escaping @MainActor @Sendable (Owner) -> Void
     ) {
         let reference = WeakReference(owner)
@@ -213,7 +214,7 @@ public final class RepeatingTimer: Sendable {
         firesImmediately: Bool,
         missedTicks: MissedTickPolicy,
         executor: HandlerExecutor,
-        scheduler: any TimerScheduler,
+        scheduler: (any TimerScheduler)?,
         coreHandler: RepeatingTimerCore.Handler
     ) {
         let minimum = DeadlineArithmetic.nanoseconds(Self.minimumInterval)

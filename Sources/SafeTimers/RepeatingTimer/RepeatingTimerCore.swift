@@ -42,7 +42,7 @@ final class RepeatingTimerCore: TimerEntry, GatedPrimitive, @unchecked Sendable 
         configuration: RepeatingTimerStateMachine.Configuration,
         leeway: Duration,
         executor: HandlerExecutor,
-        scheduler: any TimerScheduler,
+        scheduler: (any TimerScheduler)?,
         handler: Handler
     ) {
         self.interval = .nanoseconds(configuration.interval)
@@ -50,7 +50,7 @@ final class RepeatingTimerCore: TimerEntry, GatedPrimitive, @unchecked Sendable 
         // skip ticks (or, with a huge leeway, never tick at all).
         self.leeway = min(DeadlineArithmetic.delayNanoseconds(leeway), configuration.interval / 2)
         self.executor = executor
-        self.engine = scheduler.engine
+        self.engine = TimerEngine.of(scheduler)
         self.handler = StateLock(handler)
         self.storage = StateLock(LockedMachine(machine: RepeatingTimerStateMachine(configuration: configuration)))
     }

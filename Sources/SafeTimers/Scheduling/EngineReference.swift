@@ -65,3 +65,12 @@ struct EngineReference: ~Copyable, Sendable {
         return engine
     }
 }
+
+extension TimerEngine {
+    /// `scheduler`'s engine; the shared scheduler's when `scheduler` is nil, the
+    /// default of every primitive's `scheduler:`.
+    @inline(__always)
+    static func of(_ scheduler: (any TimerScheduler)?) -> TimerEngine {
+        scheduler?.engine ?? EngineReference.shared.takeUnretainedValue()
+    }
+}

@@ -81,18 +81,19 @@ public struct TimeoutError: Error, Sendable, Hashable, CustomStringConvertible {
 ///
 /// - Parameters:
 ///   - timeout: The time limit.
-///   - scheduler: The scheduler that keeps the deadline.
+///   - scheduler: The scheduler that keeps the deadline; `nil` (the default) is
+///     ``SystemTimerScheduler/shared``.
 ///   - isolation: The caller's isolation: the operation runs there, and
 ///     calling `withTimeout` does not hop away from the caller's actor.
 ///   - operation: The work to limit; it runs in a child task, in the caller's
 ///     isolation, and need not be escaping or `Sendable`.
 public func withTimeout<Result: Sendable>(
     _ timeout: Duration,
-    scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+    scheduler: (any TimerScheduler)? = nil,
     isolation: isolated (any Actor)? = #isolation,
     operation: nonisolated(nonsending) () async throws -> Result
 ) async throws -> Result {
-    let engine = scheduler.engine
+    let engine = TimerEngine.of(scheduler)
     let deadline = DeadlineArithmetic.deadline(now: engine.nowTicks, after: timeout)
     return try await withDeadline(deadline, timeout: timeout, engine: engine, operation: operation)
 }
@@ -109,11 +110,11 @@ public func withTimeout<Result: Sendable>(
 /// ```
 public func withTimeout<Result: Sendable>(
     until deadline: TimerClock.Instant,
-    scheduler: any TimerScheduler = SystemTimerScheduler.shared,
+    scheduler: (any TimerScheduler)? = nil,
     isolation: isolated (any Actor)? = #isolation,
     operation: nonisolated(nonsending) () async throws -> Result
 ) async throws -> Result {
-    let engine = scheduler.engine
+    let engine = TimerEngine.of(scheduler)
     let timeout = Duration.nanoseconds(max(0, Int128(deadline.ticks) - Int128(engine.nowTicks)))
     return try await withDeadline(deadline.ticks, timeout: timeout, engine: engine, operation: operation)
 }
