@@ -160,13 +160,20 @@ struct SystemTimerSchedulerTests {
         try await Task.sleep(for: .milliseconds(200))  // the thread has started and settled
         let wakeUpsBefore = engine.wakeUpCount
         let ticksBefore = ticks.count
+        let start = ContinuousClock.now
         try await Task.sleep(for: .milliseconds(1_000))
         let wakeUps = engine.wakeUpCount - wakeUpsBefore
+        let elapsed = ContinuousClock.now - start
         let fired = ticks.count - ticksBefore
         timer.cancel()
         #expect(fired >= 5)
-        // Exactly one per tick when undisturbed; the slack absorbs a spurious wake-up or two.
-        #expect(wakeUps <= fired + fired / 2 + 2, "\(wakeUps) wake-ups for \(fired) ticks")
+        // Exactly one per tick when undisturbed; the slack absorbs a spurious
+        // wake-up or two. Ticks are counted by the clock, not by handler runs: on
+        // a loaded machine a handler still queued when the next tick comes makes
+        // that tick skip (never two at once), while the engine woke for it.
+        let due = Int(elapsed / .milliseconds(50)) + 1
+        #expect(
+            wakeUps <= due + due / 2 + 2, "\(wakeUps) wake-ups for \(due) ticks due in \(elapsed) (\(fired) ran)")
     }
 
     @Test("100k entries armed and cancelled leave nothing pending and free their payloads")
