@@ -289,13 +289,14 @@ static uintptr_t stack_end(uintptr_t sp, uintptr_t pointer) {
     return 0;
 }
 
-// Reads `size` bytes of the interrupted thread's memory in the handler; 1 when read.
-static int handler_read(uintptr_t address, void *into, size_t size) {
+// Reads `size` bytes of the interrupted thread's memory in the handler, through
+// the pipe `taken` for the sample; 1 when read.
+static int handler_read(int taken, uintptr_t address, void *into, size_t size) {
     int error = 0;
-    return stallcapture_copy_memory(into, address, size, &error) == size;
+    return stallcapture_copy_memory_with(taken, into, address, size, &error) == size;
 }
 
-static void fill_sample(stallcapture_sample *out, void *context) {
+static void fill_registers(stallcapture_sample *out, void *context) {
     ucontext_t *uc = (ucontext_t *)context;
     struct timespec now;
     out->time_ns = clock_gettime(CLOCK_MONOTONIC, &now) == 0
@@ -311,20 +312,24 @@ static void fill_sample(stallcapture_sample *out, void *context) {
 #else
     out->pc = out->sp = out->fp = 0;
 #endif
+}
+
+// The thread's current queue and task, through the pipe `taken`.
+static void fill_thread_words(stallcapture_sample *out, int taken) {
     // The queue is read from libdispatch's thread-local record at the offset
     // found at install: calling into libdispatch here reached its thread-local
     // variable through __tls_get_addr, which after a dlopen or dlclose of a
     // library with thread-local storage updates the thread's TLS vector and
     // frees memory inside the handler (heap corruption when the signal came
     // during malloc or free).
-    // Read without faulting (stallcapture_copy_memory): a thread whose thread
+    // Read without faulting (stallcapture_copy_memory_with): a thread whose thread
     // pointer is not glibc's (a runtime that makes its own threads) gets
     // "unknown", not a fault.
     out->queue = 0;
     out->queue_known = 0;
     if (atomic_load_explicit(&queue_slot_found, memory_order_acquire)) {
         uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&queue_slot_offset, memory_order_relaxed);
-        out->queue_known = handler_read(slot, &out->queue, sizeof out->queue);
+        out->queue_known = handler_read(taken, slot, &out->queue, sizeof out->queue);
         if (!out->queue_known) out->queue = 0;
     }
     // The task, the same way (the runtime's own accessor goes through
@@ -334,13 +339,17 @@ static void fill_sample(stallcapture_sample *out, void *context) {
     out->thread_pointer = thread_pointer();
     if (atomic_load_explicit(&task_slot_found, memory_order_acquire)) {
         uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&task_slot_offset, memory_order_relaxed);
-        out->task_known = handler_read(slot, &out->task, sizeof out->task);
+        out->task_known = handler_read(taken, slot, &out->task, sizeof out->task);
         if (!out->task_known) out->task = 0;
     }
+}
+
+// The stack from the stack pointer to its end, through the pipe `taken`.
+static void fill_stack(stallcapture_sample *out, int taken) {
     // No unwinding here: glibc's backtrace() (libgcc) reads the code at each
     // return address to recognize signal frames, and faulted on a JIT's
     // execute-only or just-unmapped page. The sampler thread unwinds the copy.
-    // Copy the stack as far as it is readable (stallcapture_copy_memory: never a
+    // Copy the stack as far as it is readable (stallcapture_copy_memory_with: never a
     // fault, and no memory-map lock held while this thread waits for a core).
     out->stack_size = 0;
     out->copy_error = 0;
@@ -356,9 +365,18 @@ static void fill_sample(stallcapture_sample *out, void *context) {
         uintptr_t end = out->on_alternate_stack ? (uintptr_t)alternate.ss_sp + alternate.ss_size
                                                 : stack_end(out->sp, out->thread_pointer);
         if (end > out->sp && end - out->sp < size) size = end - out->sp;
-        out->stack_size = stallcapture_copy_memory(out->stack, out->sp, size, &error);
+        out->stack_size = stallcapture_copy_memory_with(taken, out->stack, out->sp, size, &error);
         if (out->stack_size == 0) out->copy_error = error;
     }
+}
+
+static void fill_sample(stallcapture_sample *out, void *context) {
+    fill_registers(out, context);
+    // One pipe for the sample's three copies: taken and its ends checked once.
+    int taken = stallcapture_copy_begin();
+    fill_thread_words(out, taken);
+    fill_stack(out, taken);
+    stallcapture_copy_end(taken);
 }
 
 static void chain(int signal_number, siginfo_t *info, void *context) {

@@ -94,9 +94,23 @@ static copy_pipe *take_pipe(void) {
     return NULL;
 }
 
-// Copies through `pipe`: from `address` to its page's end, then a pipe's
-// capacity at a time; the kernel's write stops before the first page it cannot
-// read. Returns the bytes copied, or -errno when the first write failed.
+int stallcapture_copy_begin(void) {
+    copy_pipe *pipe = take_pipe();
+    return pipe == NULL ? -1 : (int)(pipe - pipes);
+}
+
+void stallcapture_copy_end(int taken) {
+    if (taken < 0 || taken >= pipe_count) return;
+    int expected = PIPE_TAKEN;
+    // A pipe found broken during the copies stays lost.
+    (void)atomic_compare_exchange_strong(&pipes[taken].state, &expected, PIPE_FREE);
+}
+
+// Copies through `pipe` (taken by the caller, and left taken): from `address`
+// to its page's end, then a pipe's capacity at a time; the kernel's write stops
+// before the first page it cannot read. Returns the bytes copied, or -errno when
+// the first write failed. A pipe that gave back other than what was written is
+// marked lost.
 static ssize_t copy_through(copy_pipe *pipe, unsigned char *into, uintptr_t address, size_t size) {
     size_t total = 0;
     size_t chunk = PAGE_BYTES - (address % PAGE_BYTES);
@@ -105,7 +119,6 @@ static ssize_t copy_through(copy_pipe *pipe, unsigned char *into, uintptr_t addr
         ssize_t written = write(pipe->write_end, (const void *)(address + total), chunk);
         if (written <= 0) {
             int failure = written < 0 ? errno : EFAULT;
-            atomic_store(&pipe->state, PIPE_FREE);
             return total == 0 ? -(ssize_t)failure : (ssize_t)total;
         }
         ssize_t read_back = read(pipe->read_end, into + total, (size_t)written);
@@ -118,7 +131,6 @@ static ssize_t copy_through(copy_pipe *pipe, unsigned char *into, uintptr_t addr
         if ((size_t)written < chunk) break;
         chunk = pipe->capacity;
     }
-    atomic_store(&pipe->state, PIPE_FREE);
     return (ssize_t)total;
 }
 
@@ -144,12 +156,12 @@ static size_t copy_through_kernel(unsigned char *into, uintptr_t address, size_t
     return total;
 }
 
-size_t stallcapture_copy_memory(void *into, uintptr_t address, size_t size, int *error) {
+size_t stallcapture_copy_memory_with(int taken, void *into, uintptr_t address, size_t size, int *error) {
     *error = 0;
     if (size == 0) return 0;
-    copy_pipe *pipe = take_pipe();
-    if (pipe != NULL) {
-        ssize_t copied = copy_through(pipe, into, address, size);
+    // Only the caller changes a pipe it took, so a pipe still taken is usable.
+    if (taken >= 0 && taken < pipe_count && atomic_load(&pipes[taken].state) == PIPE_TAKEN) {
+        ssize_t copied = copy_through(&pipes[taken], into, address, size);
         if (copied >= 0) return (size_t)copied;
         if (copied == -EFAULT) {
             *error = EFAULT;
@@ -161,6 +173,15 @@ size_t stallcapture_copy_memory(void *into, uintptr_t address, size_t size, int 
     return copy_through_kernel(into, address, size, error);
 }
 
+size_t stallcapture_copy_memory(void *into, uintptr_t address, size_t size, int *error) {
+    *error = 0;
+    if (size == 0) return 0;
+    int taken = stallcapture_copy_begin();
+    size_t copied = stallcapture_copy_memory_with(taken, into, address, size, error);
+    stallcapture_copy_end(taken);
+    return copied;
+}
+
 uint64_t stallcapture_copies_without_pipe(void) {
     return atomic_load_explicit(&copies_without_pipe, memory_order_relaxed);
 }
@@ -168,6 +189,13 @@ uint64_t stallcapture_copies_without_pipe(void) {
 #else
 
 int stallcapture_copy_pipes_open(void) { return 0; }
+int stallcapture_copy_begin(void) { return -1; }
+void stallcapture_copy_end(int taken) { (void)taken; }
+size_t stallcapture_copy_memory_with(int taken, void *into, uintptr_t address, size_t size, int *error) {
+    (void)taken; (void)into; (void)address; (void)size;
+    *error = 0;
+    return 0;
+}
 size_t stallcapture_copy_memory(void *into, uintptr_t address, size_t size, int *error) {
     (void)into; (void)address; (void)size;
     *error = 0;

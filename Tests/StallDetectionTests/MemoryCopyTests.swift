@@ -99,5 +99,40 @@ struct MemoryCopyTests {
         }
         #expect(wrong == 0, "\(wrong) of 6,400 copies were short or held other bytes")
     }
+
+    @Test("one taken pipe serves a sample's run of copies; with every pipe taken, copies still come exact")
+    func takenPipe() {
+        let base = Self.mapping(pages: 8)
+        defer { munmap(base, 8 * Self.page) }
+        func copied(through taken: Int32, offset: Int, size: Int) -> Bool {
+            var bytes = [UInt8](repeating: 0xEE, count: size)
+            var error: Int32 = 0
+            let count = bytes.withUnsafeMutableBytes {
+                stallcapture_copy_memory_with(taken, $0.baseAddress, UInt(bitPattern: base + offset), size, &error)
+            }
+            return count == size && error == 0 && Self.matches(bytes, from: offset)
+        }
+        // As the handler does: two words, then a stack's worth, through one pipe.
+        let first = stallcapture_copy_begin()
+        #expect(first >= 0, "no pipe was free")
+        #expect(copied(through: first, offset: 40, size: 8) && copied(through: first, offset: 900, size: 8))
+        #expect(copied(through: first, offset: 100, size: 6 * Self.page))
+        // Take the rest (other tests' detectors may hold some): a taken pipe is
+        // never handed out twice, and a copy with none free goes through the kernel.
+        var taken = [first]
+        while taken.count <= 8 {
+            let next = stallcapture_copy_begin()
+            guard next >= 0 else { break }
+            #expect(!taken.contains(next), "pipe \(next) handed out while taken")
+            taken.append(next)
+        }
+        let before = stallcapture_copies_without_pipe()
+        #expect(copied(through: -1, offset: 3, size: 3 * Self.page))
+        #expect(stallcapture_copies_without_pipe() > before)
+        for pipe in taken { stallcapture_copy_end(pipe) }
+        let again = stallcapture_copy_begin()
+        #expect(again >= 0 && copied(through: again, offset: 7, size: 2 * Self.page))
+        stallcapture_copy_end(again)
+    }
     #endif
 }

@@ -31,6 +31,20 @@ int stallcapture_copy_pipes_open(void);
 /// faulted in may take the memory-map lock too.
 size_t stallcapture_copy_memory(void *into, uintptr_t address, size_t size, int *error);
 
+/// Takes a free pipe for a run of copies by one thread (the handler's thread-local
+/// words and stack: the pipe is taken and checked once, not once a copy).
+/// Returns its number, or -1 when none is free (the copies then go through
+/// `process_vm_readv`). Async-signal-safe. Give it back with
+/// `stallcapture_copy_end`.
+int stallcapture_copy_begin(void);
+
+/// `stallcapture_copy_memory` through the pipe `taken` (from
+/// `stallcapture_copy_begin`; -1: through `process_vm_readv`).
+size_t stallcapture_copy_memory_with(int taken, void *into, uintptr_t address, size_t size, int *error);
+
+/// Gives back a pipe taken by `stallcapture_copy_begin` (-1: nothing to give).
+void stallcapture_copy_end(int taken);
+
 /// How many copies went through `process_vm_readv` because no pipe was free
 /// (or none could be opened, or the program closed them).
 uint64_t stallcapture_copies_without_pipe(void);
