@@ -195,6 +195,15 @@ struct StallCheckTraitTests {
         // One stall, the blocker's (under load the queue may add a short one
         // of waiting for a core, as in `blockerStallRecorded`).
         let texts = events.map { StallGuard.failure($0, threshold: .milliseconds(100)) }
-        #expect(texts.contains { namesBlocker($0, target: "queue 'stall-check.sync'") }, "\(texts)")
+        #expect(texts.contains { $0.contains("stalled queue 'stall-check.sync'") }, "\(texts)")
+        let named = texts.contains { namesBlocker($0, target: "queue 'stall-check.sync'") }
+        // Under ThreadSanitizer a sample may not finish within the 300 ms block
+        // (as in `blockedQueueFails`): the stall is reported, its stack said to
+        // be unavailable and why; printed.
+        guard !stallCheckUnderThreadSanitizer else {
+            print("queue 'stall-check.sync' under ThreadSanitizer: the blocker named: \(named)")
+            return
+        }
+        #expect(named, "\(texts)")
     }
 }
