@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "CStallCapture.h"
+#include "CStallRawSyscall.h"
 
 #if defined(__linux__)
 
@@ -13,6 +14,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -87,6 +89,34 @@ static inline uintptr_t thread_pointer(void) {
     uintptr_t pointer = 0;
 #if defined(__x86_64__)
     __asm__ volatile("mov %%fs:0, %0" : "=r"(pointer));
+#elif defined(__aarch64__)
+    __asm__ volatile("mrs %0, tpidr_el0" : "=r"(pointer));
+#endif
+    return pointer;
+}
+
+#if defined(__x86_64__)
+#include <asm/prctl.h>
+#ifndef HWCAP2_FSGSBASE
+#define HWCAP2_FSGSBASE (1 << 1)
+#endif
+// Whether the kernel lets user code read the FS base with `rdfsbase` (Linux 5.9
+// and later, on processors that have it); read at install.
+static int fs_base_readable;
+#endif
+
+// The interrupted thread's pointer, for the signal handler: its register itself,
+// never the memory it points to. glibc keeps a pointer to itself at `%fs:0`, but
+// a thread whose FS base another runtime set (`arch_prctl`) may point anywhere,
+// and a read there faulted inside the handler.
+static inline uintptr_t handler_thread_pointer(void) {
+    uintptr_t pointer = 0;
+#if defined(__x86_64__)
+    if (fs_base_readable) {
+        __asm__ volatile("rdfsbase %0" : "=r"(pointer));
+    } else if (STALLCAPTURE_SYSCALL2(SYS_arch_prctl, ARCH_GET_FS, &pointer) != 0) {
+        pointer = 0;
+    }
 #elif defined(__aarch64__)
     __asm__ volatile("mrs %0, tpidr_el0" : "=r"(pointer));
 #endif
@@ -325,10 +355,11 @@ static void fill_thread_words(stallcapture_sample *out, int taken) {
     // Read without faulting (stallcapture_copy_memory_with): a thread whose thread
     // pointer is not glibc's (a runtime that makes its own threads) gets
     // "unknown", not a fault.
+    out->thread_pointer = handler_thread_pointer();
     out->queue = 0;
     out->queue_known = 0;
-    if (atomic_load_explicit(&queue_slot_found, memory_order_acquire)) {
-        uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&queue_slot_offset, memory_order_relaxed);
+    if (out->thread_pointer != 0 && atomic_load_explicit(&queue_slot_found, memory_order_acquire)) {
+        uintptr_t slot = out->thread_pointer + (uintptr_t)atomic_load_explicit(&queue_slot_offset, memory_order_relaxed);
         out->queue_known = handler_read(taken, slot, &out->queue, sizeof out->queue);
         if (!out->queue_known) out->queue = 0;
     }
@@ -336,9 +367,8 @@ static void fill_thread_words(stallcapture_sample *out, int taken) {
     // __tls_get_addr too).
     out->task = 0;
     out->task_known = 0;
-    out->thread_pointer = thread_pointer();
-    if (atomic_load_explicit(&task_slot_found, memory_order_acquire)) {
-        uintptr_t slot = thread_pointer() + (uintptr_t)atomic_load_explicit(&task_slot_offset, memory_order_relaxed);
+    if (out->thread_pointer != 0 && atomic_load_explicit(&task_slot_found, memory_order_acquire)) {
+        uintptr_t slot = out->thread_pointer + (uintptr_t)atomic_load_explicit(&task_slot_offset, memory_order_relaxed);
         out->task_known = handler_read(taken, slot, &out->task, sizeof out->task);
         if (!out->task_known) out->task = 0;
     }
@@ -355,7 +385,7 @@ static void fill_stack(stallcapture_sample *out, int taken) {
     out->copy_error = 0;
     out->on_alternate_stack = 0;
     stack_t alternate;
-    if (sigaltstack(NULL, &alternate) == 0 && !(alternate.ss_flags & SS_DISABLE) &&
+    if (STALLCAPTURE_SYSCALL2(SYS_sigaltstack, NULL, &alternate) == 0 && !(alternate.ss_flags & SS_DISABLE) &&
         out->sp >= (uintptr_t)alternate.ss_sp && out->sp - (uintptr_t)alternate.ss_sp < alternate.ss_size) {
         out->on_alternate_stack = 1;
     }
@@ -477,12 +507,14 @@ uint64_t stallcapture_probe_mark(pid_t tid) {
     return 0;
 }
 
+// Touches no thread-local storage, `errno` included (its system calls are made
+// directly), so it neither saves nor restores `errno`: a thread whose thread
+// pointer is not glibc's is sampled like any other.
 static void handler(int signal_number, siginfo_t *info, void *context) {
-    int saved_errno = errno;
-    pid_t self = (pid_t)syscall(SYS_gettid);
+    pid_t self = (pid_t)STALLCAPTURE_SYSCALL0(SYS_gettid);
     note_handler(self, INSIDE_HANDLER);
     int answered = 0;
-    if (info != NULL && info->si_code == SI_TKILL && info->si_pid == getpid()) {
+    if (info != NULL && info->si_code == SI_TKILL && info->si_pid == (pid_t)STALLCAPTURE_SYSCALL0(SYS_getpid)) {
         for (int index = 0; index < STALLCAPTURE_SLOTS; index++) {
             pid_t expected = self;
             if (!atomic_compare_exchange_strong(&slots[index].tid, &expected, -1)) continue;
@@ -497,7 +529,6 @@ static void handler(int signal_number, siginfo_t *info, void *context) {
     if (!answered) chain(signal_number, info, context);
     uint32_t left = monotonic_milliseconds();
     note_handler(self, left == INSIDE_HANDLER ? left - 1 : left);
-    errno = saved_errno;
 }
 
 // Calls every library function the handler calls, once, before the handler can
@@ -508,20 +539,8 @@ static void bind_handler_functions(void) {
     unsigned char byte = 0, copy = 0;
     int copy_error = 0;
     (void)stallcapture_copy_memory(&copy, (uintptr_t)&byte, 1, &copy_error);
-    struct iovec local = {&copy, 1};
-    struct iovec remote = {&byte, 1};
-    (void)process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
-    (void)syscall(SYS_gettid);
-    (void)sysconf(_SC_PAGESIZE);
     struct timespec now;
     (void)clock_gettime(CLOCK_MONOTONIC, &now);
-    stack_t alternate;
-    (void)sigaltstack(NULL, &alternate);
-    // __errno_location is a `const` function: a result left unused lets the
-    // compiler drop the call, and the handler then bound it on the sampled
-    // thread's stack (a thread on an 8 KB alternate stack died of it).
-    volatile int saved_errno = errno;
-    errno = saved_errno;
     sem_t bound;
     if (sem_init(&bound, 0, 0) == 0) {
         sem_post(&bound);
@@ -530,6 +549,9 @@ static void bind_handler_functions(void) {
 }
 
 static void install(void) {
+#if defined(__x86_64__)
+    fs_base_readable = (getauxval(AT_HWCAP2) & HWCAP2_FSGSBASE) != 0;
+#endif
     (void)stallcapture_copy_pipes_open();
     read_main_stack_end();
     bind_handler_functions();

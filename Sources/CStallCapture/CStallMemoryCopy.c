@@ -1,5 +1,6 @@
 #define _GNU_SOURCE
 #include "CStallMemoryCopy.h"
+#include "CStallRawSyscall.h"
 
 #if defined(__linux__)
 
@@ -72,17 +73,18 @@ int stallcapture_copy_pipes_open(void) {
 // Whether `descriptor` is still `pipe`'s end opened for `access` (O_RDONLY or
 // O_WRONLY): both ends share one inode, so a write end copied over the read
 // end's number (leaving the pipe no reader: SIGPIPE) fails the access check.
+// (The handler's system calls here and below are made directly: no `errno`.)
 static int is_this_pipe(int descriptor, const copy_pipe *pipe, int access) {
     struct stat status;
-    int flags = fcntl(descriptor, F_GETFL);
-    return flags >= 0 && (flags & O_ACCMODE) == access && fstat(descriptor, &status) == 0
+    long flags = STALLCAPTURE_SYSCALL2(SYS_fcntl, descriptor, F_GETFL);
+    return flags >= 0 && (flags & O_ACCMODE) == access && STALLCAPTURE_SYSCALL2(SYS_fstat, descriptor, &status) == 0
         && S_ISFIFO(status.st_mode) && status.st_dev == pipe->device && status.st_ino == pipe->inode;
 }
 
 // A free pipe of this process, taken; NULL when none is.
 static copy_pipe *take_pipe(void) {
-    if (pipe_count == 0 || (pid_t)syscall(SYS_getpid) != pipes_owner) return NULL;
-    unsigned first = (unsigned)syscall(SYS_gettid);
+    if (pipe_count == 0 || (pid_t)STALLCAPTURE_SYSCALL0(SYS_getpid) != pipes_owner) return NULL;
+    unsigned first = (unsigned)STALLCAPTURE_SYSCALL0(SYS_gettid);
     for (int step = 0; step < pipe_count; step++) {
         copy_pipe *pipe = &pipes[(first + (unsigned)step) % (unsigned)pipe_count];
         int expected = PIPE_FREE;
@@ -116,12 +118,12 @@ static ssize_t copy_through(copy_pipe *pipe, unsigned char *into, uintptr_t addr
     size_t chunk = PAGE_BYTES - (address % PAGE_BYTES);
     while (total < size) {
         if (chunk > size - total) chunk = size - total;
-        ssize_t written = write(pipe->write_end, (const void *)(address + total), chunk);
+        ssize_t written = STALLCAPTURE_SYSCALL3(SYS_write, pipe->write_end, address + total, chunk);
         if (written <= 0) {
-            int failure = written < 0 ? errno : EFAULT;
-            return total == 0 ? -(ssize_t)failure : (ssize_t)total;
+            ssize_t failure = written < 0 ? written : -EFAULT;
+            return total == 0 ? failure : (ssize_t)total;
         }
-        ssize_t read_back = read(pipe->read_end, into + total, (size_t)written);
+        ssize_t read_back = STALLCAPTURE_SYSCALL3(SYS_read, pipe->read_end, into + total, written);
         if (read_back != written) {
             // Not what was written: the pipe is not used again.
             atomic_store(&pipe->state, PIPE_LOST);
@@ -134,21 +136,25 @@ static ssize_t copy_through(copy_pipe *pipe, unsigned char *into, uintptr_t addr
     return (ssize_t)total;
 }
 
+// One `process_vm_readv` of this process' memory: the bytes read, or -errno.
+static long read_through_kernel(pid_t self, void *into, uintptr_t address, size_t size) {
+    struct iovec local = {into, size};
+    struct iovec remote = {(void *)address, size};
+    return STALLCAPTURE_SYSCALL6(SYS_process_vm_readv, self, &local, 1, &remote, 1, 0);
+}
+
 // Copies through the kernel's `process_vm_readv`: the whole range, else page by
 // page up to the first that cannot be read.
 static size_t copy_through_kernel(unsigned char *into, uintptr_t address, size_t size, int *error) {
-    struct iovec local = {into, size};
-    struct iovec remote = {(void *)address, size};
-    ssize_t copied = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    pid_t self = (pid_t)STALLCAPTURE_SYSCALL0(SYS_getpid);
+    long copied = read_through_kernel(self, into, address, size);
     if (copied >= 0) return (size_t)copied;
-    int first_error = errno;
+    int first_error = (int)-copied;
     size_t total = 0;
     size_t chunk = PAGE_BYTES - (address % PAGE_BYTES);
     while (total < size) {
         if (chunk > size - total) chunk = size - total;
-        struct iovec l = {into + total, chunk};
-        struct iovec r = {(void *)(address + total), chunk};
-        if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) != (ssize_t)chunk) break;
+        if (read_through_kernel(self, into + total, address + total, chunk) != (long)chunk) break;
         total += chunk;
         chunk = PAGE_BYTES;
     }

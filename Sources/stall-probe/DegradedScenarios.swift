@@ -20,6 +20,7 @@ let degradedScenarios: Set<String> = [
     "degraded-in-handler-spin-altstack", "degraded-host-profiler", "degraded-host-profiler-slow",
     "degraded-sigprof-blocked-sync", "degraded-seccomp-stalled-busy", "degraded-seccomp-stalled-sleep",
     "degraded-pipes-replaced", "degraded-pipes-crossed", "degraded-in-handler-spin-smallstack",
+    "degraded-foreign-tp-unreadable", "degraded-foreign-tp-zeroed", "degraded-foreign-tp-stack",
 ]
 
 func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
@@ -115,10 +116,65 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
                 alternateStack: scenario.hasSuffix("altstack") ? 65_536 : scenario.hasSuffix("smallstack") ? 8_192 : 0,
                 spinning: scenario.contains("-spin"))
         }
+    case "degraded-foreign-tp-unreadable", "degraded-foreign-tp-zeroed", "degraded-foreign-tp-stack":
+        // The stalled job spins with its FS base set by hand, as a runtime with
+        // threads of its own does: at unreadable memory, at zeroed memory, or at
+        // its own stack. Signal samples of it must neither fault nor read there.
+        let place = String(scenario.dropFirst("degraded-foreign-tp-".count))
+        degradedQueueStall(milliseconds) { length in degradedForeignThreadPointerSpin(length, place: place) }
     default:
         break
     }
 }
+
+#if arch(x86_64)
+/// glibc's `arch_prctl(code, address)`.
+private typealias ArchPrctl = @convention(c) (Int32, UInt) -> Int32
+private let archSetFS: Int32 = 0x1002
+private let archGetFS: Int32 = 0x1003
+
+/// Spins `milliseconds` with the thread's FS base at `place` (`unreadable`: the
+/// middle of a PROT_NONE mapping; `zeroed`: zeroed writable memory; `stack`: this
+/// thread's stack), then puts it back. Between the two `arch_prctl` calls it
+/// touches no thread-local storage (no `errno`, no runtime call): only the vDSO's
+/// clock.
+@inline(never)
+func degradedForeignThreadPointerSpin(_ milliseconds: Int, place: String) {
+    guard let libc = dlopen(nil, RTLD_NOW), let symbol = dlsym(libc, "arch_prctl") else {
+        emit("FOREIGNTP unavailable")
+        return
+    }
+    let archPrctl = unsafeBitCast(symbol, to: ArchPrctl.self)
+    let size = 1 << 20
+    let protection = place == "unreadable" ? PROT_NONE : PROT_READ | PROT_WRITE
+    guard let region = mmap(nil, size, protection, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), region != MAP_FAILED else {
+        emit("FOREIGNTP unavailable")
+        return
+    }
+    var saved: UInt = 0
+    _ = withUnsafeMutablePointer(to: &saved) { archPrctl(archGetFS, UInt(bitPattern: $0)) }
+    var local: UInt = 0
+    let stack = withUnsafeMutablePointer(to: &local) { (UInt(bitPattern: $0) & ~4_095) + 8_192 }
+    let foreign = place == "stack" ? stack : UInt(bitPattern: region) + UInt(size / 2)
+    emit("FOREIGNTP \(place) 0x\(String(foreign, radix: 16))")
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    let end = Int(now.tv_sec) &* 1_000 &+ Int(now.tv_nsec) / 1_000_000 &+ milliseconds
+    _ = archPrctl(archSetFS, foreign)
+    var spins = 0
+    repeat {
+        spins &+= 1
+        clock_gettime(CLOCK_MONOTONIC, &now)
+    } while Int(now.tv_sec) &* 1_000 &+ Int(now.tv_nsec) / 1_000_000 < end
+    _ = archPrctl(archSetFS, saved)
+    munmap(region, size)
+    emit("FOREIGNTP spun \(spins > 0)")
+}
+#else
+func degradedForeignThreadPointerSpin(_ milliseconds: Int, place: String) {
+    emit("FOREIGNTP unavailable")
+}
+#endif
 
 /// How long the SIGUSR1 handler sleeps or spins (set before the signal is raised).
 nonisolated(unsafe) private var degradedHandlerMilliseconds: Int32 = 0

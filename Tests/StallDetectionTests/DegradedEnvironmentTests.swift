@@ -121,6 +121,21 @@ struct DegradedEnvironmentTests {
         #expect(report.contains("degradedSpinningHandler"), "\(report)")
     }
 
+    @Test(
+        "A job spinning with its thread pointer set by another runtime (at unreadable, zeroed or stack memory): sampled, the process alive",
+        arguments: ["unreadable", "zeroed", "stack"])
+    func foreignThreadPointer(place: String) throws {
+        // The SIGPROF handler touches no thread-local storage: libc's `errno`,
+        // found through the thread pointer, faulted in it, and the process ended.
+        // Run in the release matrix too.
+        let (report, run) = try started(["degraded-foreign-tp-\(place)", "800"])
+        guard !run.lines.contains("FOREIGNTP unavailable") else { return }  // not x86_64
+        #expect(run.exitStatus == 0, "the probe ended with \(run.exitStatus): \(run.lines.suffix(6))")
+        #expect(run.lines.contains("FOREIGNTP spun true"), "\(run.lines.suffix(6))")
+        #expect(run.ended.count == 1, "\(run.lines.suffix(6))")
+        print("foreign thread pointer (\(place)): named \(report.contains("degradedForeignThreadPointerSpin"))")
+    }
+
     @Test("/proc not mounted: the report says /proc is unreadable, not that the thread is gone")
     func procUnmounted() throws {
         let unshare = ["/usr/bin/unshare", "/bin/unshare"].first { FileManager.default.isExecutableFile(atPath: $0) }
