@@ -278,11 +278,11 @@ case "recall":
 case _ where profileScenarios.contains(scenario):
     runProfileScenario(scenario, number)
 
-case _ where samplerAttackScenarios.contains(scenario):
-    runSamplerAttackScenario(scenario, number)
+case _ where samplerEdgeCaseScenarios.contains(scenario):
+    runSamplerEdgeCaseScenario(scenario, number)
 
-case _ where unwindAttackScenarios.contains(scenario):
-    runUnwindAttackScenario(scenario, number)
+case _ where unwindEdgeCaseScenarios.contains(scenario):
+    runUnwindEdgeCaseScenario(scenario, number)
 
 case _ where realConditionScenarios.contains(scenario):
     runRealConditionScenario(scenario, number)

@@ -55,7 +55,7 @@ extension StallDetectorIntegrationTests {
             // No retry for a stall not reported (a lost report). Run again only
             // when B's sleep was cut short: a look's signal reached the thread in
             // the microseconds it took to fall asleep (EINTR, documented in
-            // HowStallReportsAreMade; bounded by SamplerAttackTests'
+            // HowStallReportsAreMade; bounded by SamplerEdgeCaseTests'
             // `sleepsCutShort`), so the stall staged did not happen. Either sleep
             // counts: the warm-up's 400 ms (B too) and the A-then-B stall's 300 ms.
             // A run tried again is held to its reports all the same: both stalls

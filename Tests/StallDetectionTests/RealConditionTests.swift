@@ -122,7 +122,7 @@ struct RealConditionTests {
     /// reached the thread in the microseconds it took to fall asleep, and its
     /// `usleep` returned at once with `EINTR`, as under any signal-based profiler
     /// (documented in HowStallReportsAreMade; `sleepsCutShort` in
-    /// SamplerAttackTests bounds how often). The stall staged did not happen, and
+    /// SamplerEdgeCaseTests bounds how often). The stall staged did not happen, and
     /// the profile, which shows no B, says what did.
     static func looked(_ run: ProbeRun, scenario: String, stall: (samples: Double, a: Double, b: Double)) -> Bool {
         let looks = run.tracedSamples.filter(\.kept).count

@@ -6,13 +6,13 @@ import StallDetection
 import Glibc
 #endif
 
-// Attacks on the signal sampler's unwinding (no `backtrace()` in the handler). Extra output lines:
+// The signal sampler's unwinding at its edges (no `backtrace()` in the handler). Extra output lines:
 //   FREE <bytes>      the stack left below the spinning frame when the stall began
 
 /// The scenarios this file runs.
-let unwindAttackScenarios: Set<String> = ["unwind-near-stack-end", "unwind-near-stack-end-alone"]
+let unwindEdgeCaseScenarios: Set<String> = ["unwind-near-stack-end", "unwind-near-stack-end-alone"]
 
-func runUnwindAttackScenario(_ scenario: String, _ number: Int) {
+func runUnwindEdgeCaseScenario(_ scenario: String, _ number: Int) {
     let queue = DispatchQueue(label: "probe.unwind")
     let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
     defer { withExtendedLifetime(detector) {} }
@@ -23,13 +23,13 @@ func runUnwindAttackScenario(_ scenario: String, _ number: Int) {
         // sample of the process lands there. (The program alone never overflows.)
         watch(detector, endedCount: 1, then: finishAndExit(detector))
         queue.asyncAfter(deadline: .now() + 0.3) {
-            emit("FREE \(unwindAttackDescend(low: unwindAttackStackLow(), left: UInt(max(number, 0))))")
+            emit("FREE \(unwindEdgeCaseDescend(low: unwindEdgeCaseStackLow(), left: UInt(max(number, 0))))")
         }
         dispatchMain()
     case "unwind-near-stack-end-alone":
         // The same job without a detector: the program alone does not overflow.
         queue.asyncAfter(deadline: .now() + 0.3) {
-            emit("FREE \(unwindAttackDescend(low: unwindAttackStackLow(), left: UInt(max(number, 0))))")
+            emit("FREE \(unwindEdgeCaseDescend(low: unwindEdgeCaseStackLow(), left: UInt(max(number, 0))))")
             exit(0)
         }
         dispatchMain()
@@ -42,7 +42,7 @@ func runUnwindAttackScenario(_ scenario: String, _ number: Int) {
 /// pointer (from `/proc/self/maps`: a thread's stack is one mapping, with its
 /// guard page a separate one below).
 @inline(never)
-func unwindAttackStackLow() -> UInt {
+func unwindEdgeCaseStackLow() -> UInt {
     var marker = 0
     let here = withUnsafeMutablePointer(to: &marker) { UInt(bitPattern: $0) }
     let maps = (try? String(contentsOfFile: "/proc/self/maps", encoding: .utf8)) ?? ""
@@ -59,20 +59,20 @@ func unwindAttackStackLow() -> UInt {
 /// Recurses until less than `left` bytes of stack remain above `low`, then spins;
 /// returns how many were left there.
 @inline(never)
-func unwindAttackDescend(low: UInt, left: UInt) -> UInt {
+func unwindEdgeCaseDescend(low: UInt, left: UInt) -> UInt {
     var marker = 0
     let here = withUnsafeMutablePointer(to: &marker) { UInt(bitPattern: $0) }
     if here > low + left + 256 {
-        let free = unwindAttackDescend(low: low, left: left)
+        let free = unwindEdgeCaseDescend(low: low, left: left)
         withExtendedLifetime(marker) {}
         return free
     }
-    unwindAttackNearStackEndSpin()
+    unwindEdgeCaseNearStackEndSpin()
     return here - low
 }
 
 @inline(never)
-func unwindAttackNearStackEndSpin() {
+func unwindEdgeCaseNearStackEndSpin() {
     let end = ContinuousClock.now + .milliseconds(1_500)
     var spins = 0
     while ContinuousClock.now < end { spins &+= 1 }

@@ -10,13 +10,13 @@ import Testing
 import Glibc
 #endif
 
-// Attacks on the signal sampler, which has no `backtrace()` in its handler:
+// Unwinding at its edges: the signal sampler has no `backtrace()` in its handler;
 // the sampler unwinds the copied stack itself (frame-pointer chain validated for
 // three links, frameless gaps filled by proven calls, uncertain scan beyond).
 
 #if os(Linux) && arch(x86_64)
 
-/// C and assembly the attacks run, built at test time into one shared library
+/// C and assembly the cases run, built at test time into one shared library
 /// (so `exactStart` does not apply: calls are checked the library way).
 ///
 /// - `rs_leaf(stop)`: a frameless leaf (no frame record, like glibc's `memset`)
@@ -28,7 +28,7 @@ import Glibc
 ///   the deepest of those stale records.
 /// - `rs_interrupted_outer` → `rs_interrupted_spin` spin; the thread's own SIGALRM
 ///   handler `rs_alarm_handler` (optionally on a `sigaltstack`) spins on top of it.
-private let unwindAttackSource = #"""
+private let unwindEdgeCaseSource = #"""
     #define _GNU_SOURCE
     #include <pthread.h>
     #include <signal.h>
@@ -176,35 +176,35 @@ private let unwindAttackSource = #"""
 
 /// Builds `source` into a shared library and opens it; the handle's bit pattern
 /// (a pointer is not `Sendable`), or nil when no C compiler is installed.
-private func unwindAttackBuild(_ source: String, name: String) -> UInt? {
+private func unwindEdgeCaseBuild(_ source: String, name: String) -> UInt? {
     guard
-        let libraryPath = samplerAttackBuildLibrary(
+        let libraryPath = samplerEdgeCaseBuildLibrary(
             named: name, source: source, flags: ["-O2", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer"])
     else { return nil }
     return dlopen(libraryPath, RTLD_NOW | RTLD_LOCAL).map { UInt(bitPattern: $0) }
 }
 
-/// The attacks' library, built once.
-private let unwindAttackLibrary: UInt? = unwindAttackBuild(unwindAttackSource, name: "rs")
+/// The cases' library, built once.
+private let unwindEdgeCaseLibrary: UInt? = unwindEdgeCaseBuild(unwindEdgeCaseSource, name: "rs")
 
-private func unwindAttackFunction<T>(_ name: String, as type: T.Type) throws -> T {
-    let handle = try #require(unwindAttackLibrary, "no C compiler to build the test library")
+private func unwindEdgeCaseFunction<T>(_ name: String, as type: T.Type) throws -> T {
+    let handle = try #require(unwindEdgeCaseLibrary, "no C compiler to build the test library")
     let address = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: handle), name), "no symbol \(name)")
     return unsafeBitCast(address, to: type)
 }
 
-private func unwindAttackInt32(_ name: String) throws -> UnsafeMutablePointer<Int32> {
-    let handle = try #require(unwindAttackLibrary, "no C compiler to build the test library")
+private func unwindEdgeCaseInt32(_ name: String) throws -> UnsafeMutablePointer<Int32> {
+    let handle = try #require(unwindEdgeCaseLibrary, "no C compiler to build the test library")
     let address = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: handle), name), "no symbol \(name)")
     return address.assumingMemoryBound(to: Int32.self)
 }
 
-private func unwindAttackNames(_ backtrace: StallBacktrace) -> [String] {
+private func unwindEdgeCaseNames(_ backtrace: StallBacktrace) -> [String] {
     backtrace.frames.map { ($0.function ?? String(format: "0x%lx", $0.address)) + ($0.isUncertain ? " ?" : "") }
 }
 
 /// A stop flag the C code spins on (`volatile int *`), shared with a thread.
-private final class UnwindAttackFlag: @unchecked Sendable {
+private final class UnwindEdgeCaseFlag: @unchecked Sendable {
     // Invariant: the memory is only read and written through volatile C
     // accesses (the spinning thread) and `Atomic`-free stores of a whole Int32
     // from the test; it lives until the thread was joined.
@@ -215,7 +215,7 @@ private final class UnwindAttackFlag: @unchecked Sendable {
 }
 
 /// A thread running `body`; publishes its kernel id.
-private final class UnwindAttackThread: @unchecked Sendable {
+private final class UnwindEdgeCaseThread: @unchecked Sendable {
     // Invariant: `tid` is written once before `ready` is signalled and read after.
     private(set) var tid: Int32 = 0
     private let ready = DispatchSemaphore(value: 0)
@@ -237,8 +237,8 @@ private final class UnwindAttackThread: @unchecked Sendable {
 
 /// Calls a C function of the library by pointer from Swift (its frame stays).
 @inline(never)
-private func unwindAttackCall(
-    _ function: @convention(c) (UnsafeMutablePointer<Int32>) -> Void, _ stop: UnwindAttackFlag
+private func unwindEdgeCaseCall(
+    _ function: @convention(c) (UnsafeMutablePointer<Int32>) -> Void, _ stop: UnwindEdgeCaseFlag
 ) {
     function(stop.pointer)
     withExtendedLifetime(stop) {}
@@ -246,11 +246,11 @@ private func unwindAttackCall(
 
 /// The names of a sample of thread `tid`, sampled again (5 ms apart, 20 tries at
 /// most, with one context) until `accept` holds; the last sample's names.
-private func unwindAttackSampleNames(of tid: Int32, until accept: ([String]) -> Bool) -> [String] {
+private func unwindEdgeCaseSampleNames(of tid: Int32, until accept: ([String]) -> Bool) -> [String] {
     let context = SamplingContext()
     var names: [String] = []
     for _ in 0..<20 {
-        names = unwindAttackNames(context.backtrace(of: tid))
+        names = unwindEdgeCaseNames(context.backtrace(of: tid))
         if accept(names) { break }
         usleep(5_000)
     }
@@ -259,25 +259,25 @@ private func unwindAttackSampleNames(of tid: Int32, until accept: ([String]) -> 
 
 /// Samples the thread running `entry(stop)` until `accept` holds for a sample (or
 /// 20 tries), then stops it; returns the last sample.
-private func unwindAttackSample(
+private func unwindEdgeCaseSample(
     entry: String, settle: useconds_t = 20_000, accept: ([String]) -> Bool
 ) throws -> [String] {
-    let function = try unwindAttackFunction(entry, as: (@convention(c) (UnsafeMutablePointer<Int32>) -> Void).self)
-    let stop = UnwindAttackFlag()
-    let thread = UnwindAttackThread { unwindAttackCall(function, stop) }
+    let function = try unwindEdgeCaseFunction(entry, as: (@convention(c) (UnsafeMutablePointer<Int32>) -> Void).self)
+    let stop = UnwindEdgeCaseFlag()
+    let thread = UnwindEdgeCaseThread { unwindEdgeCaseCall(function, stop) }
     usleep(settle)
-    let names = unwindAttackSampleNames(of: thread.tid, until: accept)
+    let names = unwindEdgeCaseSampleNames(of: thread.tid, until: accept)
     stop.raise()
     #expect(thread.join())
     return names
 }
 
 @Suite(
-    "Attacks on unwinding a sample of the thread's own stack", .serialized,
+    "Unwinding a sample of the thread's own stack: frameless leaves, stale records, stubs, deep recursion", .serialized,
     .disabled(
         if: underThreadSanitizer,
         "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))
-struct UnwindAttackAttackTests {
+struct UnwindEdgeCaseTests {
     /// Promise 2: a frameless leaf (no frame record) interrupted in a shared library;
     /// `rs_caller` (frame record, called from `rs_outer` by a direct call) must stay.
     /// The gap above `rbp`'s record is filled only when the outer record's call does
@@ -291,7 +291,7 @@ struct UnwindAttackAttackTests {
             "holds alone (`--filter framelessLeafInLibraryKeepsCaller`), but samples frames in a library loaded after the first symbolication, which (bug: see libraryLoadedAfterFirstSampleKeepsNames) unnames libc for the rest of the test process"
         ))
     func framelessLeafInLibraryKeepsCaller() throws {
-        let names = try unwindAttackSample(entry: "rs_outer") { $0.first == "rs_leaf" }
+        let names = try unwindEdgeCaseSample(entry: "rs_outer") { $0.first == "rs_leaf" }
         try #require(names.first == "rs_leaf", "never sampled inside the leaf: \(names)")
         let caller = names.firstIndex(of: "rs_caller")
         let outer = names.firstIndex(of: "rs_outer")
@@ -308,7 +308,7 @@ struct UnwindAttackAttackTests {
             "bug: rbp used as data pointing at stale frame records is accepted (the stale chain validates for 3 links, linking to live records): rs_stale_deep, returned long ago, is reported as 4 certain frames"
         ))
     func rbpAtStaleRecordsInventsNoFrames() throws {
-        let names = try unwindAttackSample(entry: "rs_stale_outer") { $0.first == "rs_spin_rbp" }
+        let names = try unwindEdgeCaseSample(entry: "rs_stale_outer") { $0.first == "rs_spin_rbp" }
         try #require(names.first == "rs_spin_rbp", "never sampled inside the spin: \(names)")
         #expect(!names.contains("rs_stale_deep"), "frames of a function that returned, as certain: \(names)")
         #expect(names.contains("rs_stale_outer"), "the real caller: \(names)")
@@ -318,14 +318,14 @@ struct UnwindAttackAttackTests {
     /// called `rs_stale_h` → `rs_bufleaf` (returned), then calls `rs_bufleaf`
     /// itself; the leaf's uninitialized locals hold the old return address into
     /// `rs_stale_h`, whose call provably targets `rs_bufleaf`. gdb:
-    /// rs_bufleaf, rs_stale_g, unwindAttackCall…
+    /// rs_bufleaf, rs_stale_g, unwindEdgeCaseCall…
     @Test(
         "A stale return address in a frameless leaf's locals is not a certain frame",
         .disabled(
             "bug: a stale return address (into rs_stale_h, whose call targets the running leaf) in a frameless leaf's uninitialized locals fills the gap above rbp's record as a certain frame"
         ))
     func staleReturnAddressInLeafLocals() throws {
-        let names = try unwindAttackSample(entry: "rs_stale_g") { $0.first == "rs_bufleaf" }
+        let names = try unwindEdgeCaseSample(entry: "rs_stale_g") { $0.first == "rs_bufleaf" }
         try #require(names.first == "rs_bufleaf", "never sampled inside the leaf: \(names)")
         #expect(!names.contains("rs_stale_h"), "a frame that returned, as certain: \(names)")
         #expect(names.contains("rs_stale_g"), "the leaf's real caller: \(names)")
@@ -337,14 +337,14 @@ struct UnwindAttackAttackTests {
     /// order.
     @Test("A Swift comparator spinning inside qsort keeps qsort's caller")
     func qsortCallback() throws {
-        unwindAttackCompareGate.store(0, ordering: .releasing)
-        let thread = UnwindAttackThread { unwindAttackSorter() }
+        unwindEdgeCaseCompareGate.store(0, ordering: .releasing)
+        let thread = UnwindEdgeCaseThread { unwindEdgeCaseSorter() }
         usleep(20_000)
-        let names = unwindAttackSampleNames(of: thread.tid) { $0.first?.contains("unwindAttackCompare") == true }
-        unwindAttackCompareGate.store(1, ordering: .releasing)
+        let names = unwindEdgeCaseSampleNames(of: thread.tid) { $0.first?.contains("unwindEdgeCaseCompare") == true }
+        unwindEdgeCaseCompareGate.store(1, ordering: .releasing)
         #expect(thread.join())
-        let compare = names.firstIndex { $0.contains("unwindAttackCompare") }
-        let sorter = names.firstIndex { $0.hasPrefix("unwindAttackSorter") }
+        let compare = names.firstIndex { $0.contains("unwindEdgeCaseCompare") }
+        let sorter = names.firstIndex { $0.hasPrefix("unwindEdgeCaseSorter") }
         #expect(compare != nil && sorter != nil && compare! < sorter!, "\(names)")
     }
 
@@ -353,54 +353,54 @@ struct UnwindAttackAttackTests {
     /// function and reaches the thread's root, or says it is truncated.
     @Test("A spinning function under 6,000 recursive frames is sampled whole or marked truncated")
     func deepRecursionRunning() {
-        let stop = UnwindAttackFlag()
-        let thread = UnwindAttackThread { _ = unwindAttackRecurse(6_000, stop) }
+        let stop = UnwindEdgeCaseFlag()
+        let thread = UnwindEdgeCaseThread { _ = unwindEdgeCaseRecurse(6_000, stop) }
         usleep(50_000)
         let context = SamplingContext()
         var backtrace = context.backtrace(of: thread.tid)
-        for _ in 0..<20 where unwindAttackNames(backtrace).first?.hasPrefix("unwindAttackRecurse") != true {
+        for _ in 0..<20 where unwindEdgeCaseNames(backtrace).first?.hasPrefix("unwindEdgeCaseRecurse") != true {
             usleep(5_000)
             backtrace = context.backtrace(of: thread.tid)
         }
         stop.raise()
         #expect(thread.join())
-        let names = unwindAttackNames(backtrace)
-        let recursive = names.filter { $0.hasPrefix("unwindAttackRecurse") }.count
-        #expect(names.first?.hasPrefix("unwindAttackRecurse") == true, "\(names.prefix(5))")
+        let names = unwindEdgeCaseNames(backtrace)
+        let recursive = names.filter { $0.hasPrefix("unwindEdgeCaseRecurse") }.count
+        #expect(names.first?.hasPrefix("unwindEdgeCaseRecurse") == true, "\(names.prefix(5))")
         #expect(names.contains("start_thread") || backtrace.isTruncated, "\(names.suffix(5))")
         #expect(recursive >= 1_000, "\(recursive) recursive frames")
     }
 
     /// Promise 2 through JIT code without a frame record: a stub in anonymous
     /// r-x memory (`sub rsp, 8; movabs rax, callee; call rax; add rsp, 8; ret`)
-    /// calls a Swift callback that spins. Its caller (`unwindAttackCallStub`)
+    /// calls a Swift callback that spins. Its caller (`unwindEdgeCaseCallStub`)
     /// must stay, after the callback.
     @Test(
         "A frameless JIT stub between a spinning callback and its caller keeps the caller",
         .disabled(
-            "bug: the return address into unwindAttackCallStub (after its `call *%rax` into the JIT stub) lies between two chained records and its indirect call cannot be proven, so the running Swift caller of the JIT code is dropped, not even kept uncertain"
+            "bug: the return address into unwindEdgeCaseCallStub (after its `call *%rax` into the JIT stub) lies between two chained records and its indirect call cannot be proven, so the running Swift caller of the JIT code is dropped, not even kept uncertain"
         ))
     func framelessJITStub() throws {
         guard
             let memory = mmap(nil, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
             memory != MAP_FAILED
-        else { throw UnwindAttackError.noMemory }
+        else { throw UnwindEdgeCaseError.noMemory }
         defer { munmap(memory, 4096) }
-        let callee = unsafeBitCast(unwindAttackStubCallee, to: UInt.self)
+        let callee = unsafeBitCast(unwindEdgeCaseStubCallee, to: UInt.self)
         var code: [UInt8] = [0x48, 0x83, 0xEC, 0x08, 0x48, 0xB8]
         withUnsafeBytes(of: callee.littleEndian) { code += $0 }
         code += [0xFF, 0xD0, 0x48, 0x83, 0xC4, 0x08, 0xC3]
         code.withUnsafeBytes { memory.advanced(by: 0x800).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
         try #require(mprotect(memory, 4096, PROT_READ | PROT_EXEC) == 0)
         let stub = UInt(bitPattern: memory.advanced(by: 0x800))
-        unwindAttackStubGate.store(0, ordering: .releasing)
-        let thread = UnwindAttackThread { unwindAttackCallStub(stub) }
+        unwindEdgeCaseStubGate.store(0, ordering: .releasing)
+        let thread = UnwindEdgeCaseThread { unwindEdgeCaseCallStub(stub) }
         usleep(20_000)
-        let names = unwindAttackSampleNames(of: thread.tid) { $0.first?.contains("unwindAttackStubCallee") == true }
-        unwindAttackStubGate.store(1, ordering: .releasing)
+        let names = unwindEdgeCaseSampleNames(of: thread.tid) { $0.first?.contains("unwindEdgeCaseStubCallee") == true }
+        unwindEdgeCaseStubGate.store(1, ordering: .releasing)
         #expect(thread.join())
-        let callback = names.firstIndex { $0.contains("unwindAttackStubCallee") }
-        let caller = names.firstIndex { $0.hasPrefix("unwindAttackCallStub") }
+        let callback = names.firstIndex { $0.contains("unwindEdgeCaseStubCallee") }
+        let caller = names.firstIndex { $0.hasPrefix("unwindEdgeCaseCallStub") }
         #expect(callback != nil && caller != nil && callback! < caller!, "\(names)")
     }
 
@@ -414,32 +414,32 @@ struct UnwindAttackAttackTests {
             "bug: once a frame in a library loaded after the first symbolication is sampled, the image map is taken again and names no libc or Foundation frame (addresses only; start_thread unrecognized, an uncertain tail added), in that context and every new one"
         ))
     func libraryLoadedAfterFirstSampleKeepsNames() throws {
-        let stop = UnwindAttackFlag()
-        let thread = UnwindAttackThread { _ = unwindAttackRecurse(3, stop) }
+        let stop = UnwindEdgeCaseFlag()
+        let thread = UnwindEdgeCaseThread { _ = unwindEdgeCaseRecurse(3, stop) }
         defer {
             stop.raise()
             #expect(thread.join())
         }
         usleep(20_000)
-        let before = unwindAttackNames(SamplingContext().backtrace(of: thread.tid))
+        let before = unwindEdgeCaseNames(SamplingContext().backtrace(of: thread.tid))
         try #require(before.contains("start_thread"), "\(before)")
         // A fresh library, and a thread running in it (its frame makes the map be taken again).
         let source = """
             void rs_fresh_spin(volatile int *stop) { while (!*stop) __asm__ volatile("pause" ::: "memory"); }
             int rs_fresh_\(UInt32.random(in: 0...UInt32.max))(void) { return 1; }
             """
-        let handle = try #require(unwindAttackBuild(source, name: "rsfresh"), "no C compiler")
+        let handle = try #require(unwindEdgeCaseBuild(source, name: "rsfresh"), "no C compiler")
         let spin = try #require(dlsym(UnsafeMutableRawPointer(bitPattern: handle), "rs_fresh_spin"))
         let function = unsafeBitCast(spin, to: (@convention(c) (UnsafeMutablePointer<Int32>) -> Void).self)
-        let freshStop = UnwindAttackFlag()
-        let fresh = UnwindAttackThread { unwindAttackCall(function, freshStop) }
+        let freshStop = UnwindEdgeCaseFlag()
+        let fresh = UnwindEdgeCaseThread { unwindEdgeCaseCall(function, freshStop) }
         usleep(20_000)
         let context = SamplingContext()
-        let inFresh = unwindAttackNames(context.backtrace(of: fresh.tid))
+        let inFresh = unwindEdgeCaseNames(context.backtrace(of: fresh.tid))
         freshStop.raise()
         #expect(fresh.join())
-        let after = unwindAttackNames(context.backtrace(of: thread.tid))
-        let afresh = unwindAttackNames(SamplingContext().backtrace(of: thread.tid))
+        let after = unwindEdgeCaseNames(context.backtrace(of: thread.tid))
+        let afresh = unwindEdgeCaseNames(SamplingContext().backtrace(of: thread.tid))
         #expect(inFresh.contains("rs_fresh_spin"), "\(inFresh)")
         #expect(afresh.contains("start_thread") && afresh.contains("Thread.main()"), "new context: \(afresh)")
         #expect(after.contains("start_thread") && after.contains("Thread.main()"), "before: \(before), after: \(after)")
@@ -454,19 +454,19 @@ struct UnwindAttackAttackTests {
             "holds alone (`--filter ownSignalHandlerOnStack`), but samples frames in a library loaded after the first symbolication, which (bug: see libraryLoadedAfterFirstSampleKeepsNames) unnames libc for the rest of the test process; DegradedEnvironmentTests checks the same in a child process, against gdb"
         ), arguments: [false, true])
     func ownSignalHandlerOnStack(alternateStack: Bool) throws {
-        let install = try unwindAttackFunction("rs_install_alarm", as: (@convention(c) (Int32) -> Int32).self)
-        let restore = try unwindAttackFunction("rs_restore_alarm", as: (@convention(c) () -> Int32).self)
-        let alarm = try unwindAttackFunction("rs_alarm", as: (@convention(c) (Int32) -> Int32).self)
-        let threadBody = try unwindAttackFunction(
+        let install = try unwindEdgeCaseFunction("rs_install_alarm", as: (@convention(c) (Int32) -> Int32).self)
+        let restore = try unwindEdgeCaseFunction("rs_restore_alarm", as: (@convention(c) () -> Int32).self)
+        let alarm = try unwindEdgeCaseFunction("rs_alarm", as: (@convention(c) (Int32) -> Int32).self)
+        let threadBody = try unwindEdgeCaseFunction(
             "rs_interrupted_thread", as: (@convention(c) (UnsafeMutablePointer<Int32>, Int32) -> Void).self)
-        let handlerStop = try unwindAttackInt32("rs_handler_stop")
-        let inHandler = try unwindAttackInt32("rs_in_handler")
-        let inSpin = try unwindAttackInt32("rs_in_spin")
+        let handlerStop = try unwindEdgeCaseInt32("rs_handler_stop")
+        let inHandler = try unwindEdgeCaseInt32("rs_in_handler")
+        let inSpin = try unwindEdgeCaseInt32("rs_in_spin")
         handlerStop.pointee = 0
         try #require(install(alternateStack ? 1 : 0) == 0)
         defer { _ = restore() }
-        let stop = UnwindAttackFlag()
-        let thread = UnwindAttackThread {
+        let stop = UnwindEdgeCaseFlag()
+        let thread = UnwindEdgeCaseThread {
             threadBody(stop.pointer, alternateStack ? 1 : 0)
             withExtendedLifetime(stop) {}
         }
@@ -481,7 +481,7 @@ struct UnwindAttackAttackTests {
             usleep(1_000)
             waited += 1
         }
-        let names = unwindAttackSampleNames(of: thread.tid) { $0.first == "rs_alarm_handler" }
+        let names = unwindEdgeCaseSampleNames(of: thread.tid) { $0.first == "rs_alarm_handler" }
         handlerStop.pointee = 1
         stop.raise()
         #expect(thread.join())
@@ -506,7 +506,7 @@ struct UnwindAttackAttackTests {
             "holds alone, but samples a frame in a library loaded after the first symbolication, which (bug: see libraryLoadedAfterFirstSampleKeepsNames) unnames libc for the rest of the test process: the other sampling suites then fail"
         ))
     func makecontextStack() throws {
-        let names = try unwindAttackSample(entry: "rs_ctx_run") { $0.first == "rs_ctx_inner" }
+        let names = try unwindEdgeCaseSample(entry: "rs_ctx_run") { $0.first == "rs_ctx_inner" }
         try #require(names.first == "rs_ctx_inner", "never sampled inside the spin: \(names)")
         #expect(names.contains("rs_ctx_body"), "the caller on the context's stack: \(names)")
     }
@@ -517,8 +517,8 @@ struct UnwindAttackAttackTests {
     /// samples that lost the loop, those that named a certain frame not on the
     /// stack, and the reasons of those that took no stack (saying why).
     private func sampleTightLoop() -> (lostLoop: [[String]], invented: [[String]], unavailable: [String]) {
-        let stop = UnwindAttackFlag()
-        let thread = UnwindAttackThread { unwindAttackTightLoop(stop) }
+        let stop = UnwindEdgeCaseFlag()
+        let thread = UnwindEdgeCaseThread { unwindEdgeCaseTightLoop(stop) }
         usleep(20_000)
         let context = SamplingContext()
         var lostLoop: [[String]] = []
@@ -530,14 +530,14 @@ struct UnwindAttackAttackTests {
                 unavailable.append(reason)
                 continue
             }
-            let names = unwindAttackNames(backtrace)
-            if !names.contains(where: { $0.hasPrefix("unwindAttackTightLoop") }) { lostLoop.append(names) }
+            let names = unwindEdgeCaseNames(backtrace)
+            if !names.contains(where: { $0.hasPrefix("unwindEdgeCaseTightLoop") }) { lostLoop.append(names) }
             let unknown = names.filter { name in
                 // Unnamed addresses are not judged (a library loaded by an earlier
                 // test makes libc's frames lose their names: see
                 // `libraryLoadedAfterFirstSampleKeepsNames`).
                 !name.hasSuffix(" ?") && !name.hasPrefix("0x")
-                    && !unwindAttackTightLoopFrames.contains { name.contains($0) }
+                    && !unwindEdgeCaseTightLoopFrames.contains { name.contains($0) }
             }
             if !unknown.isEmpty { invented.append(names) }
         }
@@ -574,8 +574,8 @@ struct UnwindAttackAttackTests {
     private func nearStackEnd(free: Int) throws {
         var run = try ProbeRun.run(["unwind-near-stack-end", "\(free)"])
         for _ in 1..<3
-        where run.exitStatus == 0 && run.started.first?.report.contains("unwindAttackDescend") == true
-            && run.started.first?.report.contains("unwindAttackNearStackEndSpin") == false
+        where run.exitStatus == 0 && run.started.first?.report.contains("unwindEdgeCaseDescend") == true
+            && run.started.first?.report.contains("unwindEdgeCaseNearStackEndSpin") == false
         {
             // The first sample came while the job was still recursing down (a
             // loaded machine), not near the stack's end: the promise was not tried.
@@ -584,7 +584,7 @@ struct UnwindAttackAttackTests {
         #expect(run.exitStatus == 0, "the helper died (status \(run.exitStatus)): \(run.lines.prefix(3))")
         #expect(run.started.count == 1, "\(run.lines.prefix(3))")
         #expect(
-            run.started.first?.report.contains("unwindAttackNearStackEndSpin") == true,
+            run.started.first?.report.contains("unwindEdgeCaseNearStackEndSpin") == true,
             "\(run.started.first?.report ?? "")")
     }
 
@@ -606,9 +606,9 @@ struct UnwindAttackAttackTests {
     /// Promise 2 on the cooperative pool: an async function spinning in a task.
     @Test("An async function spinning on the cooperative pool is named")
     func asyncFunctionOnCooperativePool() async throws {
-        let stop = UnwindAttackFlag()
+        let stop = UnwindEdgeCaseFlag()
         let tid = Atomic<Int32>(0)
-        let task = Task.detached { await unwindAttackAsyncSpinner(stop, tid: tid) }
+        let task = Task.detached { await unwindEdgeCaseAsyncSpinner(stop, tid: tid) }
         var waited = 0
         while tid.load(ordering: .acquiring) == 0 && waited < 200 {
             try await Task.sleep(for: .milliseconds(10))
@@ -617,64 +617,64 @@ struct UnwindAttackAttackTests {
         let context = SamplingContext()
         var names: [String] = []
         for _ in 0..<10 {
-            names = unwindAttackNames(context.backtrace(of: tid.load(ordering: .acquiring)))
-            if names.contains(where: { $0.contains("unwindAttackAsyncSpinner") }) { break }
+            names = unwindEdgeCaseNames(context.backtrace(of: tid.load(ordering: .acquiring)))
+            if names.contains(where: { $0.contains("unwindEdgeCaseAsyncSpinner") }) { break }
             try await Task.sleep(for: .milliseconds(5))
         }
         stop.raise()
         await task.value
-        #expect(names.contains { $0.contains("unwindAttackAsyncSpinner") }, "\(names)")
+        #expect(names.contains { $0.contains("unwindEdgeCaseAsyncSpinner") }, "\(names)")
     }
 }
 
 /// Recurses `depth` times, then spins until `stop` is raised.
 @inline(never)
-private func unwindAttackRecurse(_ depth: Int, _ stop: UnwindAttackFlag) -> Int {
+private func unwindEdgeCaseRecurse(_ depth: Int, _ stop: UnwindEdgeCaseFlag) -> Int {
     if depth == 0 {
         var spins = 0
         while stop.pointer.pointee == 0 { spins &+= 1 }
         return spins & 1
     }
-    return unwindAttackRecurse(depth - 1, stop) &+ 1
+    return unwindEdgeCaseRecurse(depth - 1, stop) &+ 1
 }
 
-private enum UnwindAttackError: Error { case noMemory }
+private enum UnwindEdgeCaseError: Error { case noMemory }
 
 /// Opened by the JIT stub test to let its callback return.
-private let unwindAttackStubGate = Atomic<Int>(0)
+private let unwindEdgeCaseStubGate = Atomic<Int>(0)
 
 /// The callback a frameless JIT stub calls: spins until the gate opens.
-private let unwindAttackStubCallee: @convention(c) () -> Void = {
+private let unwindEdgeCaseStubCallee: @convention(c) () -> Void = {
     var spins = 0
-    while unwindAttackStubGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
+    while unwindEdgeCaseStubGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
     _ = spins
 }
 
 /// Calls the stub at `code`.
 @inline(never)
-private func unwindAttackCallStub(_ code: UInt) {
+private func unwindEdgeCaseCallStub(_ code: UInt) {
     let function = unsafeBitCast(code, to: (@convention(c) () -> Void).self)
     function()
     withExtendedLifetime(code) {}
 }
 
 /// Opened by the qsort test to let its comparator return.
-private let unwindAttackCompareGate = Atomic<Int>(0)
+private let unwindEdgeCaseCompareGate = Atomic<Int>(0)
 
 /// A comparator that spins until the gate opens.
-private func unwindAttackCompare(_ left: UnsafeRawPointer?, _ right: UnsafeRawPointer?) -> Int32 {
+private func unwindEdgeCaseCompare(_ left: UnsafeRawPointer?, _ right: UnsafeRawPointer?) -> Int32 {
     var spins = 0
-    while unwindAttackCompareGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
+    while unwindEdgeCaseCompareGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
     let a = left!.load(as: Int32.self)
     let b = right!.load(as: Int32.self)
     return a < b ? -1 : a > b ? 1 : Int32(truncatingIfNeeded: spins & 0)
 }
 
 @inline(never)
-private func unwindAttackSorter() {
+private func unwindEdgeCaseSorter() {
     var values = (0..<64).map { Int32(64 - $0) }
     values.withUnsafeMutableBufferPointer { buffer in
-        qsort(buffer.baseAddress!, buffer.count, MemoryLayout<Int32>.size, unwindAttackCompare)
+        qsort(buffer.baseAddress!, buffer.count, MemoryLayout<Int32>.size, unwindEdgeCaseCompare)
     }
     if values.first == 42 { print(values) }
 }
@@ -682,22 +682,22 @@ private func unwindAttackSorter() {
 /// What the tight loop's stack may hold: the loop, its callee, memset's variants,
 /// the thread's root; `_init` is how a pc inside the executable's PLT stub is named
 /// (the symbol before `.plt`): a wrong name for a real frame.
-private let unwindAttackTightLoopFrames = [
+private let unwindEdgeCaseTightLoopFrames = [
     "_init",
-    "unwindAttackTightLoop", "unwindAttackTiny", "memset", "Iterator", "Range",
-    "closure #1 in UnwindAttackAttackTests.sampleTightLoop()", "closure #1 in UnwindAttackThread.init",
+    "unwindEdgeCaseTightLoop", "unwindEdgeCaseTiny", "memset", "Iterator", "Range",
+    "closure #1 in UnwindEdgeCaseTests.sampleTightLoop()", "closure #1 in UnwindEdgeCaseThread.init",
     "Thread.main()", "NSThreadStart", "start_thread", "clone",
 ]
 
 @inline(never)
-private func unwindAttackTiny(_ value: Int) -> Int { value &* 3 &+ 1 }
+private func unwindEdgeCaseTiny(_ value: Int) -> Int { value &* 3 &+ 1 }
 
 @inline(never)
-private func unwindAttackTightLoop(_ stop: UnwindAttackFlag) {
+private func unwindEdgeCaseTightLoop(_ stop: UnwindEdgeCaseFlag) {
     let buffer = UnsafeMutableRawPointer.allocate(byteCount: 512, alignment: 16)
     var sum = 0
     while stop.pointer.pointee == 0 {
-        for index in 0..<64 { sum &+= unwindAttackTiny(index) }
+        for index in 0..<64 { sum &+= unwindEdgeCaseTiny(index) }
         memset(buffer, Int32(sum & 0xFF), 512)
     }
     buffer.deallocate()
@@ -705,7 +705,7 @@ private func unwindAttackTightLoop(_ stop: UnwindAttackFlag) {
 }
 
 @inline(never)
-private func unwindAttackAsyncSpinner(_ stop: UnwindAttackFlag, tid: borrowing Atomic<Int32>) async {
+private func unwindEdgeCaseAsyncSpinner(_ stop: UnwindEdgeCaseFlag, tid: borrowing Atomic<Int32>) async {
     await Task.yield()
     tid.store(stallcapture_current_tid(), ordering: .releasing)
     var spins = 0

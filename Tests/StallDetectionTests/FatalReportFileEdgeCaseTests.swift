@@ -13,8 +13,9 @@ import Glibc
 /// between writer, remover and takers, forged reports, a full disk, and
 /// `stall-flamegraph` fed hostile input. The cases that need a non-root victim
 /// run when their environment variable names a prepared directory.
-@Suite("Fatal stall reports and profile exports (hostile cases)", .serialized)
-struct FatalReportHostileTests {
+@Suite(
+    "Fatal report files and profile exports at their edges: paths, planted objects, races, forged input", .serialized)
+struct FatalReportFileEdgeCaseTests {
     static func event(
         target: String = "queue 'attack'", activities: [String] = [], profile: StallProfile = .empty
     ) -> StallEvent {
@@ -682,7 +683,7 @@ struct FatalReportStopRaceTests {
         guard let offset else {
             var appeared: Duration?
             while ContinuousClock.now - start < .milliseconds(400) {
-                if FatalReportHostileTests.exists(path) {
+                if FatalReportFileEdgeCaseTests.exists(path) {
                     appeared = ContinuousClock.now - start
                     break
                 }
@@ -693,14 +694,14 @@ struct FatalReportStopRaceTests {
         while ContinuousClock.now - start < offset {}
         detector.stop()
         Thread.sleep(forTimeInterval: 0.3)
-        let leaked = FatalReportHostileTests.exists(path)
+        let leaked = FatalReportFileEdgeCaseTests.exists(path)
         queue.sync {}
         return (leaked, nil)
     }
 
     @Test("stop() during a stall's .started: no report exists 300 ms after stop() returned")
     func stopRace() {
-        let directory = FatalReportHostileTests.freshDirectory("stop-race")
+        let directory = FatalReportFileEdgeCaseTests.freshDirectory("stop-race")
         let path = directory + "/report.json"
         var appeared: [Duration] = []
         for _ in 0..<5 { if let time = Self.trial(offset: nil, path: path).appeared { appeared.append(time) } }

@@ -10,7 +10,7 @@ import Testing
 import Glibc
 #endif
 
-// Attacks on the sampler's promises (kept-open /proc files,
+// The sampler's promises at their edges (kept-open /proc files,
 // code cached across samples, rwx mappings not treated as code, images loaded
 // after the first sample).
 
@@ -18,23 +18,23 @@ import Glibc
 
 /// Released by a test to let its blocked thread return (one test at a time: the
 /// suite is serialized).
-private let samplerAttackGate = Atomic<Int>(0)
+private let samplerEdgeCaseGate = Atomic<Int>(0)
 
 /// The callee a JIT stub or a test library calls: sleeps in the kernel until the gate opens.
-private let samplerAttackSleeper: @convention(c) () -> Void = {
-    while samplerAttackGate.load(ordering: .acquiring) == 0 { usleep(2_000) }
+private let samplerEdgeCaseSleeper: @convention(c) () -> Void = {
+    while samplerEdgeCaseGate.load(ordering: .acquiring) == 0 { usleep(2_000) }
 }
 
 /// The same, but running in user code (sampled by signal).
-private let samplerAttackSpinner: @convention(c) () -> Void = {
+private let samplerEdgeCaseSpinner: @convention(c) () -> Void = {
     var spins = 0
-    while samplerAttackGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
+    while samplerEdgeCaseGate.load(ordering: .acquiring) == 0 { spins &+= 1 }
     _ = spins
 }
 
 /// Calls a C function `code(callback)` or `code()`; its own frame must stay in reports.
 @inline(never)
-private func samplerAttackCaller(_ code: UInt, callback: UInt?) {
+private func samplerEdgeCaseCaller(_ code: UInt, callback: UInt?) {
     if let callback {
         let function = unsafeBitCast(code, to: (@convention(c) (UInt) -> Void).self)
         function(callback)
@@ -45,7 +45,7 @@ private func samplerAttackCaller(_ code: UInt, callback: UInt?) {
 }
 
 /// A thread running `body`, whose kernel id and a stack address it publishes.
-private final class SamplerAttackThread: @unchecked Sendable {
+private final class SamplerEdgeCaseThread: @unchecked Sendable {
     // Invariant: `tid` and `stackMarker` are written once by the thread before
     // `ready` is signalled, and read only after `ready` was waited for.
     private(set) var tid: Int32 = 0
@@ -74,7 +74,7 @@ private final class SamplerAttackThread: @unchecked Sendable {
 }
 
 /// The `/proc/self/task/TID/{stat,syscall}` descriptors open in this process, by tid.
-private func samplerAttackTaskDescriptors() -> [Int32: Int] {
+private func samplerEdgeCaseTaskDescriptors() -> [Int32: Int] {
     var counts: [Int32: Int] = [:]
     guard let entries = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return [:] }
     for entry in entries {
@@ -94,7 +94,7 @@ private func samplerAttackTaskDescriptors() -> [Int32: Int] {
 
 /// Builds a shared library from C source with the system compiler (`-O1` unless
 /// `flags` are given, frame pointers kept); its path, or nil when there is no compiler.
-func samplerAttackBuildLibrary(
+func samplerEdgeCaseBuildLibrary(
     named name: String, source: String, flags: [String] = ["-O1", "-fno-omit-frame-pointer"]
 ) -> String? {
     let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
@@ -118,7 +118,7 @@ func samplerAttackBuildLibrary(
 }
 
 /// Two functions that keep their frames (`outer` calls `inner` calls the callback).
-private func samplerAttackLibrarySource(_ prefix: String) -> String {
+private func samplerEdgeCaseLibrarySource(_ prefix: String) -> String {
     """
     typedef void (*callback_t)(void);
     __attribute__((noinline)) void \(prefix)_inner(callback_t callback) {
@@ -134,7 +134,7 @@ private func samplerAttackLibrarySource(_ prefix: String) -> String {
 
 /// A JIT-like stub in anonymous memory: `push rbp; mov rbp, rsp; movabs rax,
 /// callee; call rax; pop rbp; ret`.
-private func samplerAttackMakeStub(calling callee: UInt, protection: Int32) -> UnsafeMutableRawPointer? {
+private func samplerEdgeCaseMakeStub(calling callee: UInt, protection: Int32) -> UnsafeMutableRawPointer? {
     guard
         let memory = mmap(nil, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
         memory != MAP_FAILED
@@ -149,33 +149,33 @@ private func samplerAttackMakeStub(calling callee: UInt, protection: Int32) -> U
     return memory.advanced(by: offset)
 }
 
-private func samplerAttackSymbol(_ handle: UnsafeMutableRawPointer, _ name: String) throws -> UInt {
+private func samplerEdgeCaseSymbol(_ handle: UnsafeMutableRawPointer, _ name: String) throws -> UInt {
     let address = UInt(bitPattern: dlsym(handle, name))
     try #require(address != 0, "no symbol \(name)")
     return address
 }
 
-private func samplerAttackNames(_ backtrace: StallBacktrace) -> [String] {
+private func samplerEdgeCaseNames(_ backtrace: StallBacktrace) -> [String] {
     backtrace.frames.map { $0.function ?? String(format: "0x%lx", $0.address) }
 }
 
 /// Recurses `depth` times, then sleeps until the gate opens.
 @inline(never)
-private func samplerAttackRecurse(_ depth: Int) -> Int {
+private func samplerEdgeCaseRecurse(_ depth: Int) -> Int {
     if depth == 0 {
-        samplerAttackSleeper()
+        samplerEdgeCaseSleeper()
         return 0
     }
-    return samplerAttackRecurse(depth - 1) &+ 1
+    return samplerEdgeCaseRecurse(depth - 1) &+ 1
 }
 
 /// Holds `count` copies of `decoy` (a real return address of other code) on its
 /// stack while it sleeps.
 @inline(never)
-private func samplerAttackDecoyHolder(_ decoy: UInt, count: Int) {
+private func samplerEdgeCaseDecoyHolder(_ decoy: UInt, count: Int) {
     withUnsafeTemporaryAllocation(of: UInt.self, capacity: count) { buffer in
         for index in 0..<count { buffer[index] = decoy }
-        samplerAttackSleeper()
+        samplerEdgeCaseSleeper()
         var sum: UInt = 0
         for value in buffer { sum &+= value }
         if sum == 42 { print(sum) }
@@ -183,49 +183,49 @@ private func samplerAttackDecoyHolder(_ decoy: UInt, count: Int) {
 }
 
 /// The thread id a short-lived thread hopes to get (thread-id reuse), and whether one got it.
-private let samplerAttackWantedTid = Atomic<Int32>(0)
-private let samplerAttackReuseHit = Atomic<Bool>(false)
+private let samplerEdgeCaseWantedTid = Atomic<Int32>(0)
+private let samplerEdgeCaseReuseHit = Atomic<Bool>(false)
 
 /// A thread's body: returns at once unless it got the wanted id, in which case it
-/// sleeps in `samplerAttackDecoyHolder` until the gate opens.
-private func samplerAttackReuseBody(_: UnsafeMutableRawPointer?) -> UnsafeMutableRawPointer? {
-    if stallcapture_current_tid() == samplerAttackWantedTid.load(ordering: .acquiring) {
-        samplerAttackReuseHit.store(true, ordering: .releasing)
-        samplerAttackReuseChecked.add(1, ordering: .releasing)
-        samplerAttackDecoyHolder(0, count: 1)
+/// sleeps in `samplerEdgeCaseDecoyHolder` until the gate opens.
+private func samplerEdgeCaseReuseBody(_: UnsafeMutableRawPointer?) -> UnsafeMutableRawPointer? {
+    if stallcapture_current_tid() == samplerEdgeCaseWantedTid.load(ordering: .acquiring) {
+        samplerEdgeCaseReuseHit.store(true, ordering: .releasing)
+        samplerEdgeCaseReuseChecked.add(1, ordering: .releasing)
+        samplerEdgeCaseDecoyHolder(0, count: 1)
     } else {
-        samplerAttackReuseChecked.add(1, ordering: .releasing)
+        samplerEdgeCaseReuseChecked.add(1, ordering: .releasing)
     }
     return nil
 }
 
 /// How many short-lived threads have compared their id (the creator waits for each
 /// before it joins it: joining the one that got the id would wait for the gate).
-private let samplerAttackReuseChecked = Atomic<Int>(0)
+private let samplerEdgeCaseReuseChecked = Atomic<Int>(0)
 
 /// Starts a thread running `body` (which waits on the gate), samples it once with
 /// `context`, lets it go and joins it.
-func samplerAttackSample(with context: SamplingContext, _ body: @escaping @Sendable () -> Void) -> StallBacktrace {
-    samplerAttackGate.store(0, ordering: .releasing)
-    let thread = SamplerAttackThread(body)
+func samplerEdgeCaseSample(with context: SamplingContext, _ body: @escaping @Sendable () -> Void) -> StallBacktrace {
+    samplerEdgeCaseGate.store(0, ordering: .releasing)
+    let thread = SamplerEdgeCaseThread(body)
     let backtrace = context.backtrace(of: thread.tid)
-    samplerAttackGate.store(1, ordering: .releasing)
+    samplerEdgeCaseGate.store(1, ordering: .releasing)
     #expect(thread.join())
     return backtrace
 }
 
 @Suite(
-    "Attacks on the sampler: descriptors, threads, stacks, phases", .serialized,
+    "The sampler at its edges: descriptors, exiting threads, late libraries, odd stacks, phases", .serialized,
     .disabled(
         if: underThreadSanitizer,
         "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))
-struct SamplerAttackAttackTests {
+struct SamplerEdgeCaseTests {
     // MARK: - Kept-open /proc files
 
     @Test("80 sleeping threads sampled: at most 16 threads' files stay open, none after the context goes")
     func manyThreadsKeepBoundedDescriptors() throws {
-        samplerAttackGate.store(0, ordering: .releasing)
-        let threads = (0..<80).map { _ in SamplerAttackThread { samplerAttackSleeper() } }
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
+        let threads = (0..<80).map { _ in SamplerEdgeCaseThread { samplerEdgeCaseSleeper() } }
         let tids = Set(threads.map(\.tid))
         var context: SamplingContext? = SamplingContext()
         var maximum = 0
@@ -244,35 +244,35 @@ struct SamplerAttackAttackTests {
             "at most \(ProcTaskFiles.limit) threads' files: \(maximum) fds")
         context = nil
         // Other suites' detectors close theirs when their stalls end: waited for.
-        var left = samplerAttackTaskDescriptors().filter { tids.contains($0.key) }
+        var left = samplerEdgeCaseTaskDescriptors().filter { tids.contains($0.key) }
         for _ in 0..<100 where !left.isEmpty {
             usleep(50_000)
-            left = samplerAttackTaskDescriptors().filter { tids.contains($0.key) }
+            left = samplerEdgeCaseTaskDescriptors().filter { tids.contains($0.key) }
         }
         #expect(left.isEmpty, "descriptors left after the context went: \(left)")
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         for thread in threads { #expect(thread.join()) }
     }
 
     @Test(
         "A thread that exits between samples: reported gone, its files closed by the next look")
     func exitedThreadBetweenSamples() throws {
-        samplerAttackGate.store(0, ordering: .releasing)
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
         let context = SamplingContext()
-        let thread = SamplerAttackThread { samplerAttackSleeper() }
+        let thread = SamplerEdgeCaseThread { samplerEdgeCaseSleeper() }
         // Asleep (read through both files, stat and syscall), not still starting
         // (a running thread is signalled: stat only).
         // The sleeper wakes every 2 ms; on a loaded machine it may wait for a core
         // (running, so signalled: stat only) at the moment of a sample. Sampled again
         // until one sample caught it asleep.
         var first = context.backtrace(of: thread.tid)
-        for _ in 0..<200 where samplerAttackTaskDescriptors()[thread.tid] != 2 {
+        for _ in 0..<200 where samplerEdgeCaseTaskDescriptors()[thread.tid] != 2 {
             usleep(5_000)
             first = context.backtrace(of: thread.tid)
         }
         #expect(first.unavailableReason == nil)
-        #expect(samplerAttackTaskDescriptors()[thread.tid] == 2)
-        samplerAttackGate.store(1, ordering: .releasing)
+        #expect(samplerEdgeCaseTaskDescriptors()[thread.tid] == 2)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(thread.join())
         // Give the kernel time to reap the thread.
         var second = context.backtrace(of: thread.tid)
@@ -287,22 +287,22 @@ struct SamplerAttackAttackTests {
             _ = context.backtrace(of: thread.tid)
         }
         #expect(
-            samplerAttackTaskDescriptors()[thread.tid] == nil,
-            "an exited thread's files stay open (\(second.unavailableReason ?? "")): \(samplerAttackTaskDescriptors()[thread.tid] ?? 0)"
+            samplerEdgeCaseTaskDescriptors()[thread.tid] == nil,
+            "an exited thread's files stay open (\(second.unavailableReason ?? "")): \(samplerEdgeCaseTaskDescriptors()[thread.tid] ?? 0)"
         )
     }
 
     @Test("Threads that exit without being sampled again: how many descriptors the sampler holds for the dead")
     func exitedThreadsHoldDescriptors() throws {
-        samplerAttackGate.store(0, ordering: .releasing)
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
         let context = SamplingContext()
-        let threads = (0..<20).map { _ in SamplerAttackThread { samplerAttackSleeper() } }
+        let threads = (0..<20).map { _ in SamplerEdgeCaseThread { samplerEdgeCaseSleeper() } }
         let tids = Set(threads.map(\.tid))
         for thread in threads { _ = context.backtrace(of: thread.tid) }
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         for thread in threads { #expect(thread.join()) }
         usleep(100_000)
-        let held = samplerAttackTaskDescriptors().filter { tids.contains($0.key) }.values.reduce(0, +)
+        let held = samplerEdgeCaseTaskDescriptors().filter { tids.contains($0.key) }.values.reduce(0, +)
         // Promise: bounded by the limit (a file of each kind per thread).
         #expect(held <= ProcTaskFiles.Kind.allCases.count * ProcTaskFiles.limit)
         withExtendedLifetime(context) {}
@@ -310,7 +310,7 @@ struct SamplerAttackAttackTests {
 
     @Test("A stopped and released detector closes every /proc file it opened")
     func releasedDetectorClosesDescriptors() async throws {
-        let queue = DispatchQueue(label: "samplerAttack.blocked")
+        let queue = DispatchQueue(label: "samplerEdgeCase.blocked")
         let blockedTid = Locked<Int32>(0)
         var detector: StallDetector? = StallDetector(target: .queue(queue), threshold: .milliseconds(100))
         detector!.start()
@@ -329,13 +329,13 @@ struct SamplerAttackAttackTests {
         }
         #expect(sawEnded)
         let tid = blockedTid.withLock { $0 }
-        let whileAlive = samplerAttackTaskDescriptors()[tid] ?? 0
+        let whileAlive = samplerEdgeCaseTaskDescriptors()[tid] ?? 0
         detector!.stop()
         detector = nil
-        var left = samplerAttackTaskDescriptors()[tid] ?? 0
+        var left = samplerEdgeCaseTaskDescriptors()[tid] ?? 0
         for _ in 0..<200 where left > 0 {
             try await Task.sleep(for: .milliseconds(10))
-            left = samplerAttackTaskDescriptors()[tid] ?? 0
+            left = samplerEdgeCaseTaskDescriptors()[tid] ?? 0
         }
         // A stall's files are closed once it ends (the program
         // may need the descriptors): none need be open here any more.
@@ -373,7 +373,7 @@ struct SamplerAttackAttackTests {
             }.start()
         }
         defer { stop.withLock { $0 = true } }
-        let queue = DispatchQueue(label: "samplerAttack.between")
+        let queue = DispatchQueue(label: "samplerEdgeCase.between")
         let blockedTid = Locked<Int32>(0)
         let blocking = Locked(false)
         let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(100))
@@ -397,7 +397,7 @@ struct SamplerAttackAttackTests {
                     nextBlock = ContinuousClock.now + .seconds(4)
                 }
                 let tid = blockedTid.withLock { $0 }
-                if tid != 0, blocking.withLock({ $0 }), (samplerAttackTaskDescriptors()[tid] ?? 0) > 0 {
+                if tid != 0, blocking.withLock({ $0 }), (samplerEdgeCaseTaskDescriptors()[tid] ?? 0) > 0 {
                     sampled = true
                 }
                 usleep(10_000)
@@ -408,10 +408,10 @@ struct SamplerAttackAttackTests {
             }
             let tid = blockedTid.withLock { $0 }
             // Closed on the detector queue once the stall ended.
-            var held = samplerAttackTaskDescriptors()[tid] ?? 0
+            var held = samplerEdgeCaseTaskDescriptors()[tid] ?? 0
             for _ in 0..<300 where held > 0 {
                 usleep(10_000)
-                held = samplerAttackTaskDescriptors()[tid] ?? 0
+                held = samplerEdgeCaseTaskDescriptors()[tid] ?? 0
             }
             if held != 0 {
                 failures.append("round \(round): \(held) /proc files of thread \(tid) still open between stalls")
@@ -422,15 +422,15 @@ struct SamplerAttackAttackTests {
 
     // MARK: - Code the image map does not know
 
-    /// Samples a thread that runs `samplerAttackCaller` -> stub at `stub` -> callee, and returns the names.
+    /// Samples a thread that runs `samplerEdgeCaseCaller` -> stub at `stub` -> callee, and returns the names.
     private func sampleThroughStub(
         _ stub: UnsafeMutableRawPointer, context: SamplingContext, spinning: Bool
     ) -> (StallBacktrace, stackMarker: UInt) {
-        samplerAttackGate.store(0, ordering: .releasing)
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
         let address = UInt(bitPattern: stub)
-        let thread = SamplerAttackThread { samplerAttackCaller(address, callback: nil) }
+        let thread = SamplerEdgeCaseThread { samplerEdgeCaseCaller(address, callback: nil) }
         let backtrace = context.backtrace(of: thread.tid)
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(thread.join())
         return (backtrace, thread.stackMarker)
     }
@@ -444,22 +444,22 @@ struct SamplerAttackAttackTests {
         ])
     func jitStubKeepsCaller(protection: Int32, mappedAfterFirstSample: Bool, spinning: Bool) throws {
         let context = SamplingContext()
-        let callee = unsafeBitCast(spinning ? samplerAttackSpinner : samplerAttackSleeper, to: UInt.self)
+        let callee = unsafeBitCast(spinning ? samplerEdgeCaseSpinner : samplerEdgeCaseSleeper, to: UInt.self)
         var stub: UnsafeMutableRawPointer?
-        if !mappedAfterFirstSample { stub = samplerAttackMakeStub(calling: callee, protection: protection) }
+        if !mappedAfterFirstSample { stub = samplerEdgeCaseMakeStub(calling: callee, protection: protection) }
         // The first sample takes the image map and the text ranges.
-        let warm = SamplerAttackThread { samplerAttackSleeper() }
+        let warm = SamplerEdgeCaseThread { samplerEdgeCaseSleeper() }
         _ = context.backtrace(of: warm.tid)
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(warm.join())
-        if mappedAfterFirstSample { stub = samplerAttackMakeStub(calling: callee, protection: protection) }
+        if mappedAfterFirstSample { stub = samplerEdgeCaseMakeStub(calling: callee, protection: protection) }
         let made = try #require(stub)
         defer { munmap(UnsafeMutableRawPointer(bitPattern: UInt(bitPattern: made) & ~4095), 4096) }
         let (backtrace, marker) = sampleThroughStub(made, context: context, spinning: spinning)
-        let names = samplerAttackNames(backtrace)
+        let names = samplerEdgeCaseNames(backtrace)
         #expect(backtrace.unavailableReason == nil)
         #expect(
-            names.contains { $0.contains("samplerAttackCaller") },
+            names.contains { $0.contains("samplerEdgeCaseCaller") },
             "the stub's caller is lost: \(names)")
         // No frame may be a pointer into the thread's own stack.
         let stackFrames = backtrace.frames.filter { $0.address &- (marker &- 0x10_0000) < 0x20_0000 }
@@ -474,22 +474,23 @@ struct SamplerAttackAttackTests {
         arguments: [false, true])
     func libraryLoadedLaterIsNamed(spinning: Bool) throws {
         let prefix = spinning ? "sampler_late_spin" : "sampler_late_sleep"
-        let path = try #require(samplerAttackBuildLibrary(named: prefix, source: samplerAttackLibrarySource(prefix)))
+        let path = try #require(
+            samplerEdgeCaseBuildLibrary(named: prefix, source: samplerEdgeCaseLibrarySource(prefix)))
         let context = SamplingContext()
-        samplerAttackGate.store(0, ordering: .releasing)
-        let warm = SamplerAttackThread { samplerAttackSleeper() }
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
+        let warm = SamplerEdgeCaseThread { samplerEdgeCaseSleeper() }
         _ = context.backtrace(of: warm.tid)
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(warm.join())
 
         let handle = try #require(dlopen(path, RTLD_NOW | RTLD_LOCAL))
-        let outer = try samplerAttackSymbol(handle, "\(prefix)_outer")
-        let callee = unsafeBitCast(spinning ? samplerAttackSpinner : samplerAttackSleeper, to: UInt.self)
-        let backtrace = samplerAttackSample(with: context) { samplerAttackCaller(outer, callback: callee) }
-        let names = samplerAttackNames(backtrace)
+        let outer = try samplerEdgeCaseSymbol(handle, "\(prefix)_outer")
+        let callee = unsafeBitCast(spinning ? samplerEdgeCaseSpinner : samplerEdgeCaseSleeper, to: UInt.self)
+        let backtrace = samplerEdgeCaseSample(with: context) { samplerEdgeCaseCaller(outer, callback: callee) }
+        let names = samplerEdgeCaseNames(backtrace)
         #expect(names.contains("\(prefix)_outer"), "\(names)")
         #expect(names.contains("\(prefix)_inner"), "\(names)")
-        #expect(names.contains { $0.contains("samplerAttackCaller") }, "\(names)")
+        #expect(names.contains { $0.contains("samplerEdgeCaseCaller") }, "\(names)")
     }
 
     @Test(
@@ -497,25 +498,26 @@ struct SamplerAttackAttackTests {
         .disabled("bug: an image map taken again lists Runtime's debug files and names no library frame"))
     func imageMapTakenAgainKeepsNames() throws {
         // Any earlier context: the process' shared image map is taken.
-        let before = samplerAttackSample(with: SamplingContext()) { samplerAttackSleeper() }
-        #expect(samplerAttackNames(before).contains("usleep"), "before: \(samplerAttackNames(before))")
+        let before = samplerEdgeCaseSample(with: SamplingContext()) { samplerEdgeCaseSleeper() }
+        #expect(samplerEdgeCaseNames(before).contains("usleep"), "before: \(samplerEdgeCaseNames(before))")
 
         let prefix = "sampler_refresh"
-        let path = try #require(samplerAttackBuildLibrary(named: prefix, source: samplerAttackLibrarySource(prefix)))
+        let path = try #require(
+            samplerEdgeCaseBuildLibrary(named: prefix, source: samplerEdgeCaseLibrarySource(prefix)))
         let handle = try #require(dlopen(path, RTLD_NOW | RTLD_LOCAL))
-        let outer = try samplerAttackSymbol(handle, "\(prefix)_outer")
+        let outer = try samplerEdgeCaseSymbol(handle, "\(prefix)_outer")
         // A context made now lists the library as text; the shared map does not know it.
         let context = SamplingContext()
-        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
-        let backtrace = samplerAttackSample(with: context) { samplerAttackCaller(outer, callback: callee) }
-        let names = samplerAttackNames(backtrace)
+        let callee = unsafeBitCast(samplerEdgeCaseSleeper, to: UInt.self)
+        let backtrace = samplerEdgeCaseSample(with: context) { samplerEdgeCaseCaller(outer, callback: callee) }
+        let names = samplerEdgeCaseNames(backtrace)
         #expect(names.contains("\(prefix)_outer"), "\(names)")
         #expect(names.contains("usleep"), "the C library's frames lost their names: \(names)")
         #expect(names.contains("start_thread"), "the C library's frames lost their names: \(names)")
 
         // And a detector made afterwards (it starts from the shared map).
-        let after = samplerAttackSample(with: SamplingContext()) { samplerAttackSleeper() }
-        #expect(samplerAttackNames(after).contains("usleep"), "a later context: \(samplerAttackNames(after))")
+        let after = samplerEdgeCaseSample(with: SamplingContext()) { samplerEdgeCaseSleeper() }
+        #expect(samplerEdgeCaseNames(after).contains("usleep"), "a later context: \(samplerEdgeCaseNames(after))")
     }
 
     @Test(
@@ -523,28 +525,28 @@ struct SamplerAttackAttackTests {
         .disabled("bug: names (and decoded code) cached by address survive a dlclose; no refresh for a known range"))
     func libraryReplacedAtSameAddress() throws {
         let alphaPath = try #require(
-            samplerAttackBuildLibrary(named: "sampler_alpha", source: samplerAttackLibrarySource("sampler_alpha")))
+            samplerEdgeCaseBuildLibrary(named: "sampler_alpha", source: samplerEdgeCaseLibrarySource("sampler_alpha")))
         let betaPath = try #require(
-            samplerAttackBuildLibrary(named: "sampler_betaa", source: samplerAttackLibrarySource("sampler_betaa")))
+            samplerEdgeCaseBuildLibrary(named: "sampler_betaa", source: samplerEdgeCaseLibrarySource("sampler_betaa")))
         // Loaded before the context's first sample, so its image is known.
         let alpha = try #require(dlopen(alphaPath, RTLD_NOW | RTLD_LOCAL))
-        let alphaOuter = try samplerAttackSymbol(alpha, "sampler_alpha_outer")
+        let alphaOuter = try samplerEdgeCaseSymbol(alpha, "sampler_alpha_outer")
         let context = SamplingContext()
-        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
+        let callee = unsafeBitCast(samplerEdgeCaseSleeper, to: UInt.self)
 
-        let first = samplerAttackSample(with: context) { samplerAttackCaller(alphaOuter, callback: callee) }
-        #expect(samplerAttackNames(first).contains("sampler_alpha_outer"), "\(samplerAttackNames(first))")
-        #expect(samplerAttackNames(first).contains("usleep"), "first: \(samplerAttackNames(first))")
+        let first = samplerEdgeCaseSample(with: context) { samplerEdgeCaseCaller(alphaOuter, callback: callee) }
+        #expect(samplerEdgeCaseNames(first).contains("sampler_alpha_outer"), "\(samplerEdgeCaseNames(first))")
+        #expect(samplerEdgeCaseNames(first).contains("usleep"), "first: \(samplerEdgeCaseNames(first))")
 
         dlclose(alpha)
         let beta = try #require(dlopen(betaPath, RTLD_NOW | RTLD_LOCAL))
         defer { dlclose(beta) }
-        let betaOuter = try samplerAttackSymbol(beta, "sampler_betaa_outer")
+        let betaOuter = try samplerEdgeCaseSymbol(beta, "sampler_betaa_outer")
         // Same layout, same place: the same return addresses as before.
         try #require(betaOuter == alphaOuter, "the loader put the second library elsewhere; nothing to test")
 
-        let second = samplerAttackSample(with: context) { samplerAttackCaller(betaOuter, callback: callee) }
-        let names = samplerAttackNames(second)
+        let second = samplerEdgeCaseSample(with: context) { samplerEdgeCaseCaller(betaOuter, callback: callee) }
+        let names = samplerEdgeCaseNames(second)
         #expect(names.contains("sampler_betaa_outer"), "stale names after dlclose+dlopen: \(names)")
         #expect(names.contains("usleep"), "libc unnamed after the image map was taken again: \(names)")
         #expect(!names.contains { $0.hasPrefix("sampler_alpha") }, "an unloaded library's names: \(names)")
@@ -556,18 +558,18 @@ struct SamplerAttackAttackTests {
         "Very deep recursion asleep in the kernel: every recursion frame in order up to the copy, marked truncated or reaching the root"
     )
     func deepRecursion() throws {
-        samplerAttackGate.store(0, ordering: .releasing)
-        let thread = SamplerAttackThread(stackSize: 64 << 20) { _ = samplerAttackRecurse(20_000) }
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
+        let thread = SamplerEdgeCaseThread(stackSize: 64 << 20) { _ = samplerEdgeCaseRecurse(20_000) }
         let context = SamplingContext()
         let backtrace = context.backtrace(of: thread.tid)
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(thread.join())
-        let names = samplerAttackNames(backtrace)
-        let recursion = names.filter { $0.contains("samplerAttackRecurse") }.count
+        let names = samplerEdgeCaseNames(backtrace)
+        let recursion = names.filter { $0.contains("samplerEdgeCaseRecurse") }.count
         #expect(recursion >= 1_000, "only \(recursion) recursion frames of 20,000")
         // Innermost first: the sleeper before every recursion frame.
-        let sleeper = names.firstIndex { $0.contains("samplerAttackSleeper") }
-        let firstRecursion = names.firstIndex { $0.contains("samplerAttackRecurse") }
+        let sleeper = names.firstIndex { $0.contains("samplerEdgeCaseSleeper") }
+        let firstRecursion = names.firstIndex { $0.contains("samplerEdgeCaseRecurse") }
         #expect(sleeper != nil && firstRecursion != nil && sleeper! < firstRecursion!, "\(names.prefix(12))")
         #expect(
             backtrace.isTruncated || names.contains("start_thread"),
@@ -576,49 +578,50 @@ struct SamplerAttackAttackTests {
 
     @Test("A thread with the smallest stack, asleep and spinning: sampled whole", arguments: [false, true])
     func tinyStack(spinning: Bool) throws {
-        samplerAttackGate.store(0, ordering: .releasing)
-        let body: @Sendable () -> Void = { spinning ? samplerAttackSpinner() : samplerAttackSleeper() }
-        let thread = SamplerAttackThread(stackSize: 16 << 10, body)
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
+        let body: @Sendable () -> Void = { spinning ? samplerEdgeCaseSpinner() : samplerEdgeCaseSleeper() }
+        let thread = SamplerEdgeCaseThread(stackSize: 16 << 10, body)
         let context = SamplingContext()
         var results: [StallBacktrace] = []
         for _ in 0..<20 { results.append(context.backtrace(of: thread.tid)) }
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(thread.join())
         for backtrace in results {
-            let names = samplerAttackNames(backtrace)
+            let names = samplerEdgeCaseNames(backtrace)
             #expect(backtrace.unavailableReason == nil, "\(backtrace)")
             #expect(
-                names.contains { $0.contains(spinning ? "samplerAttackSpinner" : "samplerAttackSleeper") }, "\(names)")
+                names.contains { $0.contains(spinning ? "samplerEdgeCaseSpinner" : "samplerEdgeCaseSleeper") },
+                "\(names)")
             #expect(names.contains("start_thread"), "\(names)")
         }
     }
 
     @Test("Hundreds of real return addresses of other code on the stack: none becomes a certain frame")
     func decoyReturnAddresses() throws {
-        // A real return address: where samplerAttackCaller's call returns.
-        samplerAttackGate.store(0, ordering: .releasing)
-        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
-        let source = SamplerAttackThread { samplerAttackCaller(callee, callback: nil) }
+        // A real return address: where samplerEdgeCaseCaller's call returns.
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
+        let callee = unsafeBitCast(samplerEdgeCaseSleeper, to: UInt.self)
+        let source = SamplerEdgeCaseThread { samplerEdgeCaseCaller(callee, callback: nil) }
         let context = SamplingContext()
         let reference = context.backtrace(of: source.tid)
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(source.join())
-        let decoys = reference.frames.filter { $0.function?.contains("samplerAttackCaller") == true }.map(\.address)
-        let decoy = try #require(decoys.first, "\(samplerAttackNames(reference))")
+        let decoys = reference.frames.filter { $0.function?.contains("samplerEdgeCaseCaller") == true }.map(\.address)
+        let decoy = try #require(decoys.first, "\(samplerEdgeCaseNames(reference))")
         // Also the return address inside the sleeper's own caller chain (usleep's caller).
-        samplerAttackGate.store(0, ordering: .releasing)
-        let holder = SamplerAttackThread { samplerAttackDecoyHolder(decoy, count: 600) }
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
+        let holder = SamplerEdgeCaseThread { samplerEdgeCaseDecoyHolder(decoy, count: 600) }
         var samples: [StallBacktrace] = []
         for _ in 0..<5 { samples.append(context.backtrace(of: holder.tid)) }
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(holder.join())
         for backtrace in samples {
             let certain = backtrace.frames.filter { !$0.isUncertain }
             #expect(
-                !certain.contains { $0.function?.contains("samplerAttackCaller") == true },
-                "a decoy became a certain frame: \(samplerAttackNames(backtrace))")
-            #expect(samplerAttackNames(backtrace).contains { $0.contains("samplerAttackDecoyHolder") })
-            #expect(samplerAttackNames(backtrace).contains("start_thread"), "\(samplerAttackNames(backtrace))")
+                !certain.contains { $0.function?.contains("samplerEdgeCaseCaller") == true },
+                "a decoy became a certain frame: \(samplerEdgeCaseNames(backtrace))")
+            #expect(samplerEdgeCaseNames(backtrace).contains { $0.contains("samplerEdgeCaseDecoyHolder") })
+            #expect(samplerEdgeCaseNames(backtrace).contains("start_thread"), "\(samplerEdgeCaseNames(backtrace))")
         }
     }
 
@@ -649,7 +652,8 @@ struct SamplerAttackAttackTests {
         #expect(run.exitStatus == 0)
         let (total, functions) = endedProfile(run, id: 2)
         let phases = [
-            "samplerAttackSleepPhase", "samplerAttackSpinPhase", "samplerAttackReadPhase", "samplerAttackFutexPhase",
+            "samplerEdgeCaseSleepPhase", "samplerEdgeCaseSpinPhase", "samplerEdgeCaseReadPhase",
+            "samplerEdgeCaseFutexPhase",
         ]
         let counts = phases.map { samples(of: $0, in: functions) }
         #expect(total >= 8, "\(total) samples: \(run.lines.filter { $0.hasPrefix("PROFILE") })")
@@ -667,9 +671,9 @@ struct SamplerAttackAttackTests {
         let run = try ProbeRun.run(["sampler-masked", "600"])
         #expect(run.exitStatus == 0)
         let (total, functions) = endedProfile(run, id: 2)
-        let sleeping = samples(of: "samplerAttackSleepPhase", in: functions)
-        // Half the stall was spent in samplerAttackMaskedSpinPhase: at most about
-        // half of the profile may say samplerAttackSleepPhase.
+        let sleeping = samples(of: "samplerEdgeCaseSleepPhase", in: functions)
+        // Half the stall was spent in samplerEdgeCaseMaskedSpinPhase: at most about
+        // half of the profile may say samplerEdgeCaseSleepPhase.
         #expect(total > 0)
         #expect(sleeping * 100 <= total * 70, "asleep in \(sleeping) of \(total) samples: the masked half is lost")
     }
@@ -700,7 +704,7 @@ struct SamplerAttackAttackTests {
         }
     }
 
-    // A release stall-probe built from commit fb5ca8d's SamplerAttackScenarios.swift lost these frames in
+    // A release stall-probe built from commit fb5ca8d's SamplerEdgeCaseScenarios.swift lost these frames in
     // every event of `sampler-nofile` (clock_nanosleep, then _dispatch_continuation_pop): see CHANGELOG.
     @Test("A sleeping function reached by the job's closure through a tail call keeps its frames (release build)")
     func tailCalledSleeperKeepsFrames() throws {
@@ -708,7 +712,7 @@ struct SamplerAttackAttackTests {
         #expect(run.exitStatus == 0)
         #expect(run.events.count == 4)
         for event in run.events {
-            for name in ["clock_nanosleep@", " nanosleep ", " usleep ", " samplerAttackSleepPhase("] {
+            for name in ["clock_nanosleep@", " nanosleep ", " usleep ", " samplerEdgeCaseSleepPhase("] {
                 #expect(event.report.contains(name), "\(name): \(event.report)")
             }
         }
@@ -741,8 +745,8 @@ struct SamplerAttackAttackTests {
         // handler's time (glibc's unwind and a 256 KB copy) shows as extra CPU.
         let result = Locked<(plain: Double, sampled: Double)>((0, 0))
         let phase = Atomic<Int>(0)
-        samplerAttackGate.store(0, ordering: .releasing)
-        let thread = SamplerAttackThread {
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
+        let thread = SamplerEdgeCaseThread {
             func slices(_ count: Int) -> Double {
                 let before = StallProfiler.threadCPU()
                 var spins = 0
@@ -785,13 +789,13 @@ struct SamplerAttackAttackTests {
         "Unwinding while another thread flips a code page between r-x and PROT_NONE (or unmaps it) never faults",
         arguments: [false, true])
     func codePageFlippedDuringUnwind(unmapping: Bool) throws {
-        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
-        let stub = try #require(samplerAttackMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
+        let callee = unsafeBitCast(samplerEdgeCaseSleeper, to: UInt.self)
+        let stub = try #require(samplerEdgeCaseMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
         let page = UInt(bitPattern: stub) & ~4095
         let returnAddress = UInt(bitPattern: stub) + 16  // after `call rax`
         let running = Atomic<Bool>(true)
         let flips = Atomic<Int>(0)
-        let flipper = SamplerAttackThread {
+        let flipper = SamplerEdgeCaseThread {
             let pointer = UnsafeMutableRawPointer(bitPattern: page)!
             while running.load(ordering: .relaxed) {
                 if unmapping {
@@ -829,27 +833,28 @@ struct SamplerAttackAttackTests {
 
     @Test("A thread id reused by a new thread between samples: the new thread's stack, not the old one's")
     func threadIDReused() throws {
-        samplerAttackGate.store(0, ordering: .releasing)
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
         let context = SamplingContext()
-        let old = SamplerAttackThread { _ = samplerAttackRecurse(3) }
+        let old = SamplerEdgeCaseThread { _ = samplerEdgeCaseRecurse(3) }
         let first = context.backtrace(of: old.tid)
         #expect(
-            samplerAttackNames(first).contains { $0.contains("samplerAttackRecurse") }, "\(samplerAttackNames(first))")
+            samplerEdgeCaseNames(first).contains { $0.contains("samplerEdgeCaseRecurse") },
+            "\(samplerEdgeCaseNames(first))")
         let tid = old.tid
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(old.join())
         usleep(20_000)
         // Short-lived threads until one gets the same id (pid_max wraps around).
-        samplerAttackGate.store(0, ordering: .releasing)
-        samplerAttackWantedTid.store(tid, ordering: .releasing)
-        samplerAttackReuseHit.store(false, ordering: .releasing)
-        samplerAttackReuseChecked.store(0, ordering: .releasing)
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
+        samplerEdgeCaseWantedTid.store(tid, ordering: .releasing)
+        samplerEdgeCaseReuseHit.store(false, ordering: .releasing)
+        samplerEdgeCaseReuseChecked.store(0, ordering: .releasing)
         var holder: pthread_t?
         for created in 1...200_000 {
             var thread = pthread_t()
-            guard pthread_create(&thread, nil, samplerAttackReuseBody, nil) == 0 else { break }
-            while samplerAttackReuseChecked.load(ordering: .acquiring) < created { sched_yield() }
-            if samplerAttackReuseHit.load(ordering: .acquiring) {
+            guard pthread_create(&thread, nil, samplerEdgeCaseReuseBody, nil) == 0 else { break }
+            while samplerEdgeCaseReuseChecked.load(ordering: .acquiring) < created { sched_yield() }
+            if samplerEdgeCaseReuseHit.load(ordering: .acquiring) {
                 holder = thread
                 break
             }
@@ -861,12 +866,12 @@ struct SamplerAttackAttackTests {
         }
         usleep(50_000)
         let second = context.backtrace(of: tid)
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         pthread_join(holder, nil)
-        let names = samplerAttackNames(second)
+        let names = samplerEdgeCaseNames(second)
         #expect(second.unavailableReason == nil, "\(second)")
-        #expect(names.contains { $0.contains("samplerAttackDecoyHolder") }, "the new thread's stack: \(names)")
-        #expect(!names.contains { $0.contains("samplerAttackRecurse") }, "the old thread's frames: \(names)")
+        #expect(names.contains { $0.contains("samplerEdgeCaseDecoyHolder") }, "the new thread's stack: \(names)")
+        #expect(!names.contains { $0.contains("samplerEdgeCaseRecurse") }, "the old thread's frames: \(names)")
     }
 
     @Test(
@@ -892,14 +897,14 @@ struct SamplerAttackAttackTests {
         "Sampling a thread asleep under a JIT stub while another thread flips the stub's page to PROT_NONE never faults"
     )
     func jitPageFlippedWhileSampled() throws {
-        let callee = unsafeBitCast(samplerAttackSleeper, to: UInt.self)
-        let stub = try #require(samplerAttackMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
+        let callee = unsafeBitCast(samplerEdgeCaseSleeper, to: UInt.self)
+        let stub = try #require(samplerEdgeCaseMakeStub(calling: callee, protection: PROT_READ | PROT_EXEC))
         let page = UInt(bitPattern: stub) & ~4095
-        samplerAttackGate.store(0, ordering: .releasing)
+        samplerEdgeCaseGate.store(0, ordering: .releasing)
         let address = UInt(bitPattern: stub)
-        let sleeper = SamplerAttackThread { samplerAttackCaller(address, callback: nil) }
+        let sleeper = SamplerEdgeCaseThread { samplerEdgeCaseCaller(address, callback: nil) }
         let running = Atomic<Bool>(true)
-        let flipper = SamplerAttackThread {
+        let flipper = SamplerEdgeCaseThread {
             let pointer = UnsafeMutableRawPointer(bitPattern: page)!
             while running.load(ordering: .relaxed) {
                 // Never PROT_NONE for long: the sleeper returns through the page.
@@ -916,7 +921,7 @@ struct SamplerAttackAttackTests {
         }
         running.store(false, ordering: .relaxed)
         #expect(flipper.join())
-        samplerAttackGate.store(1, ordering: .releasing)
+        samplerEdgeCaseGate.store(1, ordering: .releasing)
         #expect(sleeper.join())
         print("SAMPLER_ATTACK \(samples) samples while the stub's page flipped")
     }
@@ -926,13 +931,13 @@ struct SamplerAttackAttackTests {
         arguments: [false, true])
     func executeOnlyStub(spinning: Bool) throws {
         let context = SamplingContext()
-        let callee = unsafeBitCast(spinning ? samplerAttackSpinner : samplerAttackSleeper, to: UInt.self)
-        let stub = try #require(samplerAttackMakeStub(calling: callee, protection: PROT_EXEC))
+        let callee = unsafeBitCast(spinning ? samplerEdgeCaseSpinner : samplerEdgeCaseSleeper, to: UInt.self)
+        let stub = try #require(samplerEdgeCaseMakeStub(calling: callee, protection: PROT_EXEC))
         defer { munmap(UnsafeMutableRawPointer(bitPattern: UInt(bitPattern: stub) & ~4095), 4096) }
         let (backtrace, _) = sampleThroughStub(stub, context: context, spinning: spinning)
-        let names = samplerAttackNames(backtrace)
+        let names = samplerEdgeCaseNames(backtrace)
         #expect(backtrace.unavailableReason == nil)
-        #expect(names.contains { $0.contains("samplerAttackCaller") }, "the stub's caller is lost: \(names)")
+        #expect(names.contains { $0.contains("samplerEdgeCaseCaller") }, "the stub's caller is lost: \(names)")
     }
 
     @Test(

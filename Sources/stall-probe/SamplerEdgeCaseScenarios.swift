@@ -6,19 +6,19 @@ import StallDetection
 import Glibc
 #endif
 
-// Attacks on the sampler. Extra output lines (besides PROFILE and FUNCTION):
+// The sampler at its edges. Extra output lines (besides PROFILE and FUNCTION):
 //   FDS <label> <open descriptors>        /proc/self/fd entries at a point of the scenario
 //   OPENED <0|1> <errno>                  whether the program could still open a file after a stall
 //   SLEEPS <sleeps> <cut short>           sleeps of the stalled job and how many a signal ended early
 
 /// The scenarios this file runs.
-let samplerAttackScenarios: Set<String> = [
+let samplerEdgeCaseScenarios: Set<String> = [
     "sampler-phases", "sampler-masked", "sampler-masked-only", "sampler-nofile", "sampler-pool-crowd",
     "sampler-custom-crowd",
     "sampler-tailcall", "sampler-sleep-cut",
 ]
 
-func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
+func runSamplerEdgeCaseScenario(_ scenario: String, _ number: Int) {
     let queue = DispatchQueue(label: "probe.sampler")
     let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
     defer { withExtendedLifetime(detector) {} }
@@ -30,11 +30,11 @@ func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
         // A warm-up stall, then a stall asleep for `number` ms, then spinning for
         // `number` ms with SIGPROF blocked (as code that masks signals does).
         watchWithProfile(detector, endedCount: 2)
-        queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackWarmUp(400) }
+        queue.asyncAfter(deadline: .now() + 0.3) { samplerEdgeCaseWarmUp(400) }
         queue.asyncAfter(deadline: .now() + 1.2) {
             measuredStall {
-                samplerAttackSleepPhase(number)
-                samplerAttackMaskedSpinPhase(number)
+                samplerEdgeCaseSleepPhase(number)
+                samplerEdgeCaseMaskedSpinPhase(number)
             }
         }
         dispatchMain()
@@ -44,8 +44,8 @@ func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
         // detector's samples before the threshold wait for an answer that never
         // comes; `.started` must still come on time.
         watchWithProfile(detector, endedCount: 2)
-        queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackWarmUp(400) }
-        queue.asyncAfter(deadline: .now() + 1.2) { measuredStall { samplerAttackMaskedSpinPhase(number) } }
+        queue.asyncAfter(deadline: .now() + 0.3) { samplerEdgeCaseWarmUp(400) }
+        queue.asyncAfter(deadline: .now() + 1.2) { measuredStall { samplerEdgeCaseMaskedSpinPhase(number) } }
         dispatchMain()
 
     case "sampler-pool-crowd", "sampler-custom-crowd":
@@ -56,15 +56,15 @@ func runSamplerAttackScenario(_ scenario: String, _ number: Int) {
         // with 1 ms asleep, so that looks often find the thread running just
         // before it sleeps: a signal sent then ends the sleep early (EINTR).
         watchWithProfile(detector, endedCount: 1)
-        queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackSpinSleep(number) }
+        queue.asyncAfter(deadline: .now() + 0.3) { samplerEdgeCaseSpinSleep(number) }
         dispatchMain()
 
     case "sampler-tailcall":
         // Two stalls in a function the job's closure reaches by a tail call (a
-        // release build compiles `{ samplerAttackSleepPhase(500) }` to `jmp`).
+        // release build compiles `{ samplerEdgeCaseSleepPhase(500) }` to `jmp`).
         watchWithProfile(detector, endedCount: 2)
-        queue.asyncAfter(deadline: .now() + 0.2) { samplerAttackSleepPhase(number) }
-        queue.asyncAfter(deadline: .now() + 0.4 + Double(number) / 1000) { samplerAttackSleepPhase(number) }
+        queue.asyncAfter(deadline: .now() + 0.2) { samplerEdgeCaseSleepPhase(number) }
+        queue.asyncAfter(deadline: .now() + 0.4 + Double(number) / 1000) { samplerEdgeCaseSleepPhase(number) }
         dispatchMain()
 
     case "sampler-nofile":
@@ -84,13 +84,13 @@ private func runPhasesScenario(_ number: Int, queue: DispatchQueue, detector: St
     // The same stall twice: the second names nothing new, so its STALLCPU is
     // sampling alone (the naming allowance is spent by then).
     watchWithProfile(detector, endedCount: 3)
-    queue.asyncAfter(deadline: .now() + 0.3) { samplerAttackWarmUp(400) }
+    queue.asyncAfter(deadline: .now() + 0.3) { samplerEdgeCaseWarmUp(400) }
     let phases: @Sendable () -> Void = {
         measuredStall {
-            samplerAttackSleepPhase(number)
-            samplerAttackSpinPhase(number)
-            samplerAttackReadPhase(number)
-            samplerAttackFutexPhase(number)
+            samplerEdgeCaseSleepPhase(number)
+            samplerEdgeCaseSpinPhase(number)
+            samplerEdgeCaseReadPhase(number)
+            samplerEdgeCaseFutexPhase(number)
         }
     }
     queue.asyncAfter(deadline: .now() + 1.2, execute: phases)
@@ -128,9 +128,9 @@ private func runNoFileScenario(_ number: Int, queue: DispatchQueue, detector: St
     // The process uses every descriptor its limit allows but `number`; then
     // two stalls. Reports must say why a stack is missing, and the program
     // must still have its `number` descriptors afterwards.
-    emit("FDS start \(samplerAttackOpenDescriptors())")
+    emit("FDS start \(samplerEdgeCaseOpenDescriptors())")
     var limit = openFilesLimit()
-    let open = samplerAttackOpenDescriptors()
+    let open = samplerEdgeCaseOpenDescriptors()
     limit.rlim_cur = rlim_t(open + 40)
     setOpenFilesLimit(limit)
     watchWithProfile(detector, endedCount: 2)
@@ -141,14 +141,14 @@ private func runNoFileScenario(_ number: Int, queue: DispatchQueue, detector: St
     // fired on a worker, and the main queue runs under dispatchMain(). The
     // detector's own descriptors (its thread, its stop witness) are open by then.
     DispatchQueue.global().asyncAfter(deadline: .now() + 0.2) {
-        DispatchQueue.main.async { samplerAttackFillAndStall(number, queue: queue) }
+        DispatchQueue.main.async { samplerEdgeCaseFillAndStall(number, queue: queue) }
     }
     dispatchMain()
 }
 
 /// Opens `/dev/null` until no descriptor is left, closes `number` of them, then
 /// two stalls of `queue` and the report of what the program can still open.
-private func samplerAttackFillAndStall(_ number: Int, queue: DispatchQueue) {
+private func samplerEdgeCaseFillAndStall(_ number: Int, queue: DispatchQueue) {
     var filler: [Int32] = []
     while true {
         let descriptor = openReadOnly("/dev/null")
@@ -156,15 +156,15 @@ private func samplerAttackFillAndStall(_ number: Int, queue: DispatchQueue) {
         filler.append(descriptor)
     }
     for _ in 0..<max(0, number) { if let last = filler.popLast() { close(last) } }
-    emit("FDS filled \(samplerAttackOpenDescriptors()) free \(number)")
-    queue.asyncAfter(deadline: .now() + 0.2) { samplerAttackSleepPhase(500) }
-    queue.asyncAfter(deadline: .now() + 1.2) { samplerAttackSleepPhase(500) }
-    queue.asyncAfter(deadline: .now() + 1.8) { samplerAttackReportDescriptors(number) }
+    emit("FDS filled \(samplerEdgeCaseOpenDescriptors()) free \(number)")
+    queue.asyncAfter(deadline: .now() + 0.2) { samplerEdgeCaseSleepPhase(500) }
+    queue.asyncAfter(deadline: .now() + 1.2) { samplerEdgeCaseSleepPhase(500) }
+    queue.asyncAfter(deadline: .now() + 1.8) { samplerEdgeCaseReportDescriptors(number) }
 }
 
 /// After the `sampler-nofile` stalls: whether the program can still open its
 /// `number` descriptors, and which descriptors other than `/dev/null` are open.
-private func samplerAttackReportDescriptors(_ number: Int) {
+private func samplerEdgeCaseReportDescriptors(_ number: Int) {
     var opened: [Int32] = []
     var failure: Int32 = 0
     for _ in 0..<max(0, number) {
@@ -177,7 +177,7 @@ private func samplerAttackReportDescriptors(_ number: Int) {
     }
     emit("OPENED \(opened.count) \(failure)")
     for descriptor in opened { close(descriptor) }
-    emit("FDS end \(samplerAttackOpenDescriptors())")
+    emit("FDS end \(samplerEdgeCaseOpenDescriptors())")
     for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [] {
         if let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(entry)"),
             target != "/dev/null"
@@ -206,25 +206,25 @@ private func watchWithProfile(_ detector: StallDetector, endedCount: Int) {
     }
 }
 
-func samplerAttackOpenDescriptors() -> Int {
+func samplerEdgeCaseOpenDescriptors() -> Int {
     (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
 }
 
 @inline(never)
-func samplerAttackWarmUp(_ ms: Int) {
-    // Not a tail call, and not the same code as samplerAttackSleepPhase (which
+func samplerEdgeCaseWarmUp(_ ms: Int) {
+    // Not a tail call, and not the same code as samplerEdgeCaseSleepPhase (which
     // identical code folding would merge into one symbol).
     blackHole(Int(usleep(UInt32(ms) * 1000)) &+ 7)
 }
 
 @inline(never)
-func samplerAttackSleepPhase(_ ms: Int) {
+func samplerEdgeCaseSleepPhase(_ ms: Int) {
     // Not a tail call: this function's frame stays on the stack.
     blackHole(Int(usleep(UInt32(ms) * 1000)))
 }
 
 @inline(never)
-func samplerAttackSpinPhase(_ ms: Int) {
+func samplerEdgeCaseSpinPhase(_ ms: Int) {
     let end = ContinuousClock.now + .milliseconds(ms)
     var spins = 0
     while ContinuousClock.now < end { spins &+= 1 }
@@ -232,7 +232,7 @@ func samplerAttackSpinPhase(_ ms: Int) {
 }
 
 @inline(never)
-func samplerAttackReadPhase(_ ms: Int) {
+func samplerEdgeCaseReadPhase(_ ms: Int) {
     var ends: [Int32] = [0, 0]
     guard pipe(&ends) == 0 else { return }
     let writer = ends[1]
@@ -248,26 +248,26 @@ func samplerAttackReadPhase(_ ms: Int) {
 }
 
 @inline(never)
-func samplerAttackFutexPhase(_ ms: Int) {
+func samplerEdgeCaseFutexPhase(_ ms: Int) {
     let semaphore = DispatchSemaphore(value: 0)
     _ = semaphore.wait(timeout: .now() + .milliseconds(ms))
 }
 
 @inline(never)
-func samplerAttackMaskedSpinPhase(_ ms: Int) {
+func samplerEdgeCaseMaskedSpinPhase(_ ms: Int) {
     var set = sigset_t()
     sigemptyset(&set)
     sigaddset(&set, SIGPROF)
     var old = sigset_t()
     pthread_sigmask(SIG_BLOCK, &set, &old)
-    samplerAttackSpinPhase(ms)
+    samplerEdgeCaseSpinPhase(ms)
     pthread_sigmask(SIG_SETMASK, &old, nil)
 }
 
 /// Alternates 1 ms of spinning with 1 ms asleep for `ms` and prints how many
 /// sleeps a signal cut short (`SLEEPS`).
 @inline(never)
-func samplerAttackSpinSleep(_ ms: Int) {
+func samplerEdgeCaseSpinSleep(_ ms: Int) {
     let end = ContinuousClock.now + .milliseconds(ms)
     var (sleeps, cut) = (0, 0)
     while ContinuousClock.now < end {
