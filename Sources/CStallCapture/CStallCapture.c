@@ -571,7 +571,16 @@ static void install(void) {
     memset(&action, 0, sizeof action);
     action.sa_sigaction = handler;
     action.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&action.sa_mask);
+    // No other handler runs inside this one: a handler that leaves by
+    // `siglongjmp` (a timeout idiom) abandoned a sample half made, its slot and
+    // its pipe taken for good. The synchronous signals stay open (blocking them
+    // turns a fault into the process's end).
+    sigfillset(&action.sa_mask);
+    sigdelset(&action.sa_mask, SIGSEGV);
+    sigdelset(&action.sa_mask, SIGBUS);
+    sigdelset(&action.sa_mask, SIGILL);
+    sigdelset(&action.sa_mask, SIGFPE);
+    sigdelset(&action.sa_mask, SIGTRAP);
     if (sigaction(SIGPROF, &action, &previous_action) != 0) install_result = errno;
 }
 
@@ -606,6 +615,28 @@ static void release_slot(request_slot *slot) {
 
 /// Waits for the slot's answer until `timeout_ms`; withdraws the request when
 /// none came, unless the handler is answering it right now.
+// Waits for a handler that took the slot to post it, checking every 100 ms that
+// its thread still exists. A thread gone for good leaves the slot to be taken
+// again (nothing writes to its sample any more).
+static int await_handler(request_slot *slot, pid_t tid) {
+    for (;;) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_nsec += 100000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec += 1;
+            deadline.tv_nsec -= 1000000000L;
+        }
+        if (sem_timedwait(&slot->done, &deadline) == 0) return STALLCAPTURE_OK;
+        if (errno == EINTR) continue;
+        if (syscall(SYS_tgkill, getpid(), tid, 0) != 0 && errno == ESRCH) {
+            atomic_store(&slot->answering, 0);
+            atomic_store(&slot->tid, 0);
+            return STALLCAPTURE_TIMEOUT;
+        }
+    }
+}
+
 static int await_answer(request_slot *slot, pid_t tid, int timeout_ms) {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -619,8 +650,10 @@ static int await_answer(request_slot *slot, pid_t tid, int timeout_ms) {
         if (errno == EINTR) continue;
         pid_t expected = tid;
         if (atomic_compare_exchange_strong(&slot->tid, &expected, 0)) return STALLCAPTURE_TIMEOUT;
-        while (sem_wait(&slot->done) != 0 && errno == EINTR) {}
-        break;
+        // The handler is filling the slot: wait for it, as long as its thread
+        // lives (a thread killed inside the handler, by a seccomp filter that
+        // kills on a call the handler makes, never posts).
+        return await_handler(slot, tid);
     }
     return STALLCAPTURE_OK;
 }

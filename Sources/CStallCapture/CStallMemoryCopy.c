@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -89,8 +90,14 @@ static copy_pipe *take_pipe(void) {
         copy_pipe *pipe = &pipes[(first + (unsigned)step) % (unsigned)pipe_count];
         int expected = PIPE_FREE;
         if (!atomic_compare_exchange_strong(&pipe->state, &expected, PIPE_TAKEN)) continue;
-        if (is_this_pipe(pipe->write_end, pipe, O_WRONLY) && is_this_pipe(pipe->read_end, pipe, O_RDONLY)) return pipe;
-        // Closed by the program: its numbers may be another file's now.
+        int queued = 0;
+        if (is_this_pipe(pipe->write_end, pipe, O_WRONLY) && is_this_pipe(pipe->read_end, pipe, O_RDONLY)
+            && STALLCAPTURE_SYSCALL3(SYS_ioctl, pipe->read_end, FIONREAD, &queued) == 0 && queued == 0) {
+            return pipe;
+        }
+        // Closed by the program (its numbers may be another file's now), or
+        // holding bytes a read that went elsewhere left (every later copy
+        // through it would be shifted).
         atomic_store(&pipe->state, PIPE_LOST);
     }
     return NULL;
@@ -125,9 +132,11 @@ static ssize_t copy_through(copy_pipe *pipe, unsigned char *into, uintptr_t addr
         }
         ssize_t read_back = STALLCAPTURE_SYSCALL3(SYS_read, pipe->read_end, into + total, written);
         if (read_back != written) {
-            // Not what was written: the pipe is not used again.
+            // Not what was written: the pipe is not used again. With nothing
+            // copied yet the kernel's copy is tried (a seccomp filter refusing
+            // the read).
             atomic_store(&pipe->state, PIPE_LOST);
-            return (ssize_t)total;
+            return total == 0 ? -(ssize_t)EIO : (ssize_t)total;
         }
         total += (size_t)written;
         if ((size_t)written < chunk) break;
@@ -173,7 +182,8 @@ size_t stallcapture_copy_memory_with(int taken, void *into, uintptr_t address, s
             *error = EFAULT;
             return 0;
         }
-        // Another failure of the write (a seccomp filter refusing it): the kernel's copy is tried.
+        // Another failure of the write or of the read back (a seccomp filter refusing
+        // it): the kernel's copy is tried.
     }
     atomic_fetch_add_explicit(&copies_without_pipe, 1, memory_order_relaxed);
     return copy_through_kernel(into, address, size, error);
