@@ -23,6 +23,7 @@ import StallDetection
 //             `unnamed`, then its relation, ` ← `-separated; `-` for none>
 //   ASYNCPOOL <phase> <index> <frames>   each pool thread's stack (pool)
 //   ASYNCPROFILE <phase> <samples> <samples in asyncChainBlocker> <of them, without asyncRoute>
+//                <of those, with a marker saying why the awaiting callers stop>
 //   ASYNCUNROUTED <folded stack> <count>  each stack in the blocker without asyncRoute
 
 /// Where an async chain's blocker runs: a serial dispatch queue as an actor's executor.
@@ -169,17 +170,17 @@ private func watchAsync(_ detector: StallDetector, priority: TaskPriority?) {
             // Samples in the blocker, and those of them whose stack lacks the route
             // (a sample after the blocker returned, while the awaits return, has
             // neither: the chain is shorter then, rightly).
-            var blocked = 0
-            var unrouted = 0
+            var (blocked, unrouted, said) = (0, 0, 0)
             for line in event.profile.foldedStacks().split(separator: "\n") where line.contains("asyncChainBlocker") {
                 let count = line.split(separator: " ").last.flatMap { Int($0) } ?? 0
                 blocked += count
                 if !line.contains("asyncRoute") {
                     unrouted += count
+                    if line.contains("<awaiting callers not all shown") { said += count }
                     emit("ASYNCUNROUTED \(line)")
                 }
             }
-            emit("ASYNCPROFILE \(event.phase.rawValue) \(event.profile.sampleCount) \(blocked) \(unrouted)")
+            emit("ASYNCPROFILE \(event.phase.rawValue) \(event.profile.sampleCount) \(blocked) \(unrouted) \(said)")
             if event.phase == .ended { finishAndExit(detector)() }
         }
     }

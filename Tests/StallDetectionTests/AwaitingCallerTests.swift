@@ -257,4 +257,39 @@ struct AwaitingCallerTests {
             into: still.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { "slept" })
         #expect(try #require(kept).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])
     }
+    @Test(
+        "a profile sample whose callers stop early says why where they stop, one name for each kind of cut, no address"
+    )
+    func cutMarkedInProfile() throws {
+        let frame = { (address: UInt) in RawFrame(address: address, isUncertain: false) }
+        let await1 = RawFrame(address: 0x1000_1000, isUncertain: false, isAwaitResume: true)
+        let frames = [frame(Self.pc), frame(Self.inPartial), await1, frame(Self.runner), frame(Self.outer)]
+        let index = try #require(RawStack.jobRunnerIndex(in: frames) { $0 == Self.runner })
+        #expect(index == 3)
+        var raw = RawStack(thread: 1, frames: frames, copyTruncated: false)
+        raw.awaitsCut = .unreadable(0x5000_0040)
+        raw.awaitsCutIndex = index
+        let marked = raw.profileFrames
+        #expect(marked.map(\.address) == [Self.pc, Self.inPartial, 0x1000_1000, 1, Self.runner, Self.outer])
+        #expect(marked[3].isAwaitsCut && !marked[3].isReturnAddress(at: 3) && marked[4].isReturnAddress(at: 4))
+        // Samples cut alike at other contexts add up; another kind of cut does not.
+        var alike = raw
+        alike.awaitsCut = .unreadable(0x5000_0080)
+        #expect(alike.profileFrames == marked)
+        var other = raw
+        other.awaitsCut = .movedOn
+        #expect(other.profileFrames != marked)
+        // A chain that reached its root, or a stack with no async frame: no marker.
+        var whole = raw
+        whole.awaitsCut = nil
+        #expect(whole.profileFrames == frames)
+        #expect(RawStack.jobRunnerIndex(in: [frame(Self.pc), frame(Self.outer)]) { $0 == Self.runner } == nil)
+        // Named: where the callers stop, why, with no address, file or image.
+        let named = Symbolicator().symbolicate(other.profileFrames)
+        let marker = try #require(named.first { $0.function?.hasPrefix("<awaiting callers") == true })
+        let why = "the thread had resumed other code before its awaits could be read"
+        #expect(marker.function == "<awaiting callers not all shown: \(why)>")
+        #expect(marker.address == 0 && marker.file == nil && marker.image == nil && !marker.isAwaiting)
+        #expect(named.firstIndex(of: marker) == 3)
+    }
 }

@@ -521,8 +521,11 @@ final class DetectorCore: Sendable, HeartbeatMember {
     /// The last sample a session took, named: a missed stall's stack.
     private func lastSample(_ gathered: StallProfiler.Gathered?) -> StallBacktrace? {
         guard let last = gathered?.recorder.samples.last, last.frames != StallProfiler.unsampledRaw else { return nil }
-        let frames = sampling.names([last.frames])[0]
-        return StallBacktrace(frames: frames, threadID: nil, unavailableReason: nil).naming(gathered?.task)
+        // A profile's marker of cut awaits is said as a report says it.
+        let frames = sampling.names([last.frames.filter { !$0.isAwaitsCut }])[0]
+        let cut = last.frames.first(where: \.isAwaitsCut).map { AsyncContextChain.Cut.reason(code: $0.address) }
+        return StallBacktrace(frames: frames, threadID: nil, unavailableReason: nil, awaitsCut: cut)
+            .naming(gathered?.task)
     }
 
     // MARK: Looks (on the detector queue)

@@ -526,11 +526,11 @@ final class StallProfiler: Sendable {
                 target: target, lastAnswering: answering, queue: queue, candidatesOnly: !everyThread)
             if everyThread { capture.releaseFiles(except: search.found?.thread) }
             guard let raw = search.found, keeps(raw) else { return (nil, nil, nil, nil) }
-            return (raw.frames, raw.thread, raw.timing, raw.task)
+            return (raw.profileFrames, raw.thread, raw.timing, raw.task)
         }
         switch capture.sample(known, queue: queue) {
         case .stack(let raw) where keeps(raw):
-            return (raw.frames, known, raw.timing, raw.task)
+            return (raw.profileFrames, known, raw.timing, raw.task)
         case .failed(let backtrace) where backtrace.whileRunning:
             // The thread ran code it could not be asked about (signals blocked,
             // or no answer): that time counts, as unknown code, rather than
@@ -569,7 +569,7 @@ final class StallProfiler: Sendable {
             return (nil, nil, nil, nil)
         case .thread(let drainer):
             switch capture.sample(drainer, queue: queue) {
-            case .stack(let raw): return (raw.frames, drainer, raw.timing, raw.task)
+            case .stack(let raw): return (raw.profileFrames, drainer, raw.timing, raw.task)
             case .failed(let backtrace) where backtrace.whileRunning: return (Self.unsampledRaw, drainer, nil, nil)
             default: return (nil, nil, nil, nil)
             }

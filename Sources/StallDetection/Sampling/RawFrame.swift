@@ -18,6 +18,10 @@ struct RawFrame: Hashable, Sendable {
     /// A partial function an awaiting caller resumes in (``AsyncContextChain``):
     /// its first instruction, not a return address.
     var isAwaitResume = false
+    /// No frame: where a profile's sample says its awaiting callers stop
+    /// before the task's entry (``RawStack/profileFrames``); `address` holds
+    /// the ``AsyncContextChain/Cut/code``.
+    var isAwaitsCut = false
 
     init(address: UInt, isUncertain: Bool, isSignalReturn: Bool = false, isAwaitResume: Bool = false) {
         self.address = address
@@ -26,7 +30,14 @@ struct RawFrame: Hashable, Sendable {
         self.isAwaitResume = isAwaitResume
     }
 
-    /// Whether the address follows a call (every frame but the first and the
-    /// partial functions awaiting callers resume in).
-    func isReturnAddress(at index: Int) -> Bool { index > 0 && !isAwaitResume }
+    /// The marker of a chain of awaits that stops at `cut`.
+    static func awaitsCut(_ cut: AsyncContextChain.Cut) -> RawFrame {
+        var marker = RawFrame(address: cut.code, isUncertain: false)
+        marker.isAwaitsCut = true
+        return marker
+    }
+
+    /// Whether the address follows a call (every frame but the first, the
+    /// partial functions awaiting callers resume in and a cut's marker).
+    func isReturnAddress(at index: Int) -> Bool { index > 0 && !isAwaitResume && !isAwaitsCut }
 }

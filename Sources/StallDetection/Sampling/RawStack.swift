@@ -25,6 +25,9 @@ struct RawStack: Sendable {
     /// entry (``AsyncContextChain/Cut``); nil when they reach it, or the thread
     /// runs no async function.
     var awaitsCut: AsyncContextChain.Cut?
+    /// Where the awaits stop among `frames` when they are cut: the job
+    /// runner's index, above the awaiting callers shown.
+    var awaitsCutIndex: Int?
     /// The Swift task the thread ran and its parents, read right after the
     /// copy (the task's address: by the handler when signalled, else from the
     /// runtime's slot for a thread that once answered a probe, see
@@ -42,6 +45,24 @@ struct RawStack: Sendable {
     struct Timing: Sendable {
         var seen: Int64
         var answerDelay: Int64
+    }
+
+    /// The frames a profile records: `frames`, with a marker where the
+    /// awaiting callers stop before the task's entry (``RawFrame/isAwaitsCut``),
+    /// so that a sample without them says why rather than passing for a task
+    /// entered there. (A report says it in ``StallBacktrace/awaitsCut``.)
+    var profileFrames: [RawFrame] {
+        guard let awaitsCut, let index = awaitsCutIndex, index > 0, index <= frames.count else { return frames }
+        var marked = frames
+        marked.insert(.awaitsCut(awaitsCut), at: index)
+        return marked
+    }
+
+    /// The index of the job runner's frame that called the running async
+    /// function (the innermost return address into the runner, past the
+    /// awaiting callers inserted before it): where a cut's marker goes.
+    static func jobRunnerIndex(in frames: [RawFrame], isJobRunner: (UInt) -> Bool) -> Int? {
+        frames.indices.dropFirst().first { !frames[$0].isAwaitResume && isJobRunner(frames[$0].address) }
     }
 
     /// The stack's ``Timing``, when its time is known.

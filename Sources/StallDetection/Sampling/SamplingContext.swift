@@ -234,6 +234,11 @@ final class SamplingContext: @unchecked Sendable {
             currentQueue: copy.queue ?? (queue == nil ? nil : ThreadPointers.currentQueue(of: thread)),
             wordsHoldQueue: held || !(unwinder.wentBeyondCopy || frames.contains { $0.isSignalReturn }) ? held : nil)
         raw.awaitsCut = awaits?.cut
+        if awaits?.cut != nil {
+            raw.awaitsCutIndex = RawStack.jobRunnerIndex(in: frames) {
+                AsyncJobRunner.contains(returnAddress: $0, in: runners)
+            }
+        }
         raw.task = confirmed(task, in: copy, thread: thread)
         raw.time = copy.time
         raw.answerDelay = copy.answerDelay

@@ -218,7 +218,9 @@ final class Symbolicator: Sendable {
         let awaits = Set(zip(raw, keys).filter { $0.0.isAwaitResume }.map(\.1))
         let (missing, quick) = state.withLock { state in
             var seen = Set<Key>()
-            let missing = keys.filter { state.cache[$0] == nil && seen.insert($0).inserted }
+            let missing = zip(raw, keys).filter { frame, key in
+                !frame.isAwaitsCut && state.cache[key] == nil && seen.insert(key).inserted
+            }.map(\.1)
             return awaitsInFull
                 ? (missing, []) : (missing.filter { !awaits.contains($0) }, missing.filter(awaits.contains))
         }
@@ -228,6 +230,10 @@ final class Symbolicator: Sendable {
             var frames: [StackFrame] = []
             frames.reserveCapacity(raw.count)
             for (frame, key) in zip(raw, keys) {
+                if frame.isAwaitsCut {
+                    frames.append(Self.awaitsCutFrame(code: frame.address))
+                    continue
+                }
                 let short = shortNames[key].flatMap { $0 }.map {
                     [
                         StackFrame(
@@ -243,6 +249,15 @@ final class Symbolicator: Sendable {
         }
     }
 
+    /// The frame a profile shows where a sample's awaiting callers stop
+    /// before the task's entry (``RawFrame/isAwaitsCut``, the cut's kind in
+    /// `code`): no code, so no address, file or image.
+    static func awaitsCutFrame(code: UInt) -> StackFrame {
+        StackFrame(
+            address: 0, function: AsyncContextChain.Cut.markerName(code: code), file: nil, line: nil, image: nil,
+            isUncertain: false)
+    }
+
     /// Names `raw`'s addresses not named yet, in full, on a utility-priority
     /// worker (then the symbolication thread), and returns at once: a stall's
     /// first samples are named while it lasts, before its `.started` report needs
@@ -254,7 +269,7 @@ final class Symbolicator: Sendable {
     /// symbolication thread the report needs (0.6 s more for a Hummingbird
     /// route's first stall, debug build).
     func prefetch(_ frames: [RawFrame]) {
-        let raw = frames.filter { !$0.isAwaitResume }
+        let raw = frames.filter { !$0.isAwaitResume && !$0.isAwaitsCut }
         let keys = raw.enumerated().map {
             Key(address: $0.element.address, isReturnAddress: $0.element.isReturnAddress(at: $0.offset))
         }

@@ -60,6 +60,36 @@ struct AsyncContextChain: Sendable, Equatable {
             case .movedOn: "the thread had resumed other code before its awaits could be read"
             }
         }
+
+        /// The kind of cut, without its address (a profile's marker frame).
+        var code: UInt {
+            switch self {
+            case .unreadable: 1
+            case .notCode: 2
+            case .misaligned: 3
+            case .depthLimit: 4
+            case .movedOn: 5
+            }
+        }
+
+        /// Why a chain of the kind `code` stops, without the address
+        /// ``reason`` names.
+        static func reason(code: UInt) -> String {
+            switch code {
+            case 1: "an async context could not be read"
+            case 2: "a context's resume address is not code"
+            case 3: "a context's parent is not aligned"
+            case 4: "more than \(AsyncContextChain.depthLimit) awaits"
+            default: "the thread had resumed other code before its awaits could be read"
+            }
+        }
+
+        /// The name a profile shows where a chain of the kind `code` stops:
+        /// one name for every cut of that kind (no address), so that the
+        /// samples cut alike add up.
+        static func markerName(code: UInt) -> String {
+            "<awaiting callers not all shown: \(reason(code: code))>"
+        }
     }
 
     /// The most awaits followed.
