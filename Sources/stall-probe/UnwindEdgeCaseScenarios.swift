@@ -6,11 +6,16 @@ import StallDetection
 import Glibc
 #endif
 
-// The signal sampler's unwinding at its edges (no `backtrace()` in the handler). Extra output lines:
+// The signal sampler's unwinding and naming at its edges (no `backtrace()` in the handler).
+// `unwind-merged`: a 600 ms stall in `mergedBodySecond`, whose body is the same as
+// `mergedBodyFirst`'s (a release build merges the two into one function, named
+// after one of them), called from `mergedBodySecondCaller`. Extra output lines:
 //   FREE <bytes>      the stack left below the spinning frame when the stall began
 
 /// The scenarios this file runs.
-let unwindEdgeCaseScenarios: Set<String> = ["unwind-near-stack-end", "unwind-near-stack-end-alone"]
+let unwindEdgeCaseScenarios: Set<String> = [
+    "unwind-near-stack-end", "unwind-near-stack-end-alone", "unwind-merged",
+]
 
 func runUnwindEdgeCaseScenario(_ scenario: String, _ number: Int) {
     let queue = DispatchQueue(label: "probe.unwind")
@@ -33,9 +38,44 @@ func runUnwindEdgeCaseScenario(_ scenario: String, _ number: Int) {
             exit(0)
         }
         dispatchMain()
+    case "unwind-merged":
+        watch(detector, endedCount: 1, then: finishAndExit(detector))
+        _ = mergedBodyFirst(0)
+        queue.asyncAfter(deadline: .now() + 0.3) { _ = mergedBodySecondCaller(600) }
+        dispatchMain()
     default:
         break
     }
+}
+
+/// Sleeps in 5 ms steps for `milliseconds`; returns the steps. The same body as
+/// ``mergedBodySecond(_:)``.
+@inline(never)
+func mergedBodyFirst(_ milliseconds: Int) -> Int {
+    let end = ContinuousClock.now + .milliseconds(milliseconds)
+    var steps = 0
+    while ContinuousClock.now < end {
+        usleep(5_000)
+        steps += 1
+    }
+    return steps
+}
+
+/// The same body as ``mergedBodyFirst(_:)``.
+@inline(never)
+func mergedBodySecond(_ milliseconds: Int) -> Int {
+    let end = ContinuousClock.now + .milliseconds(milliseconds)
+    var steps = 0
+    while ContinuousClock.now < end {
+        usleep(5_000)
+        steps += 1
+    }
+    return steps
+}
+
+@inline(never)
+func mergedBodySecondCaller(_ milliseconds: Int) -> Int {
+    mergedBodySecond(milliseconds) + 1
 }
 
 /// The lowest address of the mapping that holds the calling thread's stack

@@ -588,6 +588,28 @@ struct UnwindEdgeCaseTests {
             "\(run.started.first?.report ?? "")")
     }
 
+    /// A release build merges functions with the same body into one (a `…Tm`
+    /// symbol), named after one of them: a stall in the other must not be
+    /// named as that one, as if certain.
+    @Test("a stall in code the compiler merged from two functions never names the one not called as certain")
+    func mergedFunction() throws {
+        let run = try ProbeRun.run(["unwind-merged"])
+        #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
+        let started = try #require(run.started.first).report
+        let ended = try #require(run.ended.first).report
+        let functions = run.lines.filter { $0.hasPrefix("FUNCTION ") }
+        for text in [started, ended] + functions {
+            let lines = text.split(separator: "\n")
+            let wrong = lines.filter { $0.contains("mergedBodyFirst") && !$0.contains("merged mergedBodyFirst") }
+            #expect(wrong.isEmpty, "names the function not called as certain: \(wrong)")
+        }
+        #expect(started.contains("mergedBodySecondCaller"), "\(started)")
+        let merged = started.contains("merged mergedBody")
+        #expect(merged || started.contains("mergedBodySecond("), "\(started)")
+        if !ProbeRun.probeIsRelease { #expect(!merged, "a debug build merges nothing: \(started)") }
+        print("merged functions (\(ProbeRun.probeIsRelease ? "release" : "debug")): named merged: \(merged)")
+    }
+
     @Test("A first sample 8 KB above the end of the stack does not crash")
     func firstSampleEightKilobytesAboveStackEnd() throws { try nearStackEnd(free: 8_192) }
 

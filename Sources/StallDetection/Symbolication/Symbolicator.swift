@@ -426,11 +426,25 @@ final class Symbolicator: Sendable {
 
     /// A demangled name as a person reads it: a closure in top-level code
     /// demangles to "closure #8 in " (its context has no name), named here
-    /// after its file, "closure #8 in top-level code (main.swift)".
-    static func readableName(_ name: String, file: String?) -> String {
-        guard name.hasSuffix(" in ") else { return name }
+    /// after its file, "closure #8 in top-level code (main.swift)". Code the
+    /// compiler shares between functions with the same body (a release
+    /// build's merged function, `rawName` ending in `Tm`) is named after one
+    /// of them with "merged " before it, as `swift demangle` names it: the
+    /// frame may be any of them (its caller says which was called), and the
+    /// short demangled name alone would name one as if it were certain.
+    static func readableName(_ name: String, file: String?, rawName: String? = nil) -> String {
+        let merged = rawName.map(isMergedFunction) == true ? "merged " : ""
+        guard name.hasSuffix(" in ") else { return merged + name }
         let base = file.map { $0.split(separator: "/").last.map(String.init) ?? $0 }
-        return name + "top-level code" + (base.map { " (\($0))" } ?? "")
+        return merged + name + "top-level code" + (base.map { " (\($0))" } ?? "")
+    }
+
+    /// Whether a symbol is a Swift merged function: its mangled name (less a
+    /// `.llvm.…`-style suffix) ends in the `Tm` operator.
+    static func isMergedFunction(_ rawName: String) -> Bool {
+        let symbol = rawName.prefix { $0 != "." }
+        let swift = ["$s", "_$s", "$S", "_$S", "$e", "_T0"].contains { symbol.hasPrefix($0) }
+        return swift && symbol.hasSuffix("Tm")
     }
 
     /// Caches the frames `symbolicated` gives for `keys`; returns the keys named.
@@ -446,7 +460,10 @@ final class Symbolicator: Sendable {
             group.append(
                 StackFrame(
                     address: original,
-                    function: symbol.map { readableName(plt[original] ?? $0.name, file: file) },
+                    function: symbol.map { symbol in
+                        plt[original].map { readableName($0, file: file) }
+                            ?? readableName(symbol.name, file: file, rawName: symbol.rawName)
+                    },
                     file: file,
                     line: symbol?.sourceLocation.flatMap { $0.line > 0 ? $0.line : nil },
                     image: symbol?.imageName,
