@@ -14,6 +14,10 @@ import StallDetection
 //   asynclet an `async let` child task on the actor
 //   actors   the actor awaits a second actor (on its own queue) that blocks
 //   deep     as queue, with `depth` levels (200 in the tests)
+//   nested   as queue, but the actor's handler starts the chain as a new task ("inner")
+//            on an executor that runs its jobs at once (`InlineTaskExecutor`): the
+//            inner task's job runs inside the outer task's (nestedOuterRoute →
+//            nestedOuterHandler), on the actor's queue
 //   sync     a task on the cooperative pool calls `queue.sync` into the watched queue
 //            (no actor) and blocks in it: the blocked thread is a pool thread that
 //            never answered a probe, asleep, and its task is "sync caller"
@@ -37,6 +41,32 @@ final class QueueExecutor: SerialExecutor {
         let executor = asUnownedSerialExecutor()
         queue.async { job.runSynchronously(on: executor) }
     }
+}
+
+/// Runs every job at once, on the thread that enqueues it: a task preferring
+/// it starts inside the code that makes it.
+final class InlineTaskExecutor: TaskExecutor {
+    func enqueue(_ job: consuming ExecutorJob) {
+        UnownedJob(job).runSynchronously(on: asUnownedTaskExecutor())
+    }
+}
+
+/// The outer task of `nested`: awaits its handler, which runs the chain as
+/// another task inside its own job.
+@inline(never)
+func nestedOuterRoute(depth: Int, isolation: isolated (any Actor)? = #isolation) async -> Int {
+    await Task.yield()
+    return await nestedOuterHandler(depth: depth) + 1
+}
+
+@inline(never)
+func nestedOuterHandler(depth: Int, isolation: isolated (any Actor)? = #isolation) async -> Int {
+    await Task.yield()
+    let inner = Task(name: "inner", executorPreference: InlineTaskExecutor()) {
+        await asyncRoute(depth: depth, hop: nil, isolation: nil)
+    }
+    _ = inner
+    return 1
 }
 
 /// The blocking call at the end of every chain.
@@ -85,6 +115,11 @@ actor ChainActor {
     @inline(never)
     func run(depth: Int, hop: ChainActor? = nil) async -> Int {
         await asyncRoute(depth: depth, hop: hop)
+    }
+
+    @inline(never)
+    func runNested(depth: Int) async -> Int {
+        await nestedOuterRoute(depth: depth)
     }
 
     @inline(never)
@@ -143,6 +178,11 @@ private func startAsyncChain(target: String, depth: Int, first: ChainActor, seco
             try? await Task.sleep(for: .milliseconds(300))
             async let result = first.run(depth: depth)
             _ = await result
+        }
+    case "nested":
+        Task(name: "request 42") {
+            try? await Task.sleep(for: .milliseconds(300))
+            _ = await first.runNested(depth: depth)
         }
     case "sync":
         Task.detached(name: "sync caller", priority: .medium) {

@@ -20,7 +20,7 @@ extension StallDetectorIntegrationTests {
             frames.append(("asyncHandler(", target == "actors"))
             frames += Array(repeating: ("asyncLevel(", true), count: depth)
             frames += [("asyncMiddleware(", true), ("asyncRoute(", true)]
-            if !["pool", "main"].contains(target) { frames.append(("ChainActor.run(", true)) }
+            if !["pool", "main", "nested"].contains(target) { frames.append(("ChainActor.run(", true)) }
             // The task's entry: `async let` makes an implicit closure of its expression.
             frames.append((target == "asynclet" ? "implicit closure #" : "closure #", true))
             return frames
@@ -34,8 +34,19 @@ extension StallDetectorIntegrationTests {
             switch target {
             case "group": return "unnamed child task of a task group ← " + request
             case "asynclet": return "unnamed async let child task ← " + request
+            case "nested": return "\"inner\" top-level task"
             default: return request
             }
+        }
+
+        /// Whether the outer task of `nested` (whose job ran the chain's task
+        /// inside it) shows its own awaiting callers after its handler.
+        static func outerChainShown(_ frames: [String]) -> Bool {
+            guard let handler = frames.firstIndex(where: { $0.hasPrefix("nestedOuterHandler(") }) else { return false }
+            let callers = frames.dropFirst(handler + 1).prefix(3)
+            let expected = ["nestedOuterRoute(", "ChainActor.runNested(", "closure #"]
+            return callers.count == 3
+                && zip(callers, expected).allSatisfy { $0.hasPrefix($1) && $0.hasSuffix(" [await]") }
         }
 
         /// The frames from the blocker on that differ from `expected`, as text
@@ -67,7 +78,7 @@ extension StallDetectorIntegrationTests {
             // `pool` (every cooperative-pool thread in a chain) is left out: beside two
             // busy processes 1 run in about 8 reported a pool stall with no thread in
             // the chain (an open defect, traced in the issue on async call stacks).
-            arguments: ["queue", "custom", "actors", "group", "asynclet", "main"])
+            arguments: ["queue", "custom", "actors", "group", "asynclet", "main", "nested"])
         func everyTarget(target: String) throws {
             let run = try ProbeRun.run(["async-chain", target, "2"], timeLimit: 60)
             #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
@@ -77,6 +88,7 @@ extension StallDetectorIntegrationTests {
             for line in reports {
                 let problem = Self.mismatch(Self.frames(line, dropping: 2), expected)
                 #expect(problem.isEmpty, "\(line.prefix(20)): \(problem)")
+                if target == "nested" { #expect(Self.outerChainShown(Self.frames(line, dropping: 2)), "\(line)") }
             }
             // Both reports name the task that ran the chain, and its parents.
             let tasks = run.lines.filter { $0.hasPrefix("ASYNCTASK ") }

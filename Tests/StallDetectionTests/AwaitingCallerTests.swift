@@ -45,8 +45,8 @@ struct AwaitingCallerTests {
             let now = Array(words[first..<(first + count)])
             return live?(now) ?? now
         }
-        let frames = unwinder.unwind()
-        return unwinder.insertingAwaits(into: frames, isJobRunner: { $0 == Self.runner })
+        let (frames, chain, _) = unwinder.insertingAwaits(into: unwinder.unwind(), isJobRunner: { $0 == Self.runner })
+        return (frames, chain)
     }
 
     @Test("each awaiting caller's resume point follows the running partial function, before the job runner, marked")
@@ -165,7 +165,7 @@ struct AwaitingCallerTests {
             let slot = Int((address - Self.sp) / 8)
             return Array(words[slot..<(slot + count)])
         }
-        let (_, chain) = unwinder.insertingAwaits(
+        let (_, chain, _) = unwinder.insertingAwaits(
             into: unwinder.unwind(), remembered: first, readPairs: reader(resumedElsewhere),
             isJobRunner: { $0 == Self.runner })
         #expect(try #require(chain).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_9000])
@@ -205,7 +205,7 @@ struct AwaitingCallerTests {
         // returned from it and runs another function whose context the task put at
         // the same address, so the record and the context slot read the same.
         let moved = unwinder(memory: Self.contexts(3)) { slot, words, _ in slot == 2 ? [0x1000_0500] : words }
-        let (frames, chain) = moved.insertingAwaits(into: moved.unwind(), isJobRunner: { $0 == Self.runner })
+        let (frames, chain, _) = moved.insertingAwaits(into: moved.unwind(), isJobRunner: { $0 == Self.runner })
         #expect(chain?.cut == .movedOn)
         #expect(!frames.contains { $0.isAwaitResume })
         // It left and came back between the check before the read and the one
@@ -213,7 +213,7 @@ struct AwaitingCallerTests {
         let returned = unwinder(memory: Self.contexts(3)) { slot, words, contextRead in
             !contextRead && slot == 2 ? [0x1000_0500] : words
         }
-        let (_, again) = returned.insertingAwaits(into: returned.unwind(), isJobRunner: { $0 == Self.runner })
+        let (_, again, _) = returned.insertingAwaits(into: returned.unwind(), isJobRunner: { $0 == Self.runner })
         #expect(again?.cut == .movedOn)
         // Another call site of the same async function (a loop calling one
         // function, then another): the same call, its callers stand.
@@ -223,7 +223,7 @@ struct AwaitingCallerTests {
         let sameCall = unwinder(memory: Self.contexts(3), exactStart: partialStart) { slot, words, _ in
             slot == 2 ? [0x1000_0180] : words
         }
-        let (_, kept) = sameCall.insertingAwaits(into: sameCall.unwind(), isJobRunner: { $0 == Self.runner })
+        let (_, kept, _) = sameCall.insertingAwaits(into: sameCall.unwind(), isJobRunner: { $0 == Self.runner })
         #expect(try #require(kept).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])
     }
 
@@ -239,21 +239,21 @@ struct AwaitingCallerTests {
         let fresh = Self.contexts(3)
         var counts = ["ran", "ran", "ran"]
         let ran = unwinder(memory: stale, scheduling: "slept") { _, words, _ in words }
-        let (_, chain) = ran.insertingAwaits(
+        let (_, chain, _) = ran.insertingAwaits(
             into: ran.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { counts.removeFirst() },
             rereadContextWord: { fresh[$0] })
         #expect(try #require(chain).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])
         #expect(chain?.cut == nil)
         // It keeps running: nothing is shown.
         var running = ["ran", "ran again", "and again"]
-        let (frames, cut) = ran.insertingAwaits(
+        let (frames, cut, _) = ran.insertingAwaits(
             into: ran.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { running.removeFirst() },
             rereadContextWord: { fresh[$0] })
         #expect(cut?.cut == .movedOn)
         #expect(!frames.contains { $0.isAwaitResume })
         // It held still: the first reading stands.
         let still = unwinder(memory: fresh, scheduling: "slept") { _, words, _ in words }
-        let (_, kept) = still.insertingAwaits(
+        let (_, kept, _) = still.insertingAwaits(
             into: still.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { "slept" })
         #expect(try #require(kept).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])
     }
@@ -261,14 +261,19 @@ struct AwaitingCallerTests {
         "a profile sample whose callers stop early says why where they stop, one name for each kind of cut, no address"
     )
     func cutMarkedInProfile() throws {
-        let frame = { (address: UInt) in RawFrame(address: address, isUncertain: false) }
-        let await1 = RawFrame(address: 0x1000_1000, isUncertain: false, isAwaitResume: true)
-        let frames = [frame(Self.pc), frame(Self.inPartial), await1, frame(Self.runner), frame(Self.outer)]
-        let index = try #require(RawStack.jobRunnerIndex(in: frames) { $0 == Self.runner })
-        #expect(index == 3)
+        // The chain is cut after its first await: the marker goes between that
+        // await and the job runner.
+        var memory = Self.contexts(3)
+        memory[0x5000_0040] = nil
+        memory[0x5000_0048] = nil
+        let unwinder = unwinder(memory: memory) { _, words, _ in words }
+        let (frames, chain, cutAt) = unwinder.insertingAwaits(
+            into: unwinder.unwind(), isJobRunner: { $0 == Self.runner })
+        #expect(chain?.cut == .unreadable(0x5000_0040))
+        #expect(cutAt == 3)
         var raw = RawStack(thread: 1, frames: frames, copyTruncated: false)
-        raw.awaitsCut = .unreadable(0x5000_0040)
-        raw.awaitsCutIndex = index
+        raw.awaitsCut = chain?.cut
+        raw.awaitsCutIndex = cutAt
         let marked = raw.profileFrames
         #expect(marked.map(\.address) == [Self.pc, Self.inPartial, 0x1000_1000, 1, Self.runner, Self.outer])
         #expect(marked[3].isAwaitsCut && !marked[3].isReturnAddress(at: 3) && marked[4].isReturnAddress(at: 4))
@@ -279,11 +284,13 @@ struct AwaitingCallerTests {
         var other = raw
         other.awaitsCut = .movedOn
         #expect(other.profileFrames != marked)
-        // A chain that reached its root, or a stack with no async frame: no marker.
-        var whole = raw
-        whole.awaitsCut = nil
-        #expect(whole.profileFrames == frames)
-        #expect(RawStack.jobRunnerIndex(in: [frame(Self.pc), frame(Self.outer)]) { $0 == Self.runner } == nil)
+        // A chain that reached its root: no marker.
+        let whole = self.unwinder(memory: Self.contexts(3)) { _, words, _ in words }
+        let (all, _, none) = whole.insertingAwaits(into: whole.unwind(), isJobRunner: { $0 == Self.runner })
+        #expect(none == nil)
+        var complete = RawStack(thread: 1, frames: all, copyTruncated: false)
+        complete.awaitsCutIndex = none
+        #expect(complete.profileFrames == all)
         // Named: where the callers stop, why, with no address, file or image.
         let named = Symbolicator().symbolicate(other.profileFrames)
         let marker = try #require(named.first { $0.function?.hasPrefix("<awaiting callers") == true })
@@ -291,5 +298,66 @@ struct AwaitingCallerTests {
         #expect(marker.function == "<awaiting callers not all shown: \(why)>")
         #expect(marker.address == 0 && marker.file == nil && marker.image == nil && !marker.isAwaiting)
         #expect(named.firstIndex(of: marker) == 3)
+    }
+
+    /// A job that runs another task's job inside it (a task started on an
+    /// executor that runs jobs at once): the inner task's partial function and
+    /// its runner, the code that ran it (0x1000_0600), then the outer task's
+    /// partial function (returning at 0x1000_0700) and its runner. Records at
+    /// slots 1, 4, 8, 11, 14 and 17; the inner context at slot 3, the outer at
+    /// slot 13.
+    static func nestedStackWords(inner: UInt, outer: UInt) -> [UInt] {
+        let record = { (slot: Int) in sp + UInt(slot * 8) }
+        return [
+            0x42, record(4), inPartial, inner, record(8), runner, 0x43, 0x44, record(11), 0x1000_0600, 0x45,
+            record(14), 0x1000_0700, outer, record(17), runner, 0x46, 0, Self.outer,
+        ]
+    }
+
+    func nestedUnwind(
+        outer: UInt, memory: [UInt: UInt]
+    ) -> (frames: [RawFrame], chain: AsyncContextChain?, cutAt: Int?) {
+        let words = Self.nestedStackWords(inner: 0x5000_0000, outer: outer)
+        let copy = StackCopy(pc: Self.pc, sp: Self.sp, fp: Self.sp + 8, words: words, truncated: false)
+        var unwinder = StackUnwinder(
+            copy: copy, isText: { $0 >= 0x1000_0000 && $0 < 0x2000_0000 }, readWord: { memory[$0] },
+            callTarget: { _ in .unknown }, tailJumps: { _ in CallSite.TailJumps() })
+        unwinder.liveWords = { address, count in
+            let slot = Int((address - Self.sp) / 8)
+            return Array(words[slot..<(slot + count)])
+        }
+        return unwinder.insertingAwaits(into: unwinder.unwind(), isJobRunner: { $0 == Self.runner })
+    }
+
+    @Test("a task's job run inside another task's job: each task's awaiting callers follow its own partial function")
+    func nestedTasks() throws {
+        // The outer task's contexts at 0x6000_0000 and up, resuming at
+        // 0x1100_1000 and 0x1100_2000.
+        var memory = Self.contexts(3)
+        memory[0x6000_0000] = 0x6000_0040
+        memory[0x6000_0008] = 0x1100_1000
+        memory[0x6000_0040] = 0
+        memory[0x6000_0048] = 0x1100_2000
+        let (frames, chain, cutAt) = nestedUnwind(outer: 0x6000_0000, memory: memory)
+        #expect(
+            frames.map(\.address) == [
+                Self.pc, Self.inPartial, 0x1000_1000, 0x1000_2000, 0x1000_3000, Self.runner, 0x1000_0600,
+                0x1000_0700, 0x1100_1000, 0x1100_2000, Self.runner, Self.outer,
+            ])
+        #expect(frames.filter(\.isAwaitResume).count == 5)
+        #expect(chain?.resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000] && chain?.cut == nil)
+        #expect(cutAt == nil)
+        // The outer chain cut short: its callers up to the cut, and the cut said.
+        memory[0x6000_0040] = nil
+        memory[0x6000_0048] = nil
+        let (cutFrames, cutChain, cutIndex) = nestedUnwind(outer: 0x6000_0000, memory: memory)
+        #expect(cutFrames.filter(\.isAwaitResume).map(\.address).suffix(1) == [0x1100_1000])
+        #expect(cutChain?.cut == .unreadable(0x6000_0040))
+        #expect(cutIndex == 9 && cutFrames[9].address == Self.runner)
+        // The same task's job run inside its own (its context among the awaits
+        // shown): no awaits again.
+        let (same, sameChain, _) = nestedUnwind(outer: 0x5000_0040, memory: Self.contexts(3))
+        #expect(same.filter(\.isAwaitResume).map(\.address) == [0x1000_1000, 0x1000_2000, 0x1000_3000])
+        #expect(sameChain?.cut == nil)
     }
 }

@@ -25,8 +25,8 @@ struct RawStack: Sendable {
     /// entry (``AsyncContextChain/Cut``); nil when they reach it, or the thread
     /// runs no async function.
     var awaitsCut: AsyncContextChain.Cut?
-    /// Where the awaits stop among `frames` when they are cut: the job
-    /// runner's index, above the awaiting callers shown.
+    /// Where the awaits stop among `frames` when they are cut: the index of
+    /// the job runner's frame above the awaiting callers shown.
     var awaitsCutIndex: Int?
     /// The Swift task the thread ran and its parents, read right after the
     /// copy (the task's address: by the handler when signalled, else from the
@@ -56,13 +56,6 @@ struct RawStack: Sendable {
         var marked = frames
         marked.insert(.awaitsCut(awaitsCut), at: index)
         return marked
-    }
-
-    /// The index of the job runner's frame that called the running async
-    /// function (the innermost return address into the runner, past the
-    /// awaiting callers inserted before it): where a cut's marker goes.
-    static func jobRunnerIndex(in frames: [RawFrame], isJobRunner: (UInt) -> Bool) -> Int? {
-        frames.indices.dropFirst().first { !frames[$0].isAwaitResume && isJobRunner(frames[$0].address) }
     }
 
     /// The stack's ``Timing``, when its time is known.

@@ -220,7 +220,7 @@ final class SamplingContext: @unchecked Sendable {
         // a page a read (a 50-await chain in two or three system calls).
         let contexts = MemoryBlocks(blockWords: 512)
         let runners = AsyncJobRunner.ranges
-        let (frames, awaits) = unwinder.insertingAwaits(
+        let (frames, awaits, cutAt) = unwinder.insertingAwaits(
             into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) }, remembered: lastAwaits,
             readPairs: StackSampler.readPairs(at:),
             isJobRunner: { AsyncJobRunner.contains(returnAddress: $0, in: runners) },
@@ -234,11 +234,7 @@ final class SamplingContext: @unchecked Sendable {
             currentQueue: copy.queue ?? (queue == nil ? nil : ThreadPointers.currentQueue(of: thread)),
             wordsHoldQueue: held || !(unwinder.wentBeyondCopy || frames.contains { $0.isSignalReturn }) ? held : nil)
         raw.awaitsCut = awaits?.cut
-        if awaits?.cut != nil {
-            raw.awaitsCutIndex = RawStack.jobRunnerIndex(in: frames) {
-                AsyncJobRunner.contains(returnAddress: $0, in: runners)
-            }
-        }
+        raw.awaitsCutIndex = cutAt
         raw.task = confirmed(task, in: copy, thread: thread)
         raw.time = copy.time
         raw.answerDelay = copy.answerDelay

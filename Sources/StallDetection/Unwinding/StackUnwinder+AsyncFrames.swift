@@ -2,14 +2,21 @@ extension StackUnwinder {
     /// The awaits above the async function the thread runs, inserted after its
     /// frame: the frames ``unwind()`` returned, with the resume addresses of
     /// its ``AsyncContextChain`` placed before the job runner's frame (marked
-    /// ``RawFrame/isAwaitResume``), and the chain itself (nil when no frame runs
-    /// async code). Contexts are read through `readContextWord` (by default
-    /// ``readWord``); a `remembered` chain (the last sample's) is confirmed
-    /// with one batch read instead (``AsyncContextChain/confirming(_:from:readPairs:)``).
+    /// ``RawFrame/isAwaitResume``); the chain itself (nil when no frame runs
+    /// async code); and where, among the frames returned, the first chain cut
+    /// short stops (the index of its job runner's frame), if one is.
+    /// Contexts are read through `readContextWord` (by default ``readWord``);
+    /// a `remembered` chain (the last sample's) is confirmed with one batch
+    /// read instead (``AsyncContextChain/confirming(_:from:readPairs:)``).
     ///
     /// The async frame is the one whose record's return address lies in the
     /// runtime's job runner (``AsyncJobRunner``); its context is the word
-    /// below that record. Contexts are read after the copy, while the thread
+    /// below that record. A job may run another task's job inside it (a task
+    /// started on an executor that runs jobs at once, `runSynchronously`):
+    /// each task's async frame gets its own awaits, and the chain returned is
+    /// the innermost one's, with the first cut of the outer ones when it has
+    /// none. A job of the same task run inside (its context among the awaits
+    /// shown) adds none. Contexts are read after the copy, while the thread
     /// may run on, and a task allocates its contexts at the same addresses
     /// again and again: a function that returned and called another, just as
     /// deep, leaves the record and the context's address as they were, with
@@ -28,49 +35,91 @@ extension StackUnwinder {
         remembered: AsyncContextChain? = nil, readPairs: (([UInt]) -> [UInt]?)? = nil,
         isJobRunner: (UInt) -> Bool = { AsyncJobRunner.contains(returnAddress: $0) },
         schedulingNow: (() -> String?)? = nil, rereadContextWord: ((UInt) -> UInt?)? = nil
-    ) -> (frames: [RawFrame], chain: AsyncContextChain?) {
+    ) -> (frames: [RawFrame], chain: AsyncContextChain?, cutAt: Int?) {
         let slots = scratch.frameSlots
-        guard slots.count == frames.count else { return (frames, nil) }
+        guard slots.count == frames.count else { return (frames, nil, nil) }
+        let reading = ChainReading(
+            readContextWord: readContextWord, readPairs: readPairs, schedulingNow: schedulingNow,
+            rereadContextWord: rereadContextWord)
+        var (result, next) = ([RawFrame](), 0)
+        var (innermost, outerCut, cutAt) = (AsyncContextChain?.none, AsyncContextChain.Cut?.none, Int?.none)
+        var shown = Set<UInt>()
         for index in frames.indices.dropFirst() {
             let returnSlot = slots[index]
             guard returnSlot >= 2, scratch.recordSlots.contains(returnSlot), isJobRunner(frames[index].address)
             else { continue }
             let contextSlot = returnSlot - 1 - Int(AsyncContextChain.contextOffsetBelowRecord) / 8
-            guard contextSlot >= 0, contextSlot < copy.words.count else { return (frames, nil) }
-            let context = copy.words[contextSlot]
-            guard context != 0 else { return (frames, nil) }
-            func follow(_ read: ((UInt) -> UInt?)?) -> AsyncContextChain {
-                AsyncContextChain.follow(from: context, readWord: read ?? readContextWord ?? readWord, isText: isText)
+            guard contextSlot >= 0, contextSlot < copy.words.count, copy.words[contextSlot] != 0 else {
+                if innermost == nil { return (frames, nil, nil) }
+                continue
             }
+            // A job of the same task run inside another (its context is one of
+            // the awaits shown): its callers are shown already.
+            guard !shown.contains(copy.words[contextSlot]) else { continue }
             let calleeSlot = index >= 2 && slots[index - 1] >= 0 ? slots[index - 1] : nil
-            // The callee's return address may move between call sites of the
-            // same function (a loop calling one function, then another): only a
-            // return into another function tells another call.
-            func stackHolds() -> Bool {
-                stackStillHolds(from: contextSlot, through: returnSlot)
-                    && calleeSlot.map { slot in
-                        liveWord(at: slot).map { $0 == copy.words[slot] || sameFunction($0, copy.words[slot]) } ?? false
-                    } != false
-            }
-            // Checked just before the chain is read and just after: a running
-            // thread would have to leave the function and come back to it
-            // within the read for other callers to pass.
-            let heldBefore = stackHolds()
-            var chain =
-                remembered.flatMap { remembered in
-                    readPairs.flatMap { AsyncContextChain.confirming(remembered, from: context, readPairs: $0) }
-                } ?? follow(nil)
-            var intact = heldBefore && stackHolds() && (schedulingNow.map { $0() == copy.scheduling } ?? true)
-            if !intact, let schedulingNow, let before = schedulingNow() {
-                let again = follow(rereadContextWord)
-                intact = stackHolds() && schedulingNow() == before
-                if intact { chain = again }
-            }
-            if !intact { chain = AsyncContextChain(resumeAddresses: [], cut: .movedOn) }
-            let awaits = chain.resumeAddresses.map { RawFrame(address: $0, isUncertain: false, isAwaitResume: true) }
-            return (Array(frames[..<index] + awaits + frames[index...]), chain)
+            let chain = readChain(
+                contextSlot: contextSlot, returnSlot: returnSlot, calleeSlot: calleeSlot,
+                remembered: innermost == nil ? remembered : nil, reading)
+            result += frames[next..<index]
+            result += chain.resumeAddresses.map { RawFrame(address: $0, isUncertain: false, isAwaitResume: true) }
+            next = index
+            if chain.cut != nil, cutAt == nil { cutAt = result.count }
+            if innermost == nil { innermost = chain } else if outerCut == nil { outerCut = chain.cut }
+            shown.formUnion(chain.contexts)
         }
-        return (frames, nil)
+        guard var chain = innermost else { return (frames, nil, nil) }
+        result += frames[next...]
+        if chain.cut == nil { chain.cut = outerCut }
+        return (result, chain, cutAt)
+    }
+
+    /// How ``insertingAwaits(into:readContextWord:remembered:readPairs:isJobRunner:schedulingNow:rereadContextWord:)``
+    /// reads contexts and the thread's scheduling counts.
+    private struct ChainReading {
+        var readContextWord: ((UInt) -> UInt?)?
+        var readPairs: (([UInt]) -> [UInt]?)?
+        var schedulingNow: (() -> String?)?
+        var rereadContextWord: ((UInt) -> UInt?)?
+    }
+
+    /// The chain of the async frame whose context lies at `contextSlot`, below
+    /// its record (return address at `returnSlot`), called into by the frame
+    /// whose return address is at `calleeSlot`: read, and confirmed as the
+    /// sample's (see ``insertingAwaits(into:readContextWord:remembered:readPairs:isJobRunner:schedulingNow:rereadContextWord:)``),
+    /// or cut as ``AsyncContextChain/Cut/movedOn``.
+    private func readChain(
+        contextSlot: Int, returnSlot: Int, calleeSlot: Int?, remembered: AsyncContextChain?, _ reading: ChainReading
+    ) -> AsyncContextChain {
+        let context = copy.words[contextSlot]
+        func follow(_ read: ((UInt) -> UInt?)?) -> AsyncContextChain {
+            let readWord = read ?? reading.readContextWord ?? readWord
+            return AsyncContextChain.follow(from: context, readWord: readWord, isText: isText)
+        }
+        // The callee's return address may move between call sites of the
+        // same function (a loop calling one function, then another): only a
+        // return into another function tells another call.
+        func stackHolds() -> Bool {
+            stackStillHolds(from: contextSlot, through: returnSlot)
+                && calleeSlot.map { slot in
+                    liveWord(at: slot).map { $0 == copy.words[slot] || sameFunction($0, copy.words[slot]) } ?? false
+                } != false
+        }
+        // Checked just before the chain is read and just after: a running
+        // thread would have to leave the function and come back to it
+        // within the read for other callers to pass.
+        let heldBefore = stackHolds()
+        var chain =
+            remembered.flatMap { remembered in
+                reading.readPairs.flatMap { AsyncContextChain.confirming(remembered, from: context, readPairs: $0) }
+            } ?? follow(nil)
+        let schedulingNow = reading.schedulingNow
+        var intact = heldBefore && stackHolds() && (schedulingNow.map { $0() == copy.scheduling } ?? true)
+        if !intact, let schedulingNow, let before = schedulingNow() {
+            let again = follow(reading.rereadContextWord)
+            intact = stackHolds() && schedulingNow() == before
+            if intact { chain = again }
+        }
+        return intact ? chain : AsyncContextChain(resumeAddresses: [], cut: .movedOn)
     }
 
     /// The live stack's word at `slot` of the copy, read now.
