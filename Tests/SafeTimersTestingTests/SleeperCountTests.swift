@@ -5,8 +5,8 @@ import SafeTimersTesting
 import Synchronization
 import Testing
 
-/// Flags shared between the attack's threads and tasks.
-private final class SleeperAttack: Sendable {
+/// Flags shared between the racing threads and tasks.
+private final class SleeperRaceFlags: Sendable {
     let stop = Atomic<Bool>(false)
     let lowest = Atomic<Int>(0)
     let reads = Atomic<Int>(0)
@@ -18,10 +18,10 @@ struct SleeperCountTests {
     @Test("sleeperCount never reads negative while sleeps at now fire and are cancelled from other threads")
     func sleeperCountNeverNegative() async {
         let manual = ManualTimerScheduler()
-        let attack = SleeperAttack()
+        let race = SleeperRaceFlags()
         let workersDone = Atomic<Bool>(false)
         let threadsDone = DispatchGroup()
-        // Advances until every worker has ended: a sleep armed after the attack
+        // Advances until every worker has ended: a sleep armed after the race
         // stopped still needs an advance to return. On threads of their own, not
         // the global queue: two blocks spinning there would take all of its
         // width on 2 cores and starve other suites' handlers.
@@ -32,37 +32,37 @@ struct SleeperCountTests {
                 manual.advance(by: .zero)
                 // Gently until the workers run (the suites beside this one may
                 // hold the task pool's threads for a while).
-                if attack.sleeps.load(ordering: .relaxed) == 0 { usleep(200) }
+                if race.sleeps.load(ordering: .relaxed) == 0 { usleep(200) }
             }
         }.start()
         threadsDone.enter()
         Thread {
             defer { threadsDone.leave() }
             let begun = ContinuousClock.now
-            // The attack's time counts from the first sleep that returned.
-            while attack.sleeps.load(ordering: .relaxed) == 0 && ContinuousClock.now - begun < .seconds(120) {
+            // The race's time counts from the first sleep that returned.
+            while race.sleeps.load(ordering: .relaxed) == 0 && ContinuousClock.now - begun < .seconds(120) {
                 usleep(1_000)
             }
             let start = ContinuousClock.now
-            while !attack.stop.load(ordering: .relaxed) {
+            while !race.stop.load(ordering: .relaxed) {
                 let count = manual.sleeperCount
-                attack.lowest.store(min(count, attack.lowest.load(ordering: .relaxed)), ordering: .relaxed)
-                attack.reads.add(1, ordering: .relaxed)
+                race.lowest.store(min(count, race.lowest.load(ordering: .relaxed)), ordering: .relaxed)
+                race.reads.add(1, ordering: .relaxed)
                 let elapsed = ContinuousClock.now - start
-                let enough = elapsed > .seconds(5) && attack.sleeps.load(ordering: .relaxed) >= 2_000
-                if count < 0 || enough || elapsed > .seconds(30) { attack.stop.store(true, ordering: .relaxed) }
+                let enough = elapsed > .seconds(5) && race.sleeps.load(ordering: .relaxed) >= 2_000
+                if count < 0 || enough || elapsed > .seconds(30) { race.stop.store(true, ordering: .relaxed) }
             }
         }.start()
         await withTaskGroup(of: Void.self) { group in
             for worker in 0..<4 {
                 group.addTask {
                     var round = worker
-                    while !attack.stop.load(ordering: .relaxed) {
+                    while !race.stop.load(ordering: .relaxed) {
                         round += 1
                         let sleep = Task { try? await manual.clock.sleep(until: manual.clock.now) }
                         if round % 2 == 0 { sleep.cancel() }
                         await sleep.value
-                        attack.sleeps.add(1, ordering: .relaxed)
+                        race.sleeps.add(1, ordering: .relaxed)
                     }
                 }
             }
@@ -72,12 +72,12 @@ struct SleeperCountTests {
             threadsDone.notify(queue: .global()) { continuation.resume() }
         }
         manual.advance(by: .zero)
-        let sleeps = attack.sleeps.load(ordering: .relaxed)
-        print("sleeperCount attack: \(sleeps) sleeps, \(attack.reads.load(ordering: .relaxed)) reads")
-        // How many sleeps the attack made depends on the machine's load (2,000
+        let sleeps = race.sleeps.load(ordering: .relaxed)
+        print("sleeperCount race: \(sleeps) sleeps, \(race.reads.load(ordering: .relaxed)) reads")
+        // How many sleeps the race made depends on the machine's load (2,000
         // or 30 s, whichever first; the old race showed within 3 s, ~1,000
         // sleeps, on an idle machine): printed above, not bounded.
-        #expect(attack.lowest.load(ordering: .relaxed) >= 0)
+        #expect(race.lowest.load(ordering: .relaxed) >= 0)
         #expect(manual.sleeperCount == 0)
     }
 
