@@ -14,6 +14,9 @@ import StallDetection
 //   asynclet an `async let` child task on the actor
 //   actors   the actor awaits a second actor (on its own queue) that blocks
 //   deep     as queue, with `depth` levels (200 in the tests)
+//   samehop  as actors, but the second actor's executor runs each job at once, on the
+//            thread that enqueues it: the hop runs the task's next job inside its own
+//            job (below it, the runtime's `swift_task_switch`), on the first actor's queue
 //   nested   as queue, but the actor's handler starts the chain as a new task ("inner")
 //            on an executor that runs its jobs at once (`InlineTaskExecutor`): the
 //            inner task's job runs inside the outer task's (nestedOuterRoute →
@@ -30,16 +33,25 @@ import StallDetection
 //                <of those, with a marker saying why the awaiting callers stop>
 //   ASYNCUNROUTED <folded stack> <count>  each stack in the blocker without asyncRoute
 
-/// Where an async chain's blocker runs: a serial dispatch queue as an actor's executor.
+/// Where an async chain's blocker runs: a serial dispatch queue as an actor's
+/// executor, or (`runsJobsAtOnce`) the thread that enqueues the job.
 final class QueueExecutor: SerialExecutor {
     let queue: DispatchQueue
+    let runsJobsAtOnce: Bool
 
-    init(label: String) { queue = DispatchQueue(label: label) }
+    init(label: String, runsJobsAtOnce: Bool = false) {
+        queue = DispatchQueue(label: label)
+        self.runsJobsAtOnce = runsJobsAtOnce
+    }
 
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
         let executor = asUnownedSerialExecutor()
-        queue.async { job.runSynchronously(on: executor) }
+        if runsJobsAtOnce {
+            job.runSynchronously(on: executor)
+        } else {
+            queue.async { job.runSynchronously(on: executor) }
+        }
     }
 }
 
@@ -99,7 +111,7 @@ func asyncLevel(_ remaining: Int, hop: ChainActor?, isolation: isolated (any Act
 @inline(never)
 func asyncHandler(hop: ChainActor?, isolation: isolated (any Actor)? = #isolation) async -> Int {
     await Task.yield()
-    if let hop { return await hop.blockingHandler() + 1 }
+    if let hop { return await (hop.executor.runsJobsAtOnce ? hop.blockingAtOnce() : hop.blockingHandler()) + 1 }
     asyncChainBlocker(600)
     return 1
 }
@@ -108,7 +120,9 @@ func asyncHandler(hop: ChainActor?, isolation: isolated (any Actor)? = #isolatio
 actor ChainActor {
     let executor: QueueExecutor
 
-    init(label: String) { executor = QueueExecutor(label: label) }
+    init(label: String, runsJobsAtOnce: Bool = false) {
+        executor = QueueExecutor(label: label, runsJobsAtOnce: runsJobsAtOnce)
+    }
 
     nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
 
@@ -122,6 +136,16 @@ actor ChainActor {
         await nestedOuterRoute(depth: depth)
     }
 
+    /// The blocker, with no `Task.yield()` first: on an executor that runs jobs
+    /// at once, a yield would run the task again inside its own job. (Not the
+    /// same code as blockingHandler's after its yield: a release build would
+    /// make one a jump into the other, named after the other.)
+    @inline(never)
+    func blockingAtOnce() async -> Int {
+        asyncChainBlocker(601)
+        return 2
+    }
+
     @inline(never)
     func blockingHandler() async -> Int {
         await Task.yield()
@@ -132,7 +156,7 @@ actor ChainActor {
 
 func runAsyncChain(target: String, depth: Int) {
     let first = ChainActor(label: "probe.async")
-    let second = ChainActor(label: "probe.async.second")
+    let second = ChainActor(label: "probe.async.second", runsJobsAtOnce: target == "samehop")
     let watched = target == "actors" ? second.executor.queue : first.executor.queue
     let detector: StallDetector
     switch target {
@@ -192,7 +216,7 @@ private func startAsyncChain(target: String, depth: Int, first: ChainActor, seco
     default:
         Task(name: "request 42") {
             try? await Task.sleep(for: .milliseconds(300))
-            _ = await first.run(depth: depth, hop: target == "actors" ? second : nil)
+            _ = await first.run(depth: depth, hop: ["actors", "samehop"].contains(target) ? second : nil)
         }
     }
 }

@@ -354,6 +354,14 @@ struct AwaitingCallerTests {
         #expect(cutFrames.filter(\.isAwaitResume).map(\.address).suffix(1) == [0x1100_1000])
         #expect(cutChain?.cut == .unreadable(0x6000_0040))
         #expect(cutIndex == 9 && cutFrames[9].address == Self.runner)
+        // The outer job tail-called a runtime entry (`swift_task_switch`, to hop
+        // onto an executor that ran it at once): its context slot holds no
+        // context (a word not aligned, or one that points at no code), which
+        // is no cut.
+        for garbage: UInt in [0x6000_0004, 0x7000_0000] {
+            let (hop, hopChain, hopCut) = nestedUnwind(outer: garbage, memory: Self.contexts(3))
+            #expect(hop.filter(\.isAwaitResume).count == 3 && hopChain?.cut == nil && hopCut == nil, "\(garbage)")
+        }
         // The same task's job run inside its own (its context among the awaits
         // shown): no awaits again.
         let (same, sameChain, _) = nestedUnwind(outer: 0x5000_0040, memory: Self.contexts(3))

@@ -16,7 +16,8 @@ extension StackUnwinder {
     /// each task's async frame gets its own awaits, and the chain returned is
     /// the innermost one's, with the first cut of the outer ones when it has
     /// none. A job of the same task run inside (its context among the awaits
-    /// shown) adds none. Contexts are read after the copy, while the thread
+    /// shown) adds none, and neither does an outer frame whose context slot
+    /// holds no context (a runtime entry the job tail-called). Contexts are read after the copy, while the thread
     /// may run on, and a task allocates its contexts at the same addresses
     /// again and again: a function that returned and called another, just as
     /// deep, leaves the record and the context's address as they were, with
@@ -60,6 +61,11 @@ extension StackUnwinder {
             let chain = readChain(
                 contextSlot: contextSlot, returnSlot: returnSlot, calleeSlot: calleeSlot,
                 remembered: innermost == nil ? remembered : nil, reading)
+            // An outer job's context is live while its frame is on the stack, so
+            // a first word that is no context says its frame is no async
+            // function's (a runtime entry such as `swift_task_switch`, which
+            // the job tail-called to hop onto an executor that ran it at once).
+            if innermost != nil, chain.resumeAddresses.isEmpty, chain.cut != nil, chain.cut != .movedOn { continue }
             result += frames[next..<index]
             result += chain.resumeAddresses.map { RawFrame(address: $0, isUncertain: false, isAwaitResume: true) }
             next = index
