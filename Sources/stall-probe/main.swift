@@ -288,7 +288,7 @@ case _ where realConditionScenarios.contains(scenario):
     runRealConditionScenario(scenario, number)
 
 case "async-alternate":
-    runAsyncAlternation()
+    runAsyncAlternation(sharedLeaf: arguments.dropFirst().first == "shared")
 
 case "starved-loop":
     runStarvedLoop(rounds: arguments.dropFirst().first.flatMap { Int($0) } ?? 3)

@@ -16,8 +16,10 @@ extension StallDetectorIntegrationTests {
         /// and whether the frame is an awaiting caller.
         static func expected(target: String, depth: Int) -> [(String, Bool)] {
             var frames: [(String, Bool)] = [("asyncChainBlocker(", false)]
+            let hops = ["actors", "samehop"].contains(target)
             if target == "actors" { frames.append(("ChainActor.blockingHandler()", false)) }
-            frames.append(("asyncHandler(", target == "actors"))
+            if target == "samehop" { frames.append(("ChainActor.blockingAtOnce()", false)) }
+            frames.append(("asyncHandler(", hops))
             frames += Array(repeating: ("asyncLevel(", true), count: depth)
             frames += [("asyncMiddleware(", true), ("asyncRoute(", true)]
             if !["pool", "main", "nested"].contains(target) { frames.append(("ChainActor.run(", true)) }
@@ -78,7 +80,7 @@ extension StallDetectorIntegrationTests {
             // `pool` (every cooperative-pool thread in a chain) is left out: beside two
             // busy processes 1 run in about 8 reported a pool stall with no thread in
             // the chain (an open defect, traced in the issue on async call stacks).
-            arguments: ["queue", "custom", "actors", "group", "asynclet", "main", "nested"])
+            arguments: ["queue", "custom", "actors", "group", "asynclet", "main", "nested", "samehop"])
         func everyTarget(target: String) throws {
             let run = try ProbeRun.run(["async-chain", target, "2"], timeLimit: 60)
             #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
@@ -89,6 +91,14 @@ extension StallDetectorIntegrationTests {
                 let problem = Self.mismatch(Self.frames(line, dropping: 2), expected)
                 #expect(problem.isEmpty, "\(line.prefix(20)): \(problem)")
                 if target == "nested" { #expect(Self.outerChainShown(Self.frames(line, dropping: 2)), "\(line)") }
+            }
+            // A job run inside another (of the same task or not) cuts no chain:
+            // the frames below the inner job's runner are read right.
+            if ["nested", "samehop"].contains(target) {
+                for event in run.started + run.ended {
+                    #expect(!event.report.contains("awaiting callers not all shown"), "\(event.report)")
+                }
+                #expect(!run.lines.contains { $0.contains("<awaiting callers not all shown") }, "\(run.lines)")
             }
             // Both reports name the task that ran the chain, and its parents.
             let tasks = run.lines.filter { $0.hasPrefix("ASYNCTASK ") }
@@ -144,6 +154,28 @@ extension StallDetectorIntegrationTests {
                 #expect(mixed == 0, "\(profile)")
             }
             #expect(withCallers > 0, "every sample lost its callers: \(profile)")
+        }
+
+        @Test(
+            "a task switching at microseconds between two paths that end in the same async function: a known limit, recorded"
+        )
+        func sharedLeafChains() throws {
+            // Nothing in the stack tells the paths apart (DetectingHangsAndStalls,
+            // "Async code"): an outside check measured 20–55 % of such samples with
+            // the other path's callers. Recorded each time, so that a fix shows.
+            let run = try ProbeRun.run(["async-alternate", "shared"], timeLimit: 60)
+            #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
+            let started = try #require(run.lines.first { $0.hasPrefix("ALTSTARTED ") })
+            let profile = try #require(run.lines.first { $0.hasPrefix("ALTPROFILE ") })
+            let fields = profile.split(separator: " ").dropFirst().compactMap { Int($0) }
+            try #require(fields.count == 3, "\(profile)")
+            let (inChain, mixed, withCallers) = (fields[0], fields[1], fields[2])
+            print("async-alternate shared: \(inChain) samples in a path, \(mixed) with the other's callers, \(started)")
+            #expect(inChain >= 20, "\(profile)")
+            #expect(withCallers > 0, "every sample lost its callers: \(profile)")
+            withKnownIssue("a running task switching between two paths to one async function", isIntermittent: true) {
+                #expect(mixed == 0 && started.hasPrefix("ALTSTARTED 0 "), "\(profile) \(started)")
+            }
         }
 
         @Test("a queue.sync from a task blocks a pool thread that never answered a probe: the report names the task")
