@@ -17,7 +17,9 @@ extension StackUnwinder {
     /// the innermost one's, with the first cut of the outer ones when it has
     /// none. A job of the same task run inside (its context among the awaits
     /// shown) adds none, and neither does an outer frame whose context slot
-    /// holds no context (a runtime entry the job tail-called). Contexts are read after the copy, while the thread
+    /// holds no context (a runtime entry the job tail-called).
+    ///
+    /// Contexts are read after the copy, while the thread
     /// may run on, and a task allocates its contexts at the same addresses
     /// again and again: a function that returned and called another, just as
     /// deep, leaves the record and the context's address as they were, with
@@ -30,7 +32,10 @@ extension StackUnwinder {
     /// scheduling counts (``StackCopy/scheduling``; `schedulingNow` reads them
     /// again): if it ran since the copy, the chain is read once more (through
     /// `rereadContextWord`, which remembers nothing read before), and kept if
-    /// the thread held still meanwhile and the stack's words still hold.
+    /// the thread held still meanwhile and the stack's words still hold. None
+    /// of this tells apart two call paths that end in the same function at the
+    /// same depth, taken in turn by a running task (a known limit: the other
+    /// path's callers may show).
     func insertingAwaits(
         into frames: [RawFrame], readContextWord: ((UInt) -> UInt?)? = nil,
         remembered: AsyncContextChain? = nil, readPairs: (([UInt]) -> [UInt]?)? = nil,
