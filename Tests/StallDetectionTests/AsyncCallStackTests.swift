@@ -92,13 +92,15 @@ extension StallDetectorIntegrationTests {
                 #expect(problem.isEmpty, "\(line.prefix(20)): \(problem)")
                 if target == "nested" { #expect(Self.outerChainShown(Self.frames(line, dropping: 2)), "\(line)") }
             }
-            // A job run inside another (of the same task or not) cuts no chain:
-            // the frames below the inner job's runner are read right.
+            // A job run inside another (of the same task or not) cuts no chain
+            // for want of a context: the frames below the inner job's runner are
+            // read right. (A thread that moved on at the stall's end rightly cuts
+            // one sample's chain: counted above.)
             if ["nested", "samehop"].contains(target) {
-                for event in run.started + run.ended {
-                    #expect(!event.report.contains("awaiting callers not all shown"), "\(event.report)")
+                let falseCuts = ["is not code", "is not aligned", "could not be read"]
+                for text in run.started.map(\.report) + run.ended.map(\.report) + run.lines {
+                    #expect(!falseCuts.contains { text.contains($0) }, "\(text)")
                 }
-                #expect(!run.lines.contains { $0.contains("<awaiting callers not all shown") }, "\(run.lines)")
             }
             // Both reports name the task that ran the chain, and its parents.
             let tasks = run.lines.filter { $0.hasPrefix("ASYNCTASK ") }
