@@ -133,18 +133,27 @@ extension StallDetectorIntegrationTests {
             }
         }
 
+        /// A run of `stall-probe async-alternate` with `arguments`: its `ALTSTARTED`
+        /// and `ALTPROFILE` lines, and the profile's samples in a chain, mixing
+        /// both, and with their callers.
+        static func alternation(
+            _ arguments: [String]
+        ) throws -> (run: ProbeRun, started: String, profile: String, inChain: Int, mixed: Int, withCallers: Int) {
+            let run = try ProbeRun.run(["async-alternate"] + arguments, timeLimit: 60)
+            #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
+            let started = try #require(run.lines.first { $0.hasPrefix("ALTSTARTED ") })
+            let profile = try #require(run.lines.first { $0.hasPrefix("ALTPROFILE ") })
+            let fields = profile.split(separator: " ").dropFirst().compactMap { Int($0) }
+            try #require(fields.count == 3, "\(profile)")
+            return (run, started, profile, fields[0], fields[1], fields[2])
+        }
+
         @Test(
             "a task switching at microseconds between two equally deep chains: the report never mixes them, samples seldom"
         )
         func alternatingChains() throws {
-            let run = try ProbeRun.run(["async-alternate"], timeLimit: 60)
-            #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
-            let started = try #require(run.lines.first { $0.hasPrefix("ALTSTARTED ") })
+            let (run, started, profile, inChain, mixed, withCallers) = try Self.alternation([])
             #expect(started.hasPrefix("ALTSTARTED 0 "), "the report's callers are the other chain's: \(run.started)")
-            let profile = try #require(run.lines.first { $0.hasPrefix("ALTPROFILE ") })
-            let fields = profile.split(separator: " ").dropFirst().compactMap { Int($0) }
-            try #require(fields.count == 3, "\(profile)")
-            let (inChain, mixed, withCallers) = (fields[0], fields[1], fields[2])
             print("async-alternate: \(inChain) samples in a chain, \(mixed) mixing both, \(withCallers) with callers")
             #expect(inChain >= 20, "\(profile)")
             // An open defect: a running thread that leaves the function and comes
@@ -165,13 +174,7 @@ extension StallDetectorIntegrationTests {
             // Nothing in the stack tells the paths apart (DetectingHangsAndStalls,
             // "Async code"): an outside check measured 20–55 % of such samples with
             // the other path's callers. Recorded each time, so that a fix shows.
-            let run = try ProbeRun.run(["async-alternate", "shared"], timeLimit: 60)
-            #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
-            let started = try #require(run.lines.first { $0.hasPrefix("ALTSTARTED ") })
-            let profile = try #require(run.lines.first { $0.hasPrefix("ALTPROFILE ") })
-            let fields = profile.split(separator: " ").dropFirst().compactMap { Int($0) }
-            try #require(fields.count == 3, "\(profile)")
-            let (inChain, mixed, withCallers) = (fields[0], fields[1], fields[2])
+            let (_, started, profile, inChain, mixed, withCallers) = try Self.alternation(["shared"])
             print("async-alternate shared: \(inChain) samples in a path, \(mixed) with the other's callers, \(started)")
             #expect(inChain >= 20, "\(profile)")
             #expect(withCallers > 0, "every sample lost its callers: \(profile)")
