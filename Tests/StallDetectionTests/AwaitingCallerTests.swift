@@ -237,26 +237,48 @@ struct AwaitingCallerTests {
         var stale = Self.contexts(3)
         stale[0x5000_0048] = 0x1000_9000
         let fresh = Self.contexts(3)
+        let expected: [UInt] = [0x1000_1000, 0x1000_2000, 0x1000_3000]
         var counts = ["ran", "ran", "ran"]
+        var readers = 0
+        let reader = { () -> (UInt) -> UInt? in
+            readers += 1
+            return { fresh[$0] }
+        }
         let ran = unwinder(memory: stale, scheduling: "slept") { _, words, _ in words }
         let (_, chain, _) = ran.insertingAwaits(
             into: ran.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { counts.removeFirst() },
-            rereadContextWord: { fresh[$0] })
-        #expect(try #require(chain).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])
+            freshContextReader: reader)
+        #expect(try #require(chain).resumeAddresses == expected)
         #expect(chain?.cut == nil)
-        // It keeps running: nothing is shown.
-        var running = ["ran", "ran again", "and again"]
+        #expect(readers == 1)
+        // It ran through the first reading again (a short sleep's wake-up), then
+        // held still: the second, with a reader of its own, stands.
+        var wokeOnce = ["ran", "ran", "woke", "woke", "woke"]
+        readers = 0
+        let (_, second, _) = ran.insertingAwaits(
+            into: ran.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { wokeOnce.removeFirst() },
+            freshContextReader: reader)
+        #expect(try #require(second).resumeAddresses == expected)
+        #expect(readers == 2 && wokeOnce.isEmpty)
+        // It keeps running: nothing is shown, after a bounded number of tries.
+        var runs = 0
+        readers = 0
         let (frames, cut, _) = ran.insertingAwaits(
-            into: ran.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { running.removeFirst() },
-            rereadContextWord: { fresh[$0] })
+            into: ran.unwind(), isJobRunner: { $0 == Self.runner },
+            schedulingNow: {
+                runs += 1
+                return "ran \(runs)"
+            }, freshContextReader: reader)
         #expect(cut?.cut == .movedOn)
         #expect(!frames.contains { $0.isAwaitResume })
+        #expect(readers == StackUnwinder.chainRereads)
         // It held still: the first reading stands.
         let still = unwinder(memory: fresh, scheduling: "slept") { _, words, _ in words }
         let (_, kept, _) = still.insertingAwaits(
             into: still.unwind(), isJobRunner: { $0 == Self.runner }, schedulingNow: { "slept" })
-        #expect(try #require(kept).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])
+        #expect(try #require(kept).resumeAddresses == expected)
     }
+
     @Test(
         "a profile sample whose callers stop early says why where they stop, one name for each kind of cut, no address"
     )

@@ -225,8 +225,12 @@ final class SamplingContext: @unchecked Sendable {
             readPairs: StackSampler.readPairs(at:),
             isJobRunner: { AsyncJobRunner.contains(returnAddress: $0, in: runners) },
             schedulingNow: copy.scheduling == nil ? nil : { [sampler] in sampler?.scheduling(of: thread) },
-            rereadContextWord: copy.scheduling == nil
-                ? nil : { [fresh = MemoryBlocks(blockWords: 512)] in fresh.word(at: $0) })
+            freshContextReader: copy.scheduling == nil
+                ? nil
+                : {
+                    let fresh = MemoryBlocks(blockWords: 512)
+                    return { fresh.word(at: $0) }
+                })
         if let awaits, awaits.cut == nil { lastAwaits = awaits }
         let held = queue.map { copy.words.contains($0) } ?? false
         var raw = RawStack(

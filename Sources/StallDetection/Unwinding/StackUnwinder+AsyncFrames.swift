@@ -30,9 +30,12 @@ extension StackUnwinder {
     /// holds); when they changed, no await is shown
     /// (``AsyncContextChain/Cut/movedOn``). A thread read while it slept has
     /// scheduling counts (``StackCopy/scheduling``; `schedulingNow` reads them
-    /// again): if it ran since the copy, the chain is read once more (through
-    /// `rereadContextWord`, which remembers nothing read before), and kept if
-    /// the thread held still meanwhile and the stack's words still hold. None
+    /// again): if it ran since the copy, the chain is read once more (through a
+    /// reader from `freshContextReader`, which remembers nothing read before),
+    /// and kept if the thread held still meanwhile and the stack's words still
+    /// hold; a reading the thread ran through is tried again, up to
+    /// ``chainRereads`` times (a thread woken from a short sleep runs a few
+    /// microseconds, then sleeps again, a loop polling a clock). None
     /// of this tells apart two call paths that end in the same function at the
     /// same depth, taken in turn by a running task (a known limit: the other
     /// path's callers may show).
@@ -40,13 +43,13 @@ extension StackUnwinder {
         into frames: [RawFrame], readContextWord: ((UInt) -> UInt?)? = nil,
         remembered: AsyncContextChain? = nil, readPairs: (([UInt]) -> [UInt]?)? = nil,
         isJobRunner: (UInt) -> Bool = { AsyncJobRunner.contains(returnAddress: $0) },
-        schedulingNow: (() -> String?)? = nil, rereadContextWord: ((UInt) -> UInt?)? = nil
+        schedulingNow: (() -> String?)? = nil, freshContextReader: (() -> (UInt) -> UInt?)? = nil
     ) -> (frames: [RawFrame], chain: AsyncContextChain?, cutAt: Int?) {
         let slots = scratch.frameSlots
         guard slots.count == frames.count else { return (frames, nil, nil) }
         let reading = ChainReading(
             readContextWord: readContextWord, readPairs: readPairs, schedulingNow: schedulingNow,
-            rereadContextWord: rereadContextWord)
+            freshContextReader: freshContextReader)
         var (result, next) = ([RawFrame](), 0)
         var (innermost, outerCut, cutAt) = (AsyncContextChain?.none, AsyncContextChain.Cut?.none, Int?.none)
         var shown = Set<UInt>()
@@ -84,19 +87,23 @@ extension StackUnwinder {
         return (result, chain, cutAt)
     }
 
-    /// How ``insertingAwaits(into:readContextWord:remembered:readPairs:isJobRunner:schedulingNow:rereadContextWord:)``
+    /// How many times a sleeping thread's chain is read again when the thread
+    /// ran through the reading before.
+    static let chainRereads = 3
+
+    /// How ``insertingAwaits(into:readContextWord:remembered:readPairs:isJobRunner:schedulingNow:freshContextReader:)``
     /// reads contexts and the thread's scheduling counts.
     private struct ChainReading {
         var readContextWord: ((UInt) -> UInt?)?
         var readPairs: (([UInt]) -> [UInt]?)?
         var schedulingNow: (() -> String?)?
-        var rereadContextWord: ((UInt) -> UInt?)?
+        var freshContextReader: (() -> (UInt) -> UInt?)?
     }
 
     /// The chain of the async frame whose context lies at `contextSlot`, below
     /// its record (return address at `returnSlot`), called into by the frame
     /// whose return address is at `calleeSlot`: read, and confirmed as the
-    /// sample's (see ``insertingAwaits(into:readContextWord:remembered:readPairs:isJobRunner:schedulingNow:rereadContextWord:)``),
+    /// sample's (see ``insertingAwaits(into:readContextWord:remembered:readPairs:isJobRunner:schedulingNow:freshContextReader:)``),
     /// or cut as ``AsyncContextChain/Cut/movedOn``.
     private func readChain(
         contextSlot: Int, returnSlot: Int, calleeSlot: Int?, remembered: AsyncContextChain?, _ reading: ChainReading
@@ -125,8 +132,10 @@ extension StackUnwinder {
             } ?? follow(nil)
         let schedulingNow = reading.schedulingNow
         var intact = heldBefore && stackHolds() && (schedulingNow.map { $0() == copy.scheduling } ?? true)
-        if !intact, let schedulingNow, let before = schedulingNow() {
-            let again = follow(reading.rereadContextWord)
+        var rereads = 0
+        while !intact, rereads < Self.chainRereads, let schedulingNow, let before = schedulingNow() {
+            rereads += 1
+            let again = follow(reading.freshContextReader?())
             intact = stackHolds() && schedulingNow() == before
             if intact { chain = again }
         }
