@@ -34,7 +34,7 @@ struct AwaitingCallerTests {
     }
 
     func unwind(
-        words: [UInt], memory: [UInt: UInt], live: (([UInt]) -> [UInt]?)? = nil, runnerFromRecord: Bool = true
+        words: [UInt], memory: [UInt: UInt]
     ) -> (frames: [RawFrame], chain: AsyncContextChain?) {
         let copy = StackCopy(pc: Self.pc, sp: Self.sp, fp: Self.sp + 8, words: words, truncated: false)
         var unwinder = StackUnwinder(
@@ -42,8 +42,7 @@ struct AwaitingCallerTests {
             callTarget: { _ in .unknown }, tailJumps: { _ in CallSite.TailJumps() })
         unwinder.liveWords = { address, count in
             let first = Int((address - Self.sp) / 8)
-            let now = Array(words[first..<(first + count)])
-            return live?(now) ?? now
+            return Array(words[first..<(first + count)])
         }
         let (frames, chain, _) = unwinder.insertingAwaits(into: unwinder.unwind(), isJobRunner: { $0 == Self.runner })
         return (frames, chain)
@@ -94,12 +93,41 @@ struct AwaitingCallerTests {
 
     @Test("a thread that left the partial function before its contexts were read shows no awaiting caller")
     func threadMovedOn() throws {
-        let (frames, chain) = unwind(
-            words: Self.stackWords(context: 0x5000_0000), memory: Self.contexts(3),
-            live: { words in [0x5000_0100] + words.dropFirst() })
+        // Slot 3 holds the context: another one lies there now.
+        let moved = unwinder(memory: Self.contexts(3)) { slot, words, _ in
+            Self.replacing(3, with: 0x5000_0100, in: words, from: slot)
+        }
+        let (frames, chain, _) = moved.insertingAwaits(into: moved.unwind(), isJobRunner: { $0 == Self.runner })
         #expect(!frames.contains { $0.isAwaitResume })
         #expect(frames.map(\.address) == [Self.pc, Self.inPartial, Self.runner, Self.outer])
         #expect(try #require(chain).cut == .movedOn)
+    }
+
+    @Test("a job runner's frame record beyond the copy (read from memory by the unwind): no crash, no awaits shown")
+    func recordBeyondTheCopy() throws {
+        // Records at slots 1, 3, 5 and 8; the one at 8 returns into the job
+        // runner (slot 9), its context at slot 7. The copy ends after slot 8:
+        // the runner's return address and the root are read from memory.
+        let record = { (slot: Int) in Self.sp + UInt(slot * 8) }
+        let words: [UInt] = [
+            0x42, record(3), 0x1000_0400, record(5), 0x1000_0500, record(8), Self.inPartial, 0x5000_0000,
+            record(10), Self.runner, 0, Self.outer,
+        ]
+        var memory = Self.contexts(3)
+        for slot in 9..<words.count { memory[record(slot)] = words[slot] }
+        let copy = StackCopy(pc: Self.pc, sp: Self.sp, fp: Self.sp + 8, words: Array(words.prefix(9)), truncated: true)
+        var unwinder = StackUnwinder(
+            copy: copy, isText: { $0 >= 0x1000_0000 && $0 < 0x2000_0000 }, readWord: { memory[$0] },
+            callTarget: { _ in .unknown }, tailJumps: { _ in CallSite.TailJumps() })
+        unwinder.liveWords = { address, count in
+            let first = Int((address - Self.sp) / 8)
+            return first + count <= words.count ? Array(words[first..<(first + count)]) : nil
+        }
+        let (frames, chain, _) = unwinder.insertingAwaits(into: unwinder.unwind(), isJobRunner: { $0 == Self.runner })
+        #expect(unwinder.wentBeyondCopy)
+        #expect(frames.map(\.address) == [Self.pc, 0x1000_0400, 0x1000_0500, Self.inPartial, Self.runner, Self.outer])
+        #expect(!frames.contains { $0.isAwaitResume })
+        #expect(chain == nil)
     }
 
     @Test("a chain that loops is cut at the depth limit, said as such")
@@ -171,6 +199,14 @@ struct AwaitingCallerTests {
         #expect(try #require(chain).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_9000])
     }
 
+    /// `words`, read from `slot` on, with the word of slot `target` (when among
+    /// them) replaced by `value`.
+    static func replacing(_ target: Int, with value: UInt, in words: [UInt], from slot: Int) -> [UInt] {
+        var words = words
+        if target >= slot, target < slot + words.count { words[target - slot] = value }
+        return words
+    }
+
     /// The unwinder over ``stackWords(context:)`` with contexts in `memory`, the
     /// copy's scheduling counts `scheduling`, and live words from `live` (called
     /// with the slot, the copy's words there, and whether a context was read yet).
@@ -204,14 +240,16 @@ struct AwaitingCallerTests {
         // Slot 2 holds the return address into the partial function: the thread
         // returned from it and runs another function whose context the task put at
         // the same address, so the record and the context slot read the same.
-        let moved = unwinder(memory: Self.contexts(3)) { slot, words, _ in slot == 2 ? [0x1000_0500] : words }
+        let moved = unwinder(memory: Self.contexts(3)) { slot, words, _ in
+            Self.replacing(2, with: 0x1000_0500, in: words, from: slot)
+        }
         let (frames, chain, _) = moved.insertingAwaits(into: moved.unwind(), isJobRunner: { $0 == Self.runner })
         #expect(chain?.cut == .movedOn)
         #expect(!frames.contains { $0.isAwaitResume })
         // It left and came back between the check before the read and the one
         // after: the contexts read may be the other call's.
         let returned = unwinder(memory: Self.contexts(3)) { slot, words, contextRead in
-            !contextRead && slot == 2 ? [0x1000_0500] : words
+            contextRead ? words : Self.replacing(2, with: 0x1000_0500, in: words, from: slot)
         }
         let (_, again, _) = returned.insertingAwaits(into: returned.unwind(), isJobRunner: { $0 == Self.runner })
         #expect(again?.cut == .movedOn)
@@ -221,7 +259,7 @@ struct AwaitingCallerTests {
             address > 0x1000_00F0 && address < 0x1000_0200 ? 0x1000_00F0 : nil
         }
         let sameCall = unwinder(memory: Self.contexts(3), exactStart: partialStart) { slot, words, _ in
-            slot == 2 ? [0x1000_0180] : words
+            Self.replacing(2, with: 0x1000_0180, in: words, from: slot)
         }
         let (_, kept, _) = sameCall.insertingAwaits(into: sameCall.unwind(), isJobRunner: { $0 == Self.runner })
         #expect(try #require(kept).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_3000])

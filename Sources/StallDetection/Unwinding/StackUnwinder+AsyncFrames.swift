@@ -57,8 +57,10 @@ extension StackUnwinder {
             let returnSlot = slots[index]
             guard returnSlot >= 2, scratch.recordSlots.contains(returnSlot), isJobRunner(frames[index].address)
             else { continue }
+            // A record the unwind read beyond the copy (the chain went on in
+            // memory) has no copied words to hold the live stack against.
             let contextSlot = returnSlot - 1 - Int(AsyncContextChain.contextOffsetBelowRecord) / 8
-            guard contextSlot >= 0, contextSlot < copy.words.count, copy.words[contextSlot] != 0 else {
+            guard contextSlot >= 0, returnSlot < copy.words.count, copy.words[contextSlot] != 0 else {
                 if innermost == nil { return (frames, nil, nil) }
                 continue
             }
@@ -113,14 +115,18 @@ extension StackUnwinder {
             let readWord = read ?? reading.readContextWord ?? readWord
             return AsyncContextChain.follow(from: context, readWord: readWord, isText: isText)
         }
-        // The callee's return address may move between call sites of the
+        // The record, the context below it and the callee's return address, in
+        // one read. That return address may move between call sites of the
         // same function (a loop calling one function, then another): only a
         // return into another function tells another call.
+        let (first, last) = (min(calleeSlot ?? contextSlot, contextSlot), max(calleeSlot ?? returnSlot, returnSlot))
         func stackHolds() -> Bool {
-            stackStillHolds(from: contextSlot, through: returnSlot)
-                && calleeSlot.map { slot in
-                    liveWord(at: slot).map { $0 == copy.words[slot] || sameFunction($0, copy.words[slot]) } ?? false
-                } != false
+            guard let live = liveWords(from: first, through: last),
+                (contextSlot...returnSlot).allSatisfy({ live[$0 - first] == copy.words[$0] })
+            else { return false }
+            guard let calleeSlot else { return true }
+            let (now, then) = (live[calleeSlot - first], copy.words[calleeSlot])
+            return now == then || sameFunction(now, then)
         }
         // Checked just before the chain is read and just after: a running
         // thread would have to leave the function and come back to it
@@ -142,18 +148,12 @@ extension StackUnwinder {
         return intact ? chain : AsyncContextChain(resumeAddresses: [], cut: .movedOn)
     }
 
-    /// The live stack's word at `slot` of the copy, read now.
-    private func liveWord(at slot: Int) -> UInt? {
-        let address = copy.sp + UInt(slot) * UInt(MemoryLayout<UInt>.size)
-        return (liveWords?(address, 1) ?? Self.readLive(address, 1))?.first
-    }
-
-    /// Whether the live stack still holds the copy's words in `first...last`.
-    private func stackStillHolds(from first: Int, through last: Int) -> Bool {
+    /// The live stack's words at slots `first...last` of the copy, read now.
+    private func liveWords(from first: Int, through last: Int) -> [UInt]? {
         let count = last - first + 1
         let address = copy.sp + UInt(first) * UInt(MemoryLayout<UInt>.size)
-        guard let live = liveWords?(address, count) ?? Self.readLive(address, count) else { return false }
-        return live == Array(copy.words[first...last])
+        let live = liveWords?(address, count) ?? Self.readLive(address, count)
+        return live?.count == count ? live : nil
     }
 
     /// `count` words from `address`, read now through the kernel.
