@@ -194,9 +194,39 @@ struct AwaitingCallerTests {
             return Array(words[slot..<(slot + count)])
         }
         let (_, chain, _) = unwinder.insertingAwaits(
-            into: unwinder.unwind(), remembered: first, readPairs: reader(resumedElsewhere),
+            into: unwinder.unwind(), remembered: first,
+            readPairs: { addresses, _ in reader(resumedElsewhere)(addresses).map { ($0, [], []) } },
             isJobRunner: { $0 == Self.runner })
         #expect(try #require(chain).resumeAddresses == [0x1000_1000, 0x1000_2000, 0x1000_9000])
+    }
+
+    @Test("a remembered chain confirmed between two readings of the stack in one call: it stands when both hold")
+    func rememberedChainBracketed() throws {
+        let isText = { (address: UInt) in address >= 0x1000_0000 && address < 0x2000_0000 }
+        let memory = Self.contexts(3)
+        let remembered = AsyncContextChain.follow(from: 0x5000_0000, readWord: { memory[$0] }, isText: isText)
+        let words = Self.stackWords(context: 0x5000_0000)
+        // The span read around the pairs: from the callee's return address
+        // (slot 2) through the runner's (slot 5).
+        func chain(before: @escaping (Int) -> UInt?, after: @escaping (Int) -> UInt?) throws -> AsyncContextChain {
+            let unwinder = unwinder(memory: [:]) { _, words, _ in words }
+            var spans: [(UInt, Int)] = []
+            let reader: StackUnwinder.PairReader = { addresses, span in
+                spans.append(span)
+                let pairs = addresses.flatMap { [memory[$0] ?? 0, memory[$0 + 8] ?? 0] }
+                let slots = (2..<(2 + span.words))
+                return (pairs, slots.map { before($0) ?? words[$0] }, slots.map { after($0) ?? words[$0] })
+            }
+            let (_, chain, _) = unwinder.insertingAwaits(
+                into: unwinder.unwind(), remembered: remembered, readPairs: reader, isJobRunner: { $0 == Self.runner })
+            #expect(spans.count == 1 && spans.first?.0 == Self.sp + 16 && spans.first?.1 == 4)
+            return try #require(chain)
+        }
+        #expect(try chain(before: { _ in nil }, after: { _ in nil }) == remembered)
+        // The context slot changed before the pairs were read, or the callee's
+        // return address after (a return into another function).
+        #expect(try chain(before: { $0 == 3 ? 0x5000_0100 : nil }, after: { _ in nil }).cut == .movedOn)
+        #expect(try chain(before: { _ in nil }, after: { $0 == 2 ? 0x1000_0500 : nil }).cut == .movedOn)
     }
 
     /// `words`, read from `slot` on, with the word of slot `target` (when among
@@ -429,3 +459,36 @@ struct AwaitingCallerTests {
         #expect(sameChain?.cut == nil)
     }
 }
+
+#if canImport(Glibc)
+import Glibc
+
+/// ``StackSampler/readPairs(at:)`` over real memory: what a remembered chain
+/// is confirmed with.
+@Suite("Context pairs read through the kernel")
+struct ContextPairReadTests {
+    @Test("pairs spread over pages and ranges, read in one call; nil when one lies in an unmapped page")
+    func pairsOverPages() throws {
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        // Four pages: 0 and 1 readable, 2 unmapped, 3 readable far from 0.
+        let base = try #require(mmap(nil, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))
+        defer { munmap(base, 4 * page) }
+        let start = UInt(bitPattern: base)
+        for index in 0..<(4 * page / 8) { base.storeBytes(of: UInt(index), toByteOffset: index * 8, as: UInt.self) }
+        munmap(base + 2 * page, page)
+        // Out of order, across a page boundary, and in a far page (a range of its own).
+        let addresses = [start + 16, start + UInt(page) - 8, start + 3 * UInt(page) + 64, start + 8]
+        let pairs = try #require(StackSampler.readPairs(at: addresses)).pairs
+        let expected = addresses.flatMap { address in [(address - start) / 8, (address - start) / 8 + 1] }
+        #expect(pairs == expected)
+        #expect(StackSampler.readPairs(at: addresses + [start + 2 * UInt(page) + 16]) == nil)
+        #expect(StackSampler.readPairs(at: [start + 4]) == nil)
+        // Between two readings of a span: the span's words before and after.
+        let bracketed = try #require(StackSampler.readPairs(at: addresses, between: (start + 3 * UInt(page), 4)))
+        #expect(bracketed.pairs == expected)
+        let spanWords = (0..<4).map { UInt(3 * page / 8 + $0) }
+        #expect(bracketed.before == spanWords && bracketed.after == spanWords)
+        #expect(StackSampler.readPairs(at: addresses, between: (start + 2 * UInt(page), 4)) == nil)
+    }
+}
+#endif

@@ -222,7 +222,7 @@ final class SamplingContext: @unchecked Sendable {
         let runners = AsyncJobRunner.ranges
         let (frames, awaits, cutAt) = unwinder.insertingAwaits(
             into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) }, remembered: lastAwaits,
-            readPairs: StackSampler.readPairs(at:),
+            readPairs: { StackSampler.readPairs(at: $0, between: $1) },
             isJobRunner: { AsyncJobRunner.contains(returnAddress: $0, in: runners) },
             schedulingNow: copy.scheduling == nil ? nil : { [sampler] in sampler?.scheduling(of: thread) },
             freshContextReader: copy.scheduling == nil

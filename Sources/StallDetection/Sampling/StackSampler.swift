@@ -277,50 +277,91 @@ final class StackSampler {
         return (sp, pc)
     }
 
-    /// The two words at each address (`result[2i]`, `result[2i + 1]`), read
-    /// through the kernel; nil when any is unreadable. Consecutive addresses
+    /// The two words at each address (`pairs[2i]`, `pairs[2i + 1]`), read
+    /// through the kernel in one system call, between two readings of the
+    /// `between` words (`before`, `after`; empty without): Linux copies a
+    /// call's ranges in the order given, each one whole before the next
+    /// (`process_vm_rw_core`), so `before` was read before every pair and
+    /// `after` after them. Nil when any is unreadable. Consecutive addresses
     /// near each other (async contexts, which the task allocator packs into
-    /// slabs) are read as one range: the kernel's cost is per range (about
-    /// 2 µs, 3.4 µs for 20 KB), not per byte.
-    static func readPairs(at addresses: [UInt]) -> [UInt]? {
+    /// slabs) are read as one range: the kernel's cost is mostly per call
+    /// (about 2 µs; 3.4 µs for 20 KB), and a 50-await chain spans three slabs.
+    static func readPairs(
+        at addresses: [UInt], between span: (address: UInt, words: Int)? = nil
+    ) -> (pairs: [UInt], before: [UInt], after: [UInt])? {
         let wordSize = UInt(MemoryLayout<UInt>.size)
-        var pairs = [UInt](repeating: 0, count: addresses.count * 2)
-        var first = 0
-        while first < addresses.count {
-            // One range: the next addresses within a page of it, at most 64 KB.
-            guard addresses[first] % wordSize == 0, addresses[first] <= UInt.max - 2 * wordSize else { return nil }
-            var low = addresses[first]
-            var high = low + 2 * wordSize
-            var last = first
-            while last + 1 < addresses.count {
-                let next = addresses[last + 1]
-                guard next % wordSize == 0, next <= UInt.max - 2 * wordSize else { return nil }
-                let newLow = min(low, next)
-                let newHigh = max(high, next + 2 * wordSize)
-                guard next + 4_096 > low, next < high + 4_096, newHigh - newLow <= 65_536 else { break }
-                (low, high, last) = (newLow, newHigh, last + 1)
-            }
-            var buffer = [UInt](repeating: 0, count: Int((high - low) / wordSize))
-            guard buffer.withUnsafeMutableBytes({ readAtOnce(from: low, into: $0) }) else { return nil }
-            for position in first...last {
-                let index = Int((addresses[position] - low) / wordSize)
-                pairs[2 * position] = buffer[index]
-                pairs[2 * position + 1] = buffer[index + 1]
-            }
-            first = last + 1
+        guard var ranges = pairRanges(addresses) else { return nil }
+        if let span {
+            guard span.words > 0, span.address % wordSize == 0,
+                span.address <= UInt.max - UInt(span.words) * wordSize
+            else { return nil }
+            let range = (span.address, span.address + UInt(span.words) * wordSize, 0, -1)
+            ranges = [range] + ranges + [range]
         }
-        return pairs
+        guard let words = readRanges(ranges.map { ($0.low, $0.high) }) else { return nil }
+        let spanWords = span?.words ?? 0
+        var (offset, pairs) = (spanWords, [UInt](repeating: 0, count: addresses.count * 2))
+        for range in ranges.dropFirst(span == nil ? 0 : 1).dropLast(span == nil ? 0 : 1) {
+            for position in range.first...range.last {
+                let word = offset + Int((addresses[position] - range.low) / wordSize)
+                (pairs[2 * position], pairs[2 * position + 1]) = (words[word], words[word + 1])
+            }
+            offset += Int((range.high - range.low) / wordSize)
+        }
+        return (pairs, Array(words.prefix(spanWords)), Array(words.suffix(spanWords)))
     }
 
-    /// Copies `bytes.count` bytes from `address` in one system call; false when
-    /// any of them is unreadable.
-    private static func readAtOnce(from address: UInt, into bytes: UnsafeMutableRawBufferPointer) -> Bool {
+    /// The words from `low` to `high` of each range, one range after the
+    /// other, copied in one system call; nil when any byte is unreadable.
+    private static func readRanges(_ ranges: [(low: UInt, high: UInt)]) -> [UInt]? {
+        let wordSize = UInt(MemoryLayout<UInt>.size)
+        guard ranges.count <= 1_024 else { return nil }
+        let offsets = ranges.reduce(into: [0]) { $0.append($0.last! + Int(($1.high - $1.low) / wordSize)) }
+        var buffer = [UInt](repeating: 0, count: offsets.last!)
+        let read = buffer.withUnsafeMutableBytes { bytes in
+            var local = ranges.indices.map { index in
+                iovec(
+                    iov_base: bytes.baseAddress! + offsets[index] * Int(wordSize),
+                    iov_len: Int(ranges[index].high - ranges[index].low))
+            }
+            var remote = ranges.map {
+                iovec(iov_base: UnsafeMutableRawPointer(bitPattern: $0.low), iov_len: Int($0.high - $0.low))
+            }
+            return readAtOnce(local: &local, remote: &remote) == bytes.count
+        }
+        return read ? buffer : nil
+    }
+
+    /// The ranges ``readPairs(at:between:)`` reads for the pairs: each from `low` to `high` covers the
+    /// addresses at positions `first...last`, each one within a page of the
+    /// range so far, at most 64 KB a range. Nil for an address not
+    /// word-aligned or at the top of the address space.
+    private static func pairRanges(_ addresses: [UInt]) -> [(low: UInt, high: UInt, first: Int, last: Int)]? {
+        let wordSize = UInt(MemoryLayout<UInt>.size)
+        guard addresses.allSatisfy({ $0 % wordSize == 0 && $0 <= UInt.max - 2 * wordSize }) else { return nil }
+        var ranges: [(low: UInt, high: UInt, first: Int, last: Int)] = []
+        for (position, address) in addresses.enumerated() {
+            if var range = ranges.last {
+                let (low, high) = (min(range.low, address), max(range.high, address + 2 * wordSize))
+                if address + 4_096 > range.low, address < range.high + 4_096, high - low <= 65_536 {
+                    (range.low, range.high, range.last) = (low, high, position)
+                    ranges[ranges.count - 1] = range
+                    continue
+                }
+            }
+            ranges.append((address, address + 2 * wordSize, position, position))
+        }
+        return ranges
+    }
+
+    /// Copies the `remote` ranges into the `local` ones in one system call (at
+    /// most 1,024 of them, Linux's `IOV_MAX`); the bytes copied (fewer when any
+    /// is unreadable).
+    private static func readAtOnce(local: inout [iovec], remote: inout [iovec]) -> Int {
         #if os(Linux)
-        var local = iovec(iov_base: bytes.baseAddress, iov_len: bytes.count)
-        var remote = iovec(iov_base: UnsafeMutableRawPointer(bitPattern: address), iov_len: bytes.count)
-        return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == bytes.count
+        process_vm_readv(getpid(), &local, UInt(local.count), &remote, UInt(remote.count), 0)
         #else
-        return false
+        -1
         #endif
     }
 

@@ -41,7 +41,7 @@ extension StackUnwinder {
     /// path's callers may show).
     func insertingAwaits(
         into frames: [RawFrame], readContextWord: ((UInt) -> UInt?)? = nil,
-        remembered: AsyncContextChain? = nil, readPairs: (([UInt]) -> [UInt]?)? = nil,
+        remembered: AsyncContextChain? = nil, readPairs: PairReader? = nil,
         isJobRunner: (UInt) -> Bool = { AsyncJobRunner.contains(returnAddress: $0) },
         schedulingNow: (() -> String?)? = nil, freshContextReader: (() -> (UInt) -> UInt?)? = nil
     ) -> (frames: [RawFrame], chain: AsyncContextChain?, cutAt: Int?) {
@@ -52,7 +52,9 @@ extension StackUnwinder {
             freshContextReader: freshContextReader)
         var (result, next) = ([RawFrame](), 0)
         var (innermost, outerCut, cutAt) = (AsyncContextChain?.none, AsyncContextChain.Cut?.none, Int?.none)
-        var shown = Set<UInt>()
+        // The contexts shown so far (most stacks have one job runner frame: no
+        // set is built for it).
+        var shown: [[UInt]] = []
         for index in frames.indices.dropFirst() {
             let returnSlot = slots[index]
             guard returnSlot >= 2, scratch.recordSlots.contains(returnSlot), isJobRunner(frames[index].address)
@@ -66,7 +68,7 @@ extension StackUnwinder {
             }
             // A job of the same task run inside another (its context is one of
             // the awaits shown): its callers are shown already.
-            guard !shown.contains(copy.words[contextSlot]) else { continue }
+            guard !shown.contains(where: { $0.contains(copy.words[contextSlot]) }) else { continue }
             let calleeSlot = index >= 2 && slots[index - 1] >= 0 ? slots[index - 1] : nil
             let chain = readChain(
                 contextSlot: contextSlot, returnSlot: returnSlot, calleeSlot: calleeSlot,
@@ -81,13 +83,18 @@ extension StackUnwinder {
             next = index
             if chain.cut != nil, cutAt == nil { cutAt = result.count }
             if innermost == nil { innermost = chain } else if outerCut == nil { outerCut = chain.cut }
-            shown.formUnion(chain.contexts)
+            shown.append(chain.contexts)
         }
         guard var chain = innermost else { return (frames, nil, nil) }
         result += frames[next...]
         if chain.cut == nil { chain.cut = outerCut }
         return (result, chain, cutAt)
     }
+
+    /// Reads the two words at each of the addresses given, between two
+    /// readings of the stack's words in the span given, in one system call
+    /// (``StackSampler/readPairs(at:between:)``).
+    typealias PairReader = ([UInt], (address: UInt, words: Int)) -> (pairs: [UInt], before: [UInt], after: [UInt])?
 
     /// How many times a sleeping thread's chain is read again when the thread
     /// ran through the reading before.
@@ -97,7 +104,7 @@ extension StackUnwinder {
     /// reads contexts and the thread's scheduling counts.
     private struct ChainReading {
         var readContextWord: ((UInt) -> UInt?)?
-        var readPairs: (([UInt]) -> [UInt]?)?
+        var readPairs: PairReader?
         var schedulingNow: (() -> String?)?
         var freshContextReader: (() -> (UInt) -> UInt?)?
     }
@@ -120,24 +127,40 @@ extension StackUnwinder {
         // same function (a loop calling one function, then another): only a
         // return into another function tells another call.
         let (first, last) = (min(calleeSlot ?? contextSlot, contextSlot), max(calleeSlot ?? returnSlot, returnSlot))
-        func stackHolds() -> Bool {
-            guard let live = liveWords(from: first, through: last),
+        func holds(_ live: [UInt]?) -> Bool {
+            guard let live, live.count == last - first + 1,
                 (contextSlot...returnSlot).allSatisfy({ live[$0 - first] == copy.words[$0] })
             else { return false }
             guard let calleeSlot else { return true }
             let (now, then) = (live[calleeSlot - first], copy.words[calleeSlot])
             return now == then || sameFunction(now, then)
         }
+        func stackHolds() -> Bool { holds(liveWords(from: first, through: last)) }
         // Checked just before the chain is read and just after: a running
         // thread would have to leave the function and come back to it
-        // within the read for other callers to pass.
-        let heldBefore = stackHolds()
-        var chain =
-            remembered.flatMap { remembered in
-                reading.readPairs.flatMap { AsyncContextChain.confirming(remembered, from: context, readPairs: $0) }
-            } ?? follow(nil)
+        // within the read for other callers to pass. The last sample's chain
+        // is confirmed with both checks in the same system call.
+        var (confirmed, heldBefore, heldAfter) = (AsyncContextChain?.none, false, false)
+        if let remembered, let readPairs = reading.readPairs {
+            let span = (address: copy.sp + UInt(first) * UInt(MemoryLayout<UInt>.size), words: last - first + 1)
+            var bracket: (before: [UInt], after: [UInt])?
+            confirmed = AsyncContextChain.confirming(remembered, from: context) { addresses in
+                let read = readPairs(addresses, span)
+                bracket = read.map { ($0.before, $0.after) }
+                return read?.pairs
+            }
+            if confirmed != nil, let bracket { (heldBefore, heldAfter) = (holds(bracket.before), holds(bracket.after)) }
+        }
+        var chain: AsyncContextChain
+        if let confirmed {
+            chain = confirmed
+        } else {
+            heldBefore = stackHolds()
+            chain = follow(nil)
+            heldAfter = stackHolds()
+        }
         let schedulingNow = reading.schedulingNow
-        var intact = heldBefore && stackHolds() && (schedulingNow.map { $0() == copy.scheduling } ?? true)
+        var intact = heldBefore && heldAfter && (schedulingNow.map { $0() == copy.scheduling } ?? true)
         var rereads = 0
         while !intact, rereads < Self.chainRereads, let schedulingNow, let before = schedulingNow() {
             rereads += 1
