@@ -77,12 +77,16 @@ extension StallDetectorIntegrationTests {
 
         @Test(
             "a stall at the end of a chain of awaits names every awaiting caller, in order, to the task's entry",
-            // `pool` (every cooperative-pool thread in a chain) is left out: beside two
-            // busy processes 1 run in about 8 reported a pool stall with no thread in
-            // the chain (an open defect, traced in the issue on async call stacks).
-            arguments: ["queue", "custom", "actors", "group", "asynclet", "main", "nested", "samehop"])
+            arguments: ["queue", "custom", "actors", "group", "asynclet", "main", "nested", "samehop", "pool"])
         func everyTarget(target: String) throws {
-            let run = try ProbeRun.run(["async-chain", target, "2"], timeLimit: 60, traced: true)
+            var run = try ProbeRun.run(["async-chain", target, "2"], timeLimit: 60, traced: true)
+            // A detector whose threads got no core until the stall had ended
+            // reports it late and without a stack, and says why: the machine
+            // missed the time bound, and the run is tried once more. (`pool`
+            // beside busy processes and a parallel test run: 1 run in 24.)
+            if Self.detectorStarved(run) {
+                run = try ProbeRun.run(["async-chain", target, "2"], timeLimit: 60, traced: true)
+            }
             #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
             let expected = Self.expected(target: target, depth: 2)
             let reports = run.lines.filter { $0.hasPrefix("ASYNC ") }
@@ -107,7 +111,12 @@ extension StallDetectorIntegrationTests {
             #expect(tasks.count == 2, "\(run.lines)")
             for line in tasks {
                 let shown = line.split(separator: " ", maxSplits: 2).last.map(String.init) ?? ""
-                #expect(shown == Self.expectedTasks(target: target), "\(line)")
+                if target == "pool" {
+                    // Each pool thread runs a task of its own, "pool request 0", 1, ….
+                    #expect(shown.hasPrefix("\"pool request ") && shown.hasSuffix("\" top-level task"), "\(line)")
+                } else {
+                    #expect(shown == Self.expectedTasks(target: target), "\(line)")
+                }
             }
             for line in run.lines where line.hasPrefix("ASYNCPOOL started ") {
                 let problem = Self.mismatch(Self.frames(line, dropping: 3), expected)
@@ -133,6 +142,12 @@ extension StallDetectorIntegrationTests {
             // chain lost to its short wake-ups, say).
             let cutLooks = run.lines.filter { Self.isCutLook($0) }
             #expect(cutLooks.count <= 2, "\(cutLooks.count) looks with callers cut: \(unrouted)")
+        }
+
+        /// Whether a report of `run` says it has no stack because the detector's
+        /// threads waited for a core until the stall had ended.
+        static func detectorStarved(_ run: ProbeRun) -> Bool {
+            run.events.contains { $0.report.contains("(the detector's threads waited for a core") }
         }
 
         /// Whether `line` is a traced look (`stalldetection frames …`) whose
