@@ -229,6 +229,48 @@ struct AwaitingCallerTests {
         #expect(try chain(before: { _ in nil }, after: { $0 == 2 ? 0x1000_0500 : nil }).cut == .movedOn)
     }
 
+    @Test(
+        "a remembered chain whose pairs a /proc copy read while the thread held still: confirmed with nothing read again"
+    )
+    func rememberedChainReadWithTheCopy() throws {
+        let isText = { (address: UInt) in address >= 0x1000_0000 && address < 0x2000_0000 }
+        let memory = Self.contexts(3)
+        let remembered = AsyncContextChain.follow(from: 0x5000_0000, readWord: { memory[$0] }, isText: isText)
+        let pairs = remembered.contexts.flatMap { [memory[$0] ?? 0, memory[$0 + 8] ?? 0] }
+        func chain(pairs: [UInt]) throws -> (AsyncContextChain, reads: Int) {
+            var copy = StackCopy(
+                pc: Self.pc, sp: Self.sp, fp: Self.sp + 8, words: Self.stackWords(context: 0x5000_0000),
+                truncated: false, scheduling: "slept")
+            copy.contextPairs = (remembered.contexts, pairs)
+            let reads = Locked(0)
+            var unwinder = StackUnwinder(
+                copy: copy, isText: isText, readWord: { memory[$0] }, callTarget: { _ in .unknown },
+                tailJumps: { _ in CallSite.TailJumps() })
+            unwinder.liveWords = { address, count in
+                reads.withLock { $0 += 1 }
+                let slot = Int((address - Self.sp) / 8)
+                return Array(Self.stackWords(context: 0x5000_0000)[slot..<(slot + count)])
+            }
+            let (_, chain, _) = unwinder.insertingAwaits(
+                into: unwinder.unwind(), remembered: remembered,
+                readPairs: { addresses, _ in
+                    reads.withLock { $0 += 1 }
+                    return nil
+                }, isJobRunner: { $0 == Self.runner }, schedulingNow: { "ran since" })
+            return (try #require(chain), reads.withLock { $0 })
+        }
+        let (kept, reads) = try chain(pairs: pairs)
+        #expect(kept == remembered && reads == 0)
+        // Pairs that do not confirm it (a context resumed elsewhere when the copy
+        // was read): the chain is read afresh, from memory, which holds the
+        // remembered one again.
+        var changed = pairs
+        changed[3] = 0x1000_9000
+        let (afresh, readsAgain) = try chain(pairs: changed)
+        #expect(afresh.resumeAddresses == remembered.resumeAddresses && afresh.cut == nil)
+        #expect(readsAgain > 0)
+    }
+
     /// `words`, read from `slot` on, with the word of slot `target` (when among
     /// them) replaced by `value`.
     static func replacing(_ target: Int, with value: UInt, in words: [UInt], from slot: Int) -> [UInt] {

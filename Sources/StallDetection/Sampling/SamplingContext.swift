@@ -163,7 +163,8 @@ final class SamplingContext: @unchecked Sendable {
     private func sampleAnyThread(_ thread: Int32, queue: UInt?, probeRan: inout Bool) -> ThreadSample {
         let sampler = prepared()
         let first = bracketed(thread, probeRan: &probeRan) {
-            sampler.capture(thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes)
+            sampler.capture(
+                thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes, contexts: lastAwaits?.contexts ?? [])
         }
         switch first {
         case .unavailable(let reason):
@@ -179,7 +180,9 @@ final class SamplingContext: @unchecked Sendable {
             guard !signalled, copy.truncated, wentBeyond || !summary(raw).reachesRoot else { return .stack(raw) }
             // Taken again whole; a thread that woke meanwhile is signalled, and
             // its whole stack of a moment later is the sample.
-            let again = bracketed(thread, probeRan: &probeRan) { sampler.capture(thread: thread) }
+            let again = bracketed(thread, probeRan: &probeRan) {
+                sampler.capture(thread: thread, contexts: lastAwaits?.contexts ?? [])
+            }
             guard case .copied(let whole, let signalledNow) = again,
                 !signalledNow || installError == nil
             else { return .stack(raw) }

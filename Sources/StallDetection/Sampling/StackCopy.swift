@@ -38,4 +38,9 @@ struct StackCopy {
     var task: UInt? = nil
     /// The thread's pointer, through which its task slot is read again.
     var threadPointer: UInt? = nil
+    /// The last sample's async contexts (``AsyncContextChain/contexts``) and
+    /// the two words at each (``StackSampler/readPairs(at:between:)``), read
+    /// with a `/proc` copy while the thread held still: its chain, confirmed
+    /// against them, is the copy's. Nil for a signal sample.
+    var contextPairs: (contexts: [UInt], pairs: [UInt])? = nil
 }

@@ -65,8 +65,9 @@ final class StackSampler {
 
     /// Samples thread `tid`; of a thread asleep in the kernel, at most
     /// `kernelCopyLimit` bytes of stack are copied (a signal sample copies
-    /// ``kernelCopyBytes``).
-    func capture(thread tid: Int32, kernelCopyLimit: Int = kernelCopyBytes) -> Outcome {
+    /// ``kernelCopyBytes``), and the pairs of async `contexts` (the last
+    /// sample's chain) are read with it (``StackCopy/contextPairs``).
+    func capture(thread tid: Int32, kernelCopyLimit: Int = kernelCopyBytes, contexts: [UInt] = []) -> Outcome {
         #if !os(Linux)
         // Apple platforms: no sampler yet (the design it will follow is in the
         // article "Detecting hangs and stalls"); nothing here reads `/proc`.
@@ -126,7 +127,7 @@ final class StackSampler {
                 if let outcome = waitWhileAnswering() { return outcome }
                 continue
             }
-            switch captureFromKernel(tid, limit: kernelCopyLimit) {
+            switch captureFromKernel(tid, limit: kernelCopyLimit, contexts: contexts) {
             case .copied where stallcapture_is_answering(tid) != 0:
                 if let outcome = waitWhileAnswering() { return outcome }
                 continue
@@ -217,8 +218,9 @@ final class StackSampler {
         case ranWhileCopied
     }
 
-    /// Reads a thread that sleeps in the kernel.
-    private func captureFromKernel(_ tid: Int32, limit: Int) -> KernelCapture {
+    /// Reads a thread that sleeps in the kernel, and the pairs of `contexts`
+    /// while it holds still.
+    private func captureFromKernel(_ tid: Int32, limit: Int, contexts: [UInt]) -> KernelCapture {
         // Nil both times where the kernel keeps no scheduler statistics.
         let ranBefore = files.read(.schedstat, thread: tid)
         guard let before = files.read(.syscall, thread: tid), let (sp, pc) = Self.parseSyscall(before) else {
@@ -240,6 +242,7 @@ final class StackSampler {
                     reachedTop: copiedWords < limitWords)
             }
         }
+        let pairs = contexts.isEmpty ? nil : Self.readPairs(at: contexts)?.pairs
         // Unchanged scheduling counts say the thread did not run meanwhile;
         // without them, an unchanged syscall line says it is still in the same
         // sleep, or in another just like it.
@@ -254,7 +257,7 @@ final class StackSampler {
                 pc: pc, sp: sp, fp: nil,
                 words: copiedWords == buffer.count ? buffer : Array(buffer.prefix(copiedWords)),
                 truncated: copiedWords == limitWords, time: readAt, scheduling: ranBefore, task: task,
-                threadPointer: threadPointer))
+                threadPointer: threadPointer, contextPairs: pairs.map { (contexts, $0) }))
     }
 
     /// The thread's scheduling counts now (`schedstat`: they change whenever
@@ -282,76 +285,68 @@ final class StackSampler {
     /// `between` words (`before`, `after`; empty without): Linux copies a
     /// call's ranges in the order given, each one whole before the next
     /// (`process_vm_rw_core`), so `before` was read before every pair and
-    /// `after` after them. Nil when any is unreadable. Consecutive addresses
-    /// near each other (async contexts, which the task allocator packs into
-    /// slabs) are read as one range: the kernel's cost is mostly per call
-    /// (about 2 µs; 3.4 µs for 20 KB), and a 50-await chain spans three slabs.
+    /// `after` after them. Nil when any is unreadable or not word-aligned.
+    /// Consecutive addresses near each other (async contexts, which the task
+    /// allocator packs into slabs) are read as one range (each address within
+    /// a page of the range so far, 64 KB at most): the kernel's cost is about
+    /// 1 µs a range, and a 50-await chain spans two or three slabs.
     static func readPairs(
         at addresses: [UInt], between span: (address: UInt, words: Int)? = nil
     ) -> (pairs: [UInt], before: [UInt], after: [UInt])? {
         let wordSize = UInt(MemoryLayout<UInt>.size)
-        guard var ranges = pairRanges(addresses) else { return nil }
+        let spanWords = max(0, span?.words ?? 0)
+        var remote: [iovec] = []
+        remote.reserveCapacity(8)
+        // The ranges' first positions among `addresses`, then the pairs' ranges.
+        var starts: [Int] = []
+        var (low, high) = (UInt(0), UInt(0))
+        for (position, address) in addresses.enumerated() {
+            guard address % wordSize == 0, address <= UInt.max - 2 * wordSize else { return nil }
+            let (newLow, newHigh) = (min(low, address), max(high, address + 2 * wordSize))
+            if !starts.isEmpty, address + 4_096 > low, address < high + 4_096, newHigh - newLow <= 65_536 {
+                (low, high) = (newLow, newHigh)
+                continue
+            }
+            if !starts.isEmpty { remote.append(Self.range(low, high)) }
+            (low, high) = (address, address + 2 * wordSize)
+            starts.append(position)
+        }
+        if !starts.isEmpty { remote.append(Self.range(low, high)) }
         if let span {
-            guard span.words > 0, span.address % wordSize == 0,
-                span.address <= UInt.max - UInt(span.words) * wordSize
+            guard spanWords > 0, span.address % wordSize == 0, span.address <= UInt.max - UInt(spanWords) * wordSize
             else { return nil }
-            let range = (span.address, span.address + UInt(span.words) * wordSize, 0, -1)
-            ranges = [range] + ranges + [range]
+            let words = Self.range(span.address, span.address + UInt(spanWords) * wordSize)
+            remote = [words] + remote + [words]
         }
-        guard let words = readRanges(ranges.map { ($0.low, $0.high) }) else { return nil }
-        let spanWords = span?.words ?? 0
-        var (offset, pairs) = (spanWords, [UInt](repeating: 0, count: addresses.count * 2))
-        for range in ranges.dropFirst(span == nil ? 0 : 1).dropLast(span == nil ? 0 : 1) {
-            for position in range.first...range.last {
-                let word = offset + Int((addresses[position] - range.low) / wordSize)
-                (pairs[2 * position], pairs[2 * position + 1]) = (words[word], words[word + 1])
-            }
-            offset += Int((range.high - range.low) / wordSize)
-        }
-        return (pairs, Array(words.prefix(spanWords)), Array(words.suffix(spanWords)))
-    }
-
-    /// The words from `low` to `high` of each range, one range after the
-    /// other, copied in one system call; nil when any byte is unreadable.
-    private static func readRanges(_ ranges: [(low: UInt, high: UInt)]) -> [UInt]? {
-        let wordSize = UInt(MemoryLayout<UInt>.size)
-        guard ranges.count <= 1_024 else { return nil }
-        let offsets = ranges.reduce(into: [0]) { $0.append($0.last! + Int(($1.high - $1.low) / wordSize)) }
-        var buffer = [UInt](repeating: 0, count: offsets.last!)
-        let read = buffer.withUnsafeMutableBytes { bytes in
-            var local = ranges.indices.map { index in
-                iovec(
-                    iov_base: bytes.baseAddress! + offsets[index] * Int(wordSize),
-                    iov_len: Int(ranges[index].high - ranges[index].low))
-            }
-            var remote = ranges.map {
-                iovec(iov_base: UnsafeMutableRawPointer(bitPattern: $0.low), iov_len: Int($0.high - $0.low))
+        guard remote.count <= 1_024 else { return nil }
+        let total = remote.reduce(0) { $0 + $1.iov_len } / Int(wordSize)
+        var buffer = [UInt](repeating: 0, count: total)
+        let complete = buffer.withUnsafeMutableBytes { bytes in
+            var offset = 0
+            var local = remote.map { range in
+                defer { offset += range.iov_len }
+                return iovec(iov_base: bytes.baseAddress! + offset, iov_len: range.iov_len)
             }
             return readAtOnce(local: &local, remote: &remote) == bytes.count
         }
-        return read ? buffer : nil
+        guard complete else { return nil }
+        var pairs = [UInt](repeating: 0, count: addresses.count * 2)
+        var offset = spanWords
+        for (index, first) in starts.enumerated() {
+            let range = remote[span == nil ? index : index + 1]
+            let rangeLow = UInt(bitPattern: range.iov_base)
+            for position in first..<(index + 1 < starts.count ? starts[index + 1] : addresses.count) {
+                let word = offset + Int((addresses[position] - rangeLow) / wordSize)
+                (pairs[2 * position], pairs[2 * position + 1]) = (buffer[word], buffer[word + 1])
+            }
+            offset += range.iov_len / Int(wordSize)
+        }
+        return (pairs, Array(buffer[0..<spanWords]), Array(buffer[(total - spanWords)...]))
     }
 
-    /// The ranges ``readPairs(at:between:)`` reads for the pairs: each from `low` to `high` covers the
-    /// addresses at positions `first...last`, each one within a page of the
-    /// range so far, at most 64 KB a range. Nil for an address not
-    /// word-aligned or at the top of the address space.
-    private static func pairRanges(_ addresses: [UInt]) -> [(low: UInt, high: UInt, first: Int, last: Int)]? {
-        let wordSize = UInt(MemoryLayout<UInt>.size)
-        guard addresses.allSatisfy({ $0 % wordSize == 0 && $0 <= UInt.max - 2 * wordSize }) else { return nil }
-        var ranges: [(low: UInt, high: UInt, first: Int, last: Int)] = []
-        for (position, address) in addresses.enumerated() {
-            if var range = ranges.last {
-                let (low, high) = (min(range.low, address), max(range.high, address + 2 * wordSize))
-                if address + 4_096 > range.low, address < range.high + 4_096, high - low <= 65_536 {
-                    (range.low, range.high, range.last) = (low, high, position)
-                    ranges[ranges.count - 1] = range
-                    continue
-                }
-            }
-            ranges.append((address, address + 2 * wordSize, position, position))
-        }
-        return ranges
+    /// The remote range from `low` to `high`.
+    private static func range(_ low: UInt, _ high: UInt) -> iovec {
+        iovec(iov_base: UnsafeMutableRawPointer(bitPattern: low), iov_len: Int(high - low))
     }
 
     /// Copies the `remote` ranges into the `local` ones in one system call (at

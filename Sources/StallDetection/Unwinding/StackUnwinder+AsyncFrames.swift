@@ -7,7 +7,9 @@ extension StackUnwinder {
     /// short stops (the index of its job runner's frame), if one is.
     /// Contexts are read through `readContextWord` (by default ``readWord``);
     /// a `remembered` chain (the last sample's) is confirmed with one batch
-    /// read instead (``AsyncContextChain/confirming(_:from:readPairs:)``).
+    /// read instead (``AsyncContextChain/confirming(_:from:readPairs:)``), or
+    /// against the pairs a `/proc` copy read with the stack while the thread
+    /// held still (``StackCopy/contextPairs``), with nothing read again.
     ///
     /// The async frame is the one whose record's return address lies in the
     /// runtime's job runner (``AsyncJobRunner``); its context is the word
@@ -121,6 +123,13 @@ extension StackUnwinder {
         func follow(_ read: ((UInt) -> UInt?)?) -> AsyncContextChain {
             let readWord = read ?? reading.readContextWord ?? readWord
             return AsyncContextChain.follow(from: context, readWord: readWord, isText: isText)
+        }
+        // Its pairs were read with a `/proc` copy, while the thread held still:
+        // confirmed against them, the last sample's chain is the copy's.
+        if let remembered, let still = copy.contextPairs, still.contexts == remembered.contexts,
+            let confirmed = AsyncContextChain.confirming(remembered, from: context, readPairs: { _ in still.pairs })
+        {
+            return confirmed
         }
         // The record, the context below it and the callee's return address, in
         // one read. That return address may move between call sites of the
