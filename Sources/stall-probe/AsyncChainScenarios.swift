@@ -21,6 +21,9 @@ import StallDetection
 //            on an executor that runs its jobs at once (`InlineTaskExecutor`): the
 //            inner task's job runs inside the outer task's (nestedOuterRoute →
 //            nestedOuterHandler), on the actor's queue
+//   deepstack as queue, but the handler (deepStackRoute → deepStackHandler) blocks under a
+//            synchronous recursion 300 deep with 1 KB a level: a stack deeper than the
+//            sampler copies, whose async frames lie beyond the copy
 //   sync     a task on the cooperative pool calls `queue.sync` into the watched queue
 //            (no actor) and blocks in it: the blocked thread is a pool thread that
 //            never answered a probe, asleep, and its task is "sync caller"
@@ -116,6 +119,31 @@ func asyncHandler(hop: ChainActor?, isolation: isolated (any Actor)? = #isolatio
     return 1
 }
 
+@inline(never)
+func deepStackRoute(isolation: isolated (any Actor)? = #isolation) async -> Int {
+    await Task.yield()
+    return await deepStackHandler() + 1
+}
+
+@inline(never)
+func deepStackHandler(isolation: isolated (any Actor)? = #isolation) async -> Int {
+    await Task.yield()
+    return deepStackParse(300)
+}
+
+/// A synchronous recursion with 1 KB of stack a level, blocking at its bottom.
+@inline(never)
+func deepStackParse(_ level: Int) -> Int {
+    withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 1_024) { scratch in
+        scratch.initialize(repeating: UInt8(truncatingIfNeeded: level))
+        if level == 0 {
+            asyncChainBlocker(600)
+            return Int(scratch[0])
+        }
+        return deepStackParse(level - 1) &+ Int(scratch[1_023])
+    }
+}
+
 /// An actor whose executor is a serial dispatch queue.
 actor ChainActor {
     let executor: QueueExecutor
@@ -134,6 +162,11 @@ actor ChainActor {
     @inline(never)
     func runNested(depth: Int) async -> Int {
         await nestedOuterRoute(depth: depth)
+    }
+
+    @inline(never)
+    func runDeepStack() async -> Int {
+        await deepStackRoute()
     }
 
     /// The blocker, with no `Task.yield()` first: on an executor that runs jobs
@@ -207,6 +240,11 @@ private func startAsyncChain(target: String, depth: Int, first: ChainActor, seco
         Task(name: "request 42") {
             try? await Task.sleep(for: .milliseconds(300))
             _ = await first.runNested(depth: depth)
+        }
+    case "deepstack":
+        Task(name: "request 42") {
+            try? await Task.sleep(for: .milliseconds(300))
+            _ = await first.runDeepStack()
         }
     case "sync":
         Task.detached(name: "sync caller", priority: .medium) {

@@ -103,31 +103,40 @@ struct AwaitingCallerTests {
         #expect(try #require(chain).cut == .movedOn)
     }
 
-    @Test("a job runner's frame record beyond the copy (read from memory by the unwind): no crash, no awaits shown")
+    @Test(
+        "a job runner's frame record beyond the copy (read from memory by the unwind): no crash, the awaits said to be missing"
+    )
     func recordBeyondTheCopy() throws {
         // Records at slots 1, 3, 5 and 8; the one at 8 returns into the job
-        // runner (slot 9), its context at slot 7. The copy ends after slot 8:
-        // the runner's return address and the root are read from memory.
+        // runner (slot 9), its context at slot 7. The runner's return address
+        // and the root are read from memory.
         let record = { (slot: Int) in Self.sp + UInt(slot * 8) }
         let words: [UInt] = [
             0x42, record(3), 0x1000_0400, record(5), 0x1000_0500, record(8), Self.inPartial, 0x5000_0000,
             record(10), Self.runner, 0, Self.outer,
         ]
-        var memory = Self.contexts(3)
-        for slot in 9..<words.count { memory[record(slot)] = words[slot] }
-        let copy = StackCopy(pc: Self.pc, sp: Self.sp, fp: Self.sp + 8, words: Array(words.prefix(9)), truncated: true)
-        var unwinder = StackUnwinder(
-            copy: copy, isText: { $0 >= 0x1000_0000 && $0 < 0x2000_0000 }, readWord: { memory[$0] },
-            callTarget: { _ in .unknown }, tailJumps: { _ in CallSite.TailJumps() })
-        unwinder.liveWords = { address, count in
-            let first = Int((address - Self.sp) / 8)
-            return first + count <= words.count ? Array(words[first..<(first + count)]) : nil
+        for copied in [9, 7] {
+            var memory = Self.contexts(3)
+            for slot in copied..<words.count { memory[record(slot)] = words[slot] }
+            // The copy ends after the record's first word (slot 8), or before the
+            // context (slot 7).
+            let copy = StackCopy(
+                pc: Self.pc, sp: Self.sp, fp: Self.sp + 8, words: Array(words.prefix(copied)), truncated: true)
+            var unwinder = StackUnwinder(
+                copy: copy, isText: { $0 >= 0x1000_0000 && $0 < 0x2000_0000 }, readWord: { memory[$0] },
+                callTarget: { _ in .unknown }, tailJumps: { _ in CallSite.TailJumps() })
+            unwinder.liveWords = { address, count in
+                let first = Int((address - Self.sp) / 8)
+                return first + count <= words.count ? Array(words[first..<(first + count)]) : nil
+            }
+            let (frames, chain, cutAt) = unwinder.insertingAwaits(
+                into: unwinder.unwind(), isJobRunner: { $0 == Self.runner })
+            #expect(unwinder.wentBeyondCopy)
+            #expect(
+                frames.map(\.address) == [Self.pc, 0x1000_0400, 0x1000_0500, Self.inPartial, Self.runner, Self.outer])
+            #expect(!frames.contains { $0.isAwaitResume })
+            #expect(chain?.cut == .beyondCopy && cutAt == 4)
         }
-        let (frames, chain, _) = unwinder.insertingAwaits(into: unwinder.unwind(), isJobRunner: { $0 == Self.runner })
-        #expect(unwinder.wentBeyondCopy)
-        #expect(frames.map(\.address) == [Self.pc, 0x1000_0400, 0x1000_0500, Self.inPartial, Self.runner, Self.outer])
-        #expect(!frames.contains { $0.isAwaitResume })
-        #expect(chain == nil)
     }
 
     @Test("a chain that loops is cut at the depth limit, said as such")

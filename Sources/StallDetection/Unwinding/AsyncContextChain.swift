@@ -48,6 +48,10 @@ struct AsyncContextChain: Sendable, Equatable {
         case depthLimit
         /// The thread left the partial function before the chain was read.
         case movedOn
+        /// The async function's frame record lay beyond the stack's copy
+        /// (a stack deeper than the sampler copies): there are no copied
+        /// words to hold the live stack against.
+        case beyondCopy
 
         /// Why the awaits stop here, for reports.
         var reason: String {
@@ -58,6 +62,7 @@ struct AsyncContextChain: Sendable, Equatable {
             case .misaligned(let address): "a context's parent 0x\(String(address, radix: 16)) is not aligned"
             case .depthLimit: "more than \(AsyncContextChain.depthLimit) awaits"
             case .movedOn: "the thread had resumed other code before its awaits could be read"
+            case .beyondCopy: Self.reason(code: code)
             }
         }
 
@@ -69,6 +74,7 @@ struct AsyncContextChain: Sendable, Equatable {
             case .misaligned: 3
             case .depthLimit: 4
             case .movedOn: 5
+            case .beyondCopy: 6
             }
         }
 
@@ -80,6 +86,7 @@ struct AsyncContextChain: Sendable, Equatable {
             case 2: "a context's resume address is not code"
             case 3: "a context's parent is not aligned"
             case 4: "more than \(AsyncContextChain.depthLimit) awaits"
+            case 6: "the async frame lay deeper in the stack than the sampler copies"
             default: "the thread had resumed other code before its awaits could be read"
             }
         }

@@ -19,7 +19,9 @@ extension StackUnwinder {
     /// the innermost one's, with the first cut of the outer ones when it has
     /// none. A job of the same task run inside (its context among the awaits
     /// shown) adds none, and neither does an outer frame whose context slot
-    /// holds no context (a runtime entry the job tail-called).
+    /// holds no context (a runtime entry the job tail-called). An async frame
+    /// whose record lies beyond the copy (the unwind read it from memory) gets
+    /// no awaits and is cut as ``AsyncContextChain/Cut/beyondCopy``.
     ///
     /// Contexts are read after the copy, while the thread
     /// may run on, and a task allocates its contexts at the same addresses
@@ -61,25 +63,33 @@ extension StackUnwinder {
             let returnSlot = slots[index]
             guard returnSlot >= 2, scratch.recordSlots.contains(returnSlot), isJobRunner(frames[index].address)
             else { continue }
-            // A record the unwind read beyond the copy (the chain went on in
-            // memory) has no copied words to hold the live stack against.
             let contextSlot = returnSlot - 1 - Int(AsyncContextChain.contextOffsetBelowRecord) / 8
-            guard contextSlot >= 0, returnSlot < copy.words.count, copy.words[contextSlot] != 0 else {
+            // A record the unwind read beyond the copy (the chain went on in
+            // memory) has no copied words to hold the live stack against: its
+            // awaits are said to be missing.
+            let beyondCopy = returnSlot >= copy.words.count
+            guard contextSlot >= 0, beyondCopy || copy.words[contextSlot] != 0 else {
                 if innermost == nil { return (frames, nil, nil) }
                 continue
             }
             // A job of the same task run inside another (its context is one of
             // the awaits shown): its callers are shown already.
-            guard !shown.contains(where: { $0.contains(copy.words[contextSlot]) }) else { continue }
+            guard beyondCopy || !shown.contains(where: { $0.contains(copy.words[contextSlot]) }) else { continue }
             let calleeSlot = index >= 2 && slots[index - 1] >= 0 ? slots[index - 1] : nil
-            let chain = readChain(
-                contextSlot: contextSlot, returnSlot: returnSlot, calleeSlot: calleeSlot,
-                remembered: innermost == nil ? remembered : nil, reading)
+            let chain =
+                beyondCopy
+                ? AsyncContextChain(resumeAddresses: [], cut: .beyondCopy)
+                : readChain(
+                    contextSlot: contextSlot, returnSlot: returnSlot, calleeSlot: calleeSlot,
+                    remembered: innermost == nil ? remembered : nil, reading)
             // An outer job's context is live while its frame is on the stack, so
             // a first word that is no context says its frame is no async
             // function's (a runtime entry such as `swift_task_switch`, which
             // the job tail-called to hop onto an executor that ran it at once).
-            if innermost != nil, chain.resumeAddresses.isEmpty, chain.cut != nil, chain.cut != .movedOn { continue }
+            if innermost != nil, chain.resumeAddresses.isEmpty, let cut = chain.cut, cut != .movedOn, cut != .beyondCopy
+            {
+                continue
+            }
             result += frames[next..<index]
             result += chain.resumeAddresses.map { RawFrame(address: $0, isUncertain: false, isAwaitResume: true) }
             next = index
