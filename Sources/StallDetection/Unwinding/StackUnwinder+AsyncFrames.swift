@@ -134,13 +134,7 @@ extension StackUnwinder {
             let readWord = read ?? reading.readContextWord ?? readWord
             return AsyncContextChain.follow(from: context, readWord: readWord, isText: isText)
         }
-        // Its pairs were read with a `/proc` copy, while the thread held still:
-        // confirmed against them, the last sample's chain is the copy's.
-        if let remembered, let still = copy.contextPairs, still.contexts == remembered.contexts,
-            let confirmed = AsyncContextChain.confirming(remembered, from: context, readPairs: { _ in still.pairs })
-        {
-            return confirmed
-        }
+        if let confirmed = confirmedWithCopy(remembered, from: context) { return confirmed }
         // The record, the context below it and the callee's return address, in
         // one read. That return address may move between call sites of the
         // same function (a loop calling one function, then another): only a
@@ -188,6 +182,14 @@ extension StackUnwinder {
             if intact { chain = again }
         }
         return intact ? chain : AsyncContextChain(resumeAddresses: [], cut: .movedOn)
+    }
+
+    /// `remembered`, when the pairs a `/proc` copy read with the stack, while
+    /// the thread held still (``StackCopy/contextPairs``), confirm it from
+    /// `context`: then it is the copy's chain.
+    private func confirmedWithCopy(_ remembered: AsyncContextChain?, from context: UInt) -> AsyncContextChain? {
+        guard let remembered, let still = copy.contextPairs, still.contexts == remembered.contexts else { return nil }
+        return AsyncContextChain.confirming(remembered, from: context, readPairs: { _ in still.pairs })
     }
 
     /// The live stack's words at slots `first...last` of the copy, read now.
