@@ -32,9 +32,9 @@ final class SamplingContext: @unchecked Sendable {
     /// 4–18 ms in a debug build, which would otherwise empty the sampling budget
     /// and pause the first stall's profile for a quarter of a second).
     private(set) var oneTimeCost: Int64 = 0
-    /// The awaiting callers the last sample read in full: a stalled thread's
-    /// next samples confirm them with one batch read.
-    private var lastAwaits: AsyncContextChain?
+    /// The awaiting callers the last sample read in full, and its thread: a
+    /// stalled thread's next samples confirm them with one batch read.
+    private var lastAwaits: (chain: AsyncContextChain, thread: Int32)?
     /// The task the last sample's thread ran, read then, with what identifies
     /// it (``TaskRecord/identity(at:layout:)``): a thread still in the same
     /// task is not read again.
@@ -164,7 +164,7 @@ final class SamplingContext: @unchecked Sendable {
         let sampler = prepared()
         let first = bracketed(thread, probeRan: &probeRan) {
             sampler.capture(
-                thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes, contexts: lastAwaits?.contexts ?? [])
+                thread: thread, kernelCopyLimit: Self.firstKernelCopyBytes, contexts: lastContexts(of: thread))
         }
         switch first {
         case .unavailable(let reason):
@@ -181,7 +181,7 @@ final class SamplingContext: @unchecked Sendable {
             // Taken again whole; a thread that woke meanwhile is signalled, and
             // its whole stack of a moment later is the sample.
             let again = bracketed(thread, probeRan: &probeRan) {
-                sampler.capture(thread: thread, contexts: lastAwaits?.contexts ?? [])
+                sampler.capture(thread: thread, contexts: lastContexts(of: thread))
             }
             guard case .copied(let whole, let signalledNow) = again,
                 !signalledNow || installError == nil
@@ -190,6 +190,13 @@ final class SamplingContext: @unchecked Sendable {
             wholeRaw.signalled = signalledNow
             return .stack(wholeRaw)
         }
+    }
+
+    /// The contexts of the last sample's awaiting callers when it was
+    /// `thread`'s: a `/proc` copy of `thread` reads their pairs with its stack
+    /// (a search's copies of other threads read none).
+    private func lastContexts(of thread: Int32) -> [UInt] {
+        lastAwaits?.thread == thread ? lastAwaits?.chain.contexts ?? [] : []
     }
 
     /// Unwinds a captured stack; also whether the unwind followed the chain
@@ -224,7 +231,7 @@ final class SamplingContext: @unchecked Sendable {
         let contexts = MemoryBlocks(blockWords: 512)
         let runners = AsyncJobRunner.ranges
         let (frames, awaits, cutAt) = unwinder.insertingAwaits(
-            into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) }, remembered: lastAwaits,
+            into: unwinder.unwind(), readContextWord: { contexts.word(at: $0) }, remembered: lastAwaits?.chain,
             readPairs: { StackSampler.readPairs(at: $0, between: $1) },
             isJobRunner: { AsyncJobRunner.contains(returnAddress: $0, in: runners) },
             schedulingNow: copy.scheduling == nil ? nil : { [sampler] in sampler?.scheduling(of: thread) },
@@ -234,7 +241,7 @@ final class SamplingContext: @unchecked Sendable {
                     let fresh = MemoryBlocks(blockWords: 512)
                     return { fresh.word(at: $0) }
                 })
-        if let awaits, awaits.cut == nil { lastAwaits = awaits }
+        if let awaits, awaits.cut == nil { lastAwaits = (awaits, thread) }
         let held = queue.map { copy.words.contains($0) } ?? false
         var raw = RawStack(
             thread: thread, frames: frames, copyTruncated: copy.truncated || unwinder.signalContextUnread, queue: queue,
