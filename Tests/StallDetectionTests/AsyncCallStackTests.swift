@@ -87,6 +87,11 @@ extension StallDetectorIntegrationTests {
             // processes and parallel stall-probe runs: 3 runs in 16 took 360 ms
             // to look at every thread, at about a sixth of a core.)
             if Self.reportedAfterTheEnd(run) {
+                // What the late run did show must still be right.
+                for line in run.lines where line.hasPrefix("ASYNC ") && line.contains("asyncChainBlocker(") {
+                    let problem = Self.mismatch(Self.frames(line, dropping: 2), Self.expected(target: target, depth: 2))
+                    #expect(problem.isEmpty, "late run, \(line.prefix(20)): \(problem)")
+                }
                 run = try ProbeRun.run(["async-chain", target, "2"], timeLimit: 60, traced: true)
             }
             #expect(run.exitStatus == 0, "\(run.lines.suffix(5))")
