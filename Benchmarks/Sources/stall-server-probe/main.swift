@@ -3,16 +3,21 @@
 // detector, half after), and one first stall of a serial queue, 600 ms spinning in
 // `serverStepA` then 300 ms asleep in `serverStepB` (truth 2 : 1).
 //
-//   stall-server-probe [--threads N] [--loops L] [--target queue|loop] [--runs R]
+//   stall-server-probe [--threads N] [--loops L] [--target queue|loop] [--async] [--runs R]
 //
 // `--threads` is the number of idle threads in all (NIO's loops included, default
 // 64); `--target loop` watches a NIO event loop (`.custom`) that stalls instead of
-// a dispatch queue. Each run is one fresh detector and one stall; a process serves
-// `--runs` of them (default 1: a fresh process's first stall). Prints one line per
-// run:
+// a dispatch queue. With `--async` (loop only) the stall runs in async code: an
+// actor whose executor is the event loop awaits serverRoute → serverHandler, each
+// after a `Task.yield()`, and the handler stalls. Each run is one fresh detector
+// and one stall; a process serves `--runs` of them (default 1: a fresh process's
+// first stall). Prints one line per run:
 //
-//   RUN <n> started <ms after threshold> stack <0|1> samples <n> A <n> B <n>
+//   RUN <n> started <ms after threshold> stack <0|1> awaits <0|1> samples <n> A <n> B <n>
 //       detectorCPU <% of a core during the stall> startCPU <ms>
+//
+// `awaits` says whether `.started` named serverRoute as an awaiting caller (always
+// 1 without `--async`).
 //
 // and `BINARY <bytes>` first. A run whose report lost the stack prints `stack 0`
 // and the reason.
@@ -71,6 +76,36 @@ func serverStepB(_ ms: Int) {
     if result != 0 { emit("SLEEP \(result)") }
 }
 
+/// An actor whose executor is a NIO event loop, as a server's per-connection
+/// state often is.
+actor LoopActor {
+    let loop: any EventLoop
+    init(loop: any EventLoop) { self.loop = loop }
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.executor.asUnownedSerialExecutor() }
+
+    @inline(never)
+    func serve(_ stall: @Sendable () -> Void) async {
+        await serverRoute(stall)
+    }
+}
+
+@inline(never)
+func serverRoute(_ stall: @Sendable () -> Void, isolation: isolated (any Actor)? = #isolation) async {
+    await Task.yield()
+    await serverHandler(stall)
+    emit("", if: false)
+}
+
+@inline(never)
+func serverHandler(_ stall: @Sendable () -> Void, isolation: isolated (any Actor)? = #isolation) async {
+    await Task.yield()
+    stall()
+    emit("", if: false)
+}
+
+/// Prints `line` when `condition` holds (keeps the calls above from being tail calls).
+func emit(_ line: String, if condition: Bool) { if condition { emit(line) } }
+
 /// Threads that wait forever, as a server's idle workers and drivers do.
 func startIdleThreads(_ count: Int) {
     for _ in 0..<max(0, count) {
@@ -88,6 +123,7 @@ func startIdleThreads(_ count: Int) {
 struct Outcome: Sendable {
     var startedAfterThreshold: Double = -1
     var hasStack = false
+    var namesAwaits = false
     var reason = ""
     var samples = 0
     var a = 0
@@ -98,6 +134,7 @@ let threads = argument("--threads", default: 64)
 let loops = min(threads, argument("--loops", default: 8))
 let runs = argument("--runs", default: 1)
 let onLoop = CommandLine.arguments.contains("loop")  // `--target loop`
+let inAsyncCode = onLoop && CommandLine.arguments.contains("--async")
 let verbose = CommandLine.arguments.contains("--verbose")
 let threshold = Duration.milliseconds(250)
 
@@ -119,10 +156,13 @@ func watch(_ detector: StallDetector, stallBegin: @escaping @Sendable () -> Int6
             switch event.phase {
             case .started:
                 let late = Double(monotonicNanoseconds() - stallBegin()) / 1e6 - 250
-                let named = event.backtrace.frames.contains { $0.function?.contains("serverStep") ?? false }
+                let frames = event.backtrace.frames
+                let named = frames.contains { $0.function?.contains("serverStep") ?? false }
+                let awaits = frames.contains { $0.isAwaiting && ($0.function?.hasPrefix("serverRoute(") ?? false) }
                 outcome.withLock {
                     $0.startedAfterThreshold = late
                     $0.hasStack = named
+                    $0.namesAwaits = !inAsyncCode || awaits
                     $0.reason = event.backtrace.unavailableReason ?? (named ? "" : "\(event.backtrace)")
                 }
             case .ended:
@@ -164,7 +204,14 @@ for run in 1...runs {
         cpu.store(others, ordering: .releasing)
         stalled.signal()
     }
-    if onLoop { loop.execute(stall) } else { queue.async(execute: stall) }
+    if inAsyncCode {
+        let actor = LoopActor(loop: loop)
+        Task.detached { await actor.serve(stall) }
+    } else if onLoop {
+        loop.execute(stall)
+    } else {
+        queue.async(execute: stall)
+    }
     stalled.wait()
     let finished = done.wait(timeout: .now() + 10) == .success
     detector.stop()
@@ -172,6 +219,7 @@ for run in 1...runs {
     let detectorShare = Double(cpu.load(ordering: .acquiring)) / 9e8 * 100
     emit(
         "RUN \(run) started \(String(format: "%.0f", measured.startedAfterThreshold)) stack \(measured.hasStack ? 1 : 0) "
+            + "awaits \(measured.namesAwaits ? 1 : 0) "
             + "samples \(measured.samples) A \(measured.a) B \(measured.b) "
             + "detectorCPU \(String(format: "%.1f", detectorShare)) startCPU \(String(format: "%.0f", startCPU))"
             + (finished ? "" : " ended-missing")
