@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import StallDetection
+import Synchronization
 
 // Stalls inside async code: `async-chain <target> [depth]` blocks 600 ms at the
 // end of a chain of awaits, asyncRoute → asyncMiddleware → `depth` asyncLevels
@@ -300,4 +301,55 @@ private func tasks(_ backtrace: StallBacktrace) -> String {
 /// The frames' names, `|`-separated, an awaiting caller's ending in ` [await]`.
 private func names(_ backtrace: StallBacktrace) -> String {
     backtrace.frames.map { ($0.function ?? "?") + ($0.isAwaiting ? " [await]" : "") }.joined(separator: "|")
+}
+
+// `async-many <count>`: `count` actors, each on its own serial queue watched by a
+// detector of its own, all stalled at once inside the chain of awaits (depth 2),
+// each by a task named "request <i>". Prints, per detector and phase:
+//   ASYNCMANY <i> <phase> <its task's name or -> <1 when the frames from the
+//             blocker up are asyncChainBlocker, asyncHandler, then asyncLevel,
+//             asyncLevel, asyncMiddleware and asyncRoute awaiting, else 0>
+/// The `async-many` events still to come.
+let asyncManyEvents = Mutex(0)
+
+func runAsyncMany(count: Int) {
+    let actors = (0..<count).map { ChainActor(label: "probe.async.many.\($0)") }
+    asyncManyEvents.withLock { $0 = 2 * count }
+    for (index, actor) in actors.enumerated() {
+        let detector = StallDetector(target: .queue(actor.executor.queue), threshold: .milliseconds(250))
+        detector.start()
+        Task.detached {
+            for await event in detector.events {
+                let frames = event.backtrace.frames.map { ($0.function ?? "?") + ($0.isAwaiting ? " [await]" : "") }
+                let stack = event.backtrace.unavailableReason == nil ? "stack" : "nostack"
+                let task = event.backtrace.task?.name ?? "-"
+                emit("ASYNCMANY \(index) \(event.phase.rawValue) \(stack) \(chainShown(frames) ? 1 : 0) \(task)")
+                if event.phase == .ended {
+                    detector.stop()
+                    if asyncManyEvents.withLock({
+                        $0 -= 2; return $0
+                    }) == 0 {
+                        exit(0)
+                    }
+                }
+            }
+        }
+        Task(name: "request \(index)") {
+            try? await Task.sleep(for: .milliseconds(300))
+            _ = await actor.run(depth: 2)
+        }
+    }
+    dispatchMain()
+}
+
+/// Whether `frames` show the chain of `async-chain` at depth 2 from the blocker up.
+private func chainShown(_ frames: [String]) -> Bool {
+    guard let start = frames.firstIndex(where: { $0.hasPrefix("asyncChainBlocker(") }) else { return false }
+    let expected = [
+        ("asyncChainBlocker(", false), ("asyncHandler(", false), ("asyncLevel(", true), ("asyncLevel(", true),
+        ("asyncMiddleware(", true), ("asyncRoute(", true),
+    ]
+    let shown = frames.dropFirst(start)
+    return shown.count >= expected.count
+        && zip(shown, expected).allSatisfy { $0.hasPrefix($1.0) && $0.hasSuffix(" [await]") == $1.1 }
 }

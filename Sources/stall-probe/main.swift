@@ -293,6 +293,9 @@ case "async-alternate":
 case "starved-loop":
     runStarvedLoop(rounds: arguments.dropFirst().first.flatMap { Int($0) } ?? 3)
 
+case "async-many":
+    runAsyncMany(count: arguments.dropFirst().first.flatMap { Int($0) } ?? 8)
+
 case "async-chain":
     let target = arguments.dropFirst().first ?? "queue"
     runAsyncChain(target: target, depth: arguments.dropFirst(2).first.flatMap { Int($0) } ?? 1)

@@ -174,6 +174,43 @@ extension StallDetectorIntegrationTests {
             }
         }
 
+        @Test(
+            "a detector per actor (4 per core), every actor stalled at once in a chain: each names its own task and chain"
+        )
+        func manyDetectors() throws {
+            let count = 4 * ProcessInfo.processInfo.activeProcessorCount
+            func problems(_ run: ProbeRun) -> (wrong: [String], stackless: Int) {
+                let lines = run.lines.filter { $0.hasPrefix("ASYNCMANY ") }
+                var wrong = lines.count == 2 * count ? [] : ["\(lines.count) reports of \(2 * count)"]
+                var stackless = 0
+                for line in lines {
+                    let fields = line.split(separator: " ", maxSplits: 5).map(String.init)
+                    guard fields.count == 6 else {
+                        wrong.append(line)
+                        continue
+                    }
+                    if fields[3] == "nostack" {
+                        stackless += 1
+                    } else if fields[4] != "1" || fields[5] != "request \(fields[1])" {
+                        wrong.append(line)
+                    }
+                }
+                return (wrong, stackless)
+            }
+            var run = try ProbeRun.run(["async-many", "\(count)"], timeLimit: 60)
+            var found = problems(run)
+            #expect(found.wrong.isEmpty, "\(found.wrong)")
+            // A report without a stack (the detectors' threads got no core) is
+            // the machine's: tried once more. One naming another's task or
+            // missing a caller fails at once (above).
+            if found.stackless > 0 {
+                run = try ProbeRun.run(["async-many", "\(count)"], timeLimit: 60)
+                found = problems(run)
+                #expect(found.wrong.isEmpty && found.stackless == 0, "\(found)")
+            }
+            #expect(run.exitStatus == 0)
+        }
+
         /// Whether the `.started` report of `run` says it came after the stall
         /// had ended (the detector's threads waited for a core meanwhile).
         static func reportedAfterTheEnd(_ run: ProbeRun) -> Bool {
