@@ -805,6 +805,16 @@ struct DetectorMachineTests {
         run.play()
         #expect(run.problems.isEmpty, "seed \(seed): \(run.problems)")
     }
+
+    @Test(
+        "random runs with probes spaced up to 4 beats while answered promptly: the same promises, fewer probes",
+        arguments: 0..<200)
+    func randomRunsWithIdleHeartbeat(seed: UInt64) {
+        var run = RandomRun(seed: seed, threshold: threshold, heartbeat: heartbeat, widestSpacing: 4)
+        run.play()
+        #expect(run.problems.isEmpty, "seed \(seed): \(run.problems)")
+        #expect(run.widestSpacing == 4, "seed \(seed): the probes were never spaced 4 beats apart")
+    }
 }
 
 /// A heartbeat target that answers each probe within a millisecond unless
@@ -818,7 +828,9 @@ struct DetectorMachineTests {
 /// or a missed stall), none while a debugger is attached; `.started` while the
 /// block lasts when the looks were on time; none for a block under
 /// threshold − heartbeat; nothing open after the answer; no `.ended` shorter
-/// than its `.started` or than the threshold.
+/// than its `.started` or than the threshold. With a `widestSpacing`, healthy
+/// spells are longer (the probes get spaced wider) and the same checks hold:
+/// they count a block from the probe that asked it.
 private struct RandomRun {
     var random: SplitMix
     let threshold: Int64
@@ -853,12 +865,18 @@ private struct RandomRun {
     var recording: (time: Int64, at: Int64)?
     /// Each reported stall's `.started` duration.
     var startedDuration: [UInt64: Int64] = [:]
+    /// The longest healthy spell, in heartbeats.
+    let longestHealthy: UInt64
+    /// The widest spacing of the probes so far, in beats.
+    var widestSpacing: Int64 = 1
 
-    init(seed: UInt64, threshold: Int64, heartbeat: Int64) {
+    init(seed: UInt64, threshold: Int64, heartbeat: Int64, widestSpacing: Int64 = 1) {
         random = SplitMix(seed: seed)
         self.threshold = threshold
         self.heartbeat = heartbeat
-        machine = DetectorMachine(threshold: threshold, heartbeat: heartbeat, usesHeartbeat: true, now: 0)
+        longestHealthy = widestSpacing > 1 ? 40 : 8
+        machine = DetectorMachine(
+            threshold: threshold, heartbeat: heartbeat, usesHeartbeat: true, now: 0, widestSpacing: widestSpacing)
         _ = machine.begin()
         nextBeat = heartbeat
         if let plan = machine.watch(from: 0, inRunLoopPass: false, gridStart: 0) { apply(plan) }
@@ -866,7 +884,7 @@ private struct RandomRun {
 
     mutating func play() {
         for _ in 0..<12 {
-            let healthy = Int64(random.next() % 8 + 1) * heartbeat
+            let healthy = Int64(random.next() % longestHealthy + 1) * heartbeat
             run(until: now + healthy, blocked: false)
             let blockStart = now
             askedSince = probeOutstanding && recording == nil ? now : nil
@@ -938,6 +956,7 @@ private struct RandomRun {
         latestLook = max(latestLook, nextBeatLateness)
         nextBeat = next + nextBeatLateness
         guard let plan = machine.beat(at: now, next: next, cpu: nil, lookArmed: lookAt != nil) else { return }
+        widestSpacing = max(widestSpacing, machine.spacing.beats)
         if plan.post {
             probeOutstanding = true
             if blocked && askedSince == nil { askedSince = now }

@@ -33,6 +33,9 @@ import Synchronization
 final class DetectorCore: Sendable, HeartbeatMember {
     let threshold: Duration
     let heartbeat: Duration
+    /// The widest spacing of probes while the target answers promptly: a
+    /// whole number of heartbeats.
+    let idleHeartbeat: Duration
     private let target: StallDetector.Target
     /// The target, for ``StallDetector/target``.
     var watchedTarget: StallDetector.Target { target }
@@ -127,7 +130,8 @@ final class DetectorCore: Sendable, HeartbeatMember {
     private let state: Locked<State>
 
     init(
-        target: StallDetector.Target, threshold: Duration, heartbeat: Duration, reportsWhileDebugged: Bool,
+        target: StallDetector.Target, threshold: Duration, heartbeat: Duration, idleHeartbeat: Duration? = nil,
+        reportsWhileDebugged: Bool,
         isTraced: @escaping @Sendable () -> Bool = ProcessFacts.isTraced,
         scheduler: any TimerScheduler = SystemTimerScheduler.shared,
         fatalReportPath: String? = nil,
@@ -141,7 +145,11 @@ final class DetectorCore: Sendable, HeartbeatMember {
         self.outlet = outlet
         self.scheduler = scheduler
         self.thresholdTicks = Monotonic.nanoseconds(threshold)
-        self.heartbeatTicks = max(1_000_000, Monotonic.nanoseconds(heartbeat))
+        let heartbeatTicks = max(1_000_000, Monotonic.nanoseconds(heartbeat))
+        self.heartbeatTicks = heartbeatTicks
+        let widestSpacing =
+            target.usesHeartbeat ? idleHeartbeat.map { max(1, Monotonic.nanoseconds($0) / heartbeatTicks) } ?? 1 : 1
+        self.idleHeartbeat = .nanoseconds(widestSpacing * heartbeatTicks)
         // User-interactive: on Darwin a lower QoS lets the system coalesce and
         // delay the detector's wake-ups, which would make late looks (and, with
         // the late-look rule, missed stalls) out of the detector's own lateness.
@@ -151,7 +159,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         let now = Monotonic.now()
         let machine = DetectorMachine(
             threshold: thresholdTicks, heartbeat: heartbeatTicks, usesHeartbeat: target.usesHeartbeat, now: now,
-            queue: target.ownedQueueAddress)
+            queue: target.ownedQueueAddress, widestSpacing: widestSpacing)
         let state = Locked(State(machine: machine))
         self.state = state
         // Two missed heartbeats, or a tenth of the threshold if longer; for a
@@ -256,22 +264,22 @@ final class DetectorCore: Sendable, HeartbeatMember {
         if SamplingTrace.isEnabled { SamplingTrace.probe("beat", at: beat.time) }
         // A queue's probe is handed over now; a posted one when `post` is called.
         let handsOverNow = target.ownsProbeQueue
-        let plan = state.withLock { state -> DetectorMachine.BeatPlan? in
+        let planned = state.withLock { state -> (DetectorMachine.BeatPlan, Int64?)? in
             guard
                 let plan = state.machine.beat(
                     at: beat.time, next: beat.next, cpu: beat.cpu, lookArmed: state.look != nil,
                     handsOverNow: handsOverNow)
             else { return nil }
             _ = apply(plan.look, &state)  // `.keep`, or `.arm` with no look armed
-            return plan
+            return (plan, state.machine.lateCountedFrom)
         }
-        guard let plan else { return }
+        guard let (plan, lateCountedFrom) = planned else { return }
         if plan.post { postProbe() }
         if let (threads, owedSince) = plan.readSchedules {
             let read = threads.compactMap { thread in ProcessFacts.schedule(ofThread: thread).map { (thread, $0) } }
             state.withLock { $0.machine.schedulesRead(read, forAnswerOwedSince: owedSince) }
         }
-        profiler.beat(now: beat.time, next: beat.next)
+        profiler.beat(now: beat.time, next: beat.next, notBefore: lateCountedFrom)
     }
 
     /// Hands the target its probe: a block on a watched queue, or a

@@ -178,13 +178,21 @@ struct DetectorMachine: Sendable {
     /// that answered last, read when a look was armed for the next answer.
     private var scheduleBaselines: [Int32: ProcessFacts.Schedule] = [:]
     private var open: OpenStall?
+    /// How many beats pass between two probes (more than one while the target
+    /// answers promptly, up to the detector's idle heartbeat).
+    private(set) var spacing: ProbeSpacing
 
     /// `queue`: the address of the serial queue the target owns, when known
     /// before any answer (``lastAnsweringQueue`` until the first one).
-    init(threshold: Int64, heartbeat: Int64, usesHeartbeat: Bool, now: Int64, queue: UInt? = nil) {
+    /// `widestSpacing`: the most beats between two probes (``ProbeSpacing``).
+    init(
+        threshold: Int64, heartbeat: Int64, usesHeartbeat: Bool, now: Int64, queue: UInt? = nil,
+        widestSpacing: Int64 = 1
+    ) {
         self.threshold = threshold
         self.heartbeat = heartbeat
         self.usesHeartbeat = usesHeartbeat
+        self.spacing = ProbeSpacing(widest: widestSpacing)
         self.lastAnsweringQueue = queue
         self.tracker = StallTracker(threshold: threshold, now: now)
         self.lastObservation = now
@@ -293,17 +301,38 @@ struct DetectorMachine: Sendable {
     ) -> BeatPlan? {
         guard lifecycle == .running, watching, usesHeartbeat else { return nil }
         let outstanding = probeOutstanding
-        if !outstanding {
+        // A probe unanswered for a beat: probe every beat again.
+        if outstanding { spacing.narrow() }
+        let posts = !outstanding && isProbeDue(at: time)
+        if posts {
             probeOutstanding = true
             if let cpu { lastAnswerCPU = (time, cpu) }
             if handsOverNow { posted(at: time) }
         }
         guard !lookArmed, open == nil, let due = tracker.dueTime, outstanding || due <= next else {
-            return BeatPlan(post: !outstanding, look: .keep)
+            return BeatPlan(post: posts, look: .keep)
         }
         scheduleBaselines = [:]
         let read = recentAnsweringThreads.isEmpty ? nil : tracker.pendingSince.map { (recentAnsweringThreads, $0) }
-        return BeatPlan(post: !outstanding, look: .arm(timeout: max(0, due - time)), readSchedules: read)
+        return BeatPlan(post: posts, look: .arm(timeout: max(0, due - time)), readSchedules: read)
+    }
+
+    /// The earliest moment a late answer is counted from, before the profiler
+    /// samples ahead of the threshold: a beat before the point the answer owed
+    /// is owed from. Every beat posting a probe, that is about the last answer;
+    /// with probes spaced wider, the last answer came beats before the probe
+    /// owed was posted, and counting from it would sample an idle target.
+    var lateCountedFrom: Int64? {
+        usesHeartbeat ? tracker.pendingSince.map { $0 - heartbeat } : nil
+    }
+
+    /// Whether a beat at `time` posts the next probe: the answer owed is owed
+    /// from its grid point, or from a point before it (or less than half a beat
+    /// after it: a timer may fire a little early). While the probes are spaced
+    /// wider than a beat, the beats in between post nothing.
+    private func isProbeDue(at time: Int64) -> Bool {
+        guard owedFromGrid, let owed = tracker.pendingSince else { return true }
+        return time >= owed - heartbeat / 2
     }
 
     /// The schedules of threads (their time on a core and waiting for one, in
@@ -419,7 +448,13 @@ struct DetectorMachine: Sendable {
         let lag = tracker.pendingSince.map { waited(until: time, owedFrom: $0) }
         let outcome = finish(
             tracker.progress(at: time), at: time, thread: thread, processRan: ran ?? false, waited: waitedForCore)
-        tracker.probeSent(at: nextProbe(after: time))
+        if outcome == nil, open == nil {
+            spacing.answered(lag: lag, heartbeat: heartbeat)
+        } else {
+            spacing.narrow()
+        }
+        let next = nextProbe(after: time)
+        tracker.probeSent(at: next, startNotBefore: next - heartbeat)
         owedFromGrid = true
         // A look armed for this answer's lateness (or a stall's) has nothing left
         // to see: the beats arm the next when the next answer nears its due time.
@@ -459,9 +494,10 @@ struct DetectorMachine: Sendable {
         probeGridStart + max(0, time - probeGridStart) / heartbeat * heartbeat
     }
 
-    /// The next probe after an answer at `time`: the next point of the timer's grid.
+    /// The next probe after an answer at `time`: the next point of the timer's
+    /// grid, or a later one while the probes are spaced wider (``spacing``).
     private func nextProbe(after time: Int64) -> Int64 {
-        lastProbe(atOrBefore: time) + heartbeat
+        lastProbe(atOrBefore: time) + spacing.beats * heartbeat
     }
 
     /// The outcome of a tracker event for the open stall, if any.

@@ -187,6 +187,21 @@ public final class StallDetector: Sendable {
     ///   - heartbeat: How often a heartbeat target is probed (and how often the
     ///     detector looks at the clock). Default: a tenth of the threshold, between
     ///     5 ms and 50 ms.
+    ///   - idleHeartbeat: The widest spacing of probes while the target answers
+    ///     them promptly, for a lower idle cost: after every four prompt
+    ///     answers in a row (each within a quarter of a heartbeat) the spacing
+    ///     doubles, up to this; the first answer that is not prompt, and a probe
+    ///     unanswered for a heartbeat, bring it back to `heartbeat` at once.
+    ///     Rounded down to a whole number of heartbeats, at least `heartbeat` and
+    ///     at most half the threshold. A stall that begins while the spacing is
+    ///     wide is seen only at the next probe: it is reported up to
+    ///     `idleHeartbeat − heartbeat` later than with the plain heartbeat, and
+    ///     counted from half a heartbeat before that probe, so measured short
+    ///     by up to that much; no block is measured longer than with a probe
+    ///     every beat, and one shorter than `threshold − heartbeat` is still
+    ///     never reported. Every block of `threshold + idleHeartbeat` or longer
+    ///     is reported. Default: nil, a probe every heartbeat. See
+    ///     <doc:RunningInProduction> for what it saves.
     ///   - reportsWhileDebugged: Report stalls that start while a debugger is
     ///     attached. Default: false.
     ///   - fatalReportPath: Where to keep the report of a stall in progress, so that
@@ -213,13 +228,15 @@ public final class StallDetector: Sendable {
         target: Target,
         threshold: Duration = .milliseconds(250),
         heartbeat: Duration? = nil,
+        idleHeartbeat: Duration? = nil,
         reportsWhileDebugged: Bool = false,
         fatalReportPath: String? = nil,
         onEvent: (@Sendable (StallEvent) -> Void)? = nil
     ) {
         self.init(
-            target: target, threshold: threshold, heartbeat: heartbeat, reportsWhileDebugged: reportsWhileDebugged,
-            fatalReportPath: fatalReportPath, onEvent: onEvent, isTraced: ProcessFacts.isTraced)
+            target: target, threshold: threshold, heartbeat: heartbeat, idleHeartbeat: idleHeartbeat,
+            reportsWhileDebugged: reportsWhileDebugged, fatalReportPath: fatalReportPath, onEvent: onEvent,
+            isTraced: ProcessFacts.isTraced)
     }
 
     /// The longest threshold in effect (about 100 years); longer ones, up to any
@@ -232,6 +249,7 @@ public final class StallDetector: Sendable {
         target: Target,
         threshold: Duration,
         heartbeat: Duration?,
+        idleHeartbeat: Duration? = nil,
         reportsWhileDebugged: Bool,
         fatalReportPath: String? = nil,
         onEvent: (@Sendable (StallEvent) -> Void)? = nil,
@@ -247,8 +265,9 @@ public final class StallDetector: Sendable {
         let heartbeat =
             heartbeat.map { min(max($0, .milliseconds(1)), threshold) }
             ?? min(max(threshold / 10, .milliseconds(5)), .milliseconds(50))
+        let idleHeartbeat = idleHeartbeat.map { min(max($0, heartbeat), threshold / 2) }
         core = DetectorCore(
-            target: target, threshold: threshold, heartbeat: heartbeat,
+            target: target, threshold: threshold, heartbeat: heartbeat, idleHeartbeat: idleHeartbeat,
             reportsWhileDebugged: reportsWhileDebugged, isTraced: isTraced, fatalReportPath: fatalReportPath,
             outlet: StallEventOutlet(continuation: continuation, handler: onEvent))
     }
@@ -282,6 +301,11 @@ public final class StallDetector: Sendable {
 
     /// The heartbeat in effect.
     public var heartbeat: Duration { core.heartbeat }
+
+    /// The widest spacing of probes in effect (a whole number of heartbeats):
+    /// ``heartbeat`` when the detector was made without an `idleHeartbeat`, or
+    /// for the main run loop (an observer, no probes).
+    public var idleHeartbeat: Duration { core.idleHeartbeat }
 
     /// The lags of the target's probes since the detector was created or its lag
     /// was last reset (see ``LagSnapshot``); with `reset`, a new window begins at

@@ -29,6 +29,9 @@ struct StallTracker: Sendable {
     /// Since when the target owes an answer; nil when it owes none (idle, or answered).
     private(set) var pendingSince: Int64?
     private(set) var stall: (id: UInt64, start: Int64)?
+    /// The earliest start a stall of the answer owed now is counted from
+    /// (``probeSent(at:startNotBefore:)``).
+    private var earliestStart = Int64.min
     private var lastID: UInt64 = 0
 
     init(threshold: Int64, now: Int64) {
@@ -39,9 +42,17 @@ struct StallTracker: Sendable {
     var isStalled: Bool { stall != nil }
 
     /// A heartbeat probe was posted: from now on the target owes an answer (if it
-    /// did not already).
-    mutating func probeSent(at time: Int64) {
-        if pendingSince == nil { pendingSince = time }
+    /// did not already). `earliest`: no stall of this answer is counted from
+    /// before it. A probe posted after several beats without one (the heartbeat
+    /// widened while the target answered promptly) passes the moment a beat
+    /// before it: a stall that began in the gap is counted from at most half a
+    /// heartbeat before the probe, as when every beat posts one, so that a
+    /// block shorter than the threshold less a heartbeat is still never reported
+    /// (the stall is then measured shorter than it was, never longer).
+    mutating func probeSent(at time: Int64, startNotBefore earliest: Int64 = .min) {
+        guard pendingSince == nil else { return }
+        pendingSince = time
+        earliestStart = earliest
     }
 
     /// A probe was really handed to the target at `time`, while the answer was
@@ -63,6 +74,7 @@ struct StallTracker: Sendable {
         let event = finish(at: time) ?? missed(at: time)
         lastProgress = max(lastProgress, time)
         pendingSince = busyAfterwards ? time : nil
+        earliestStart = .min
         return event
     }
 
@@ -71,6 +83,7 @@ struct StallTracker: Sendable {
         let event = finish(at: time) ?? missed(at: time)
         lastProgress = max(lastProgress, time)
         pendingSince = nil
+        earliestStart = .min
         return event
     }
 
@@ -109,7 +122,7 @@ struct StallTracker: Sendable {
     }
 
     private func estimatedStart(pendingSince: Int64) -> Int64 {
-        let earliest = min(lastProgress, pendingSince)
+        let earliest = min(max(min(lastProgress, pendingSince), earliestStart), pendingSince)
         return earliest + (pendingSince - earliest) / 2
     }
 

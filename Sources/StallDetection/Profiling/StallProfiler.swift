@@ -156,10 +156,12 @@ final class StallProfiler: Sendable {
 
     /// A beat of the shared heartbeat at `now`, the next one due at `next`: if
     /// sampling would start before the next beat (`lateAfter` after the last
-    /// answer), the early look is armed for that moment, once per answer. While
-    /// the target answers, this is one atomic load.
-    func beat(now: Int64, next: Int64) {
-        let answered = lastAnswer.load(ordering: .sequentiallyConsistent)
+    /// answer, or after `notBefore` when later: the probes are spaced wider
+    /// than a beat, and the one owed is not posted yet), the early look is armed
+    /// for that moment, once per answer. While the target answers, this is one
+    /// atomic load.
+    func beat(now: Int64, next: Int64, notBefore: Int64? = nil) {
+        let answered = max(lastAnswer.load(ordering: .sequentiallyConsistent), notBefore ?? .min)
         guard answered + lateAfter <= next else { return }
         state.withLock { state in
             guard !state.stopped, state.earlyLook == nil || state.earlyLookFor != answered else { return }
