@@ -4,6 +4,7 @@
 // `serverStepA` then 300 ms asleep in `serverStepB` (truth 2 : 1).
 //
 //   stall-server-probe [--threads N] [--loops L] [--target queue|loop] [--async] [--runs R]
+//                      [--idle-heartbeat MS]
 //
 // `--threads` is the number of idle threads in all (NIO's loops included, default
 // 64); `--target loop` watches a NIO event loop (`.custom`) that stalls instead of
@@ -11,7 +12,8 @@
 // actor whose executor is the event loop awaits serverRoute → serverHandler, each
 // after a `Task.yield()`, and the handler stalls. Each run is one fresh detector
 // and one stall; a process serves `--runs` of them (default 1: a fresh process's
-// first stall). Prints one line per run:
+// first stall). `--idle-heartbeat` gives the detector that `idleHeartbeat` (the
+// heartbeat is 25 ms). Prints one line per run:
 //
 //   RUN <n> started <ms after threshold> stack <0|1> awaits <0|1> samples <n> A <n> B <n>
 //       detectorCPU <% of a core during the stall> startCPU <ms>
@@ -137,6 +139,8 @@ let onLoop = CommandLine.arguments.contains("loop")  // `--target loop`
 let inAsyncCode = onLoop && CommandLine.arguments.contains("--async")
 let verbose = CommandLine.arguments.contains("--verbose")
 let threshold = Duration.milliseconds(250)
+/// `--idle-heartbeat <ms>`: the detector's `idleHeartbeat` (none by default).
+let idleHeartbeat = argument("--idle-heartbeat", default: 0)
 
 let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? ""
 let attributes = try? FileManager.default.attributesOfItem(atPath: executable)
@@ -183,7 +187,8 @@ for run in 1...runs {
     let target: StallDetector.Target =
         onLoop ? .custom(name: "event loop") { probe in loop.execute(probe) } : .queue(queue)
     let cpuBeforeStart = processCPUNanoseconds()
-    let detector = StallDetector(target: target, threshold: threshold)
+    let detector = StallDetector(
+        target: target, threshold: threshold, idleHeartbeat: idleHeartbeat > 0 ? .milliseconds(idleHeartbeat) : nil)
     detector.start()
     if run == 1 { startIdleThreads(idle - idle / 2) }
     // Let start-up settle: what the detector spent starting is measured over 1 s.
