@@ -73,80 +73,90 @@ final class StackSampler {
         // article "Detecting hangs and stalls"); nothing here reads `/proc`.
         return .unavailable(SamplingSupport.unavailableReason)
         #else
-        var blockedLooks = 0
-        var answeringLooks = 0
-        var looks = 0
-        var ranWhileCopied = 0
-        // A thread inside the handler answering another detector's request
-        // ran user code when the signal came: its stack read from outside
-        // would be the handler's, and it blocks SIGPROF meanwhile. It is looked
-        // at again once it is back: at 0.2 ms, then twice as long each time
-        // (about 50 ms in all; a thread preempted inside the handler on a busy
-        // machine stays there for a time slice or more).
-        func waitWhileAnswering() -> Outcome? {
-            guard answeringLooks < 8 else { return .runningUnsampled(Self.busyAnswering(tid)) }
-            usleep(UInt32(200) << UInt32(answeringLooks))
-            (answeringLooks, blockedLooks) = (answeringLooks + 1, blockedLooks + 1)
-            return nil
-        }
-        while looks < 3 + blockedLooks {
-            looks += 1
+        var looks = Looks()
+        while looks.taken < 3 + looks.blocked {
+            looks.taken += 1
             guard let (state, blocked) = files.state(thread: tid) else { return .unavailable(unreadable(tid)) }
             // A thread that exited (under `dispatchMain()` the main thread calls
             // `pthread_exit`) stays listed as a zombie with a stale stack.
             if state == "Z" || state == "X" { return .unavailable("thread \(tid) has exited") }
-            if state == "R" && blocked & (1 << UInt32(SIGPROF - 1)) != 0 && stallcapture_is_answering(tid) != 0 {
-                if let outcome = waitWhileAnswering() { return outcome }
-                continue
-            }
-            if state == "R" {
-                // A thread that blocks the signal would leave the sample to time
-                // out (the signal time-out, each time: a detector's looks fell behind). The
-                // mask is looked at again shortly first: a thread still returning
-                // from the last sample's handler (which runs with SIGPROF blocked)
-                // or starting up (glibc blocks every signal meanwhile) blocks it
-                // for microseconds only. A thread inside the handler (a handler
-                // installed before this one runs there too) or on its way out of
-                // it, preempted, is looked at for as long as one answering
-                // (about 50 ms).
-                if blocked & (1 << UInt32(SIGPROF - 1)) != 0 {
-                    blockedLooks += 1
-                    let inHandler = stallcapture_in_handler(tid, Self.handlerExitMilliseconds) != 0
-                    if blockedLooks < (inHandler ? 9 : 4) {
-                        usleep(UInt32(100) << blockedLooks)  // 0.2, 0.4, 0.8 ms (… 25.6 ms)
-                        continue
-                    }
-                    if inHandler { return .runningUnsampled(Self.insideHandler(tid)) }
-                    return .runningUnsampled("thread \(tid) runs with SIGPROF blocked, so it is not signalled")
-                }
-                return captureBySignal(tid)
-            }
-            // Asleep inside the handler: checked before the copy and after it
-            // (it may have entered the handler meanwhile).
-            if stallcapture_is_answering(tid) != 0 {
-                if let outcome = waitWhileAnswering() { return outcome }
-                continue
-            }
-            switch captureFromKernel(tid, limit: kernelCopyLimit, contexts: contexts) {
-            case .copied where stallcapture_is_answering(tid) != 0:
-                if let outcome = waitWhileAnswering() { return outcome }
-                continue
-            case .copied(let copy): return .copied(copy, signalled: false)
-            case .refused(let reason): return .unavailable(reason)
-            case .notAsleep where files.lastOpenError != 0: return .unavailable(unreadable(tid))
-            case .notAsleep: continue  // it woke up while being read; look again
-            case .ranWhileCopied:
-                // A thread that ran during two copies (short sleeps, an event loop
-                // woken often) is signalled: its handler copies a stack that holds
-                // still, at the cost of cutting a sleep short.
-                ranWhileCopied += 1
-                if ranWhileCopied >= 2 { return captureBySignal(tid) }
-            }
+            let outcome =
+                state == "R"
+                ? lookRunning(tid, blocksSignal: blocked & (1 << UInt32(SIGPROF - 1)) != 0, &looks)
+                : lookAsleep(tid, kernelCopyLimit: kernelCopyLimit, contexts: contexts, &looks)
+            if let outcome { return outcome }
         }
         // It fell asleep and woke again look after look: its handler copies a
         // stack that holds still.
         return captureBySignal(tid)
         #endif
+    }
+
+    /// What the looks of one ``capture(thread:kernelCopyLimit:contexts:)`` found
+    /// so far: each look that found the signal blocked (or the thread answering
+    /// another detector's request) allows one more.
+    private struct Looks {
+        var taken = 0
+        var blocked = 0
+        var answering = 0
+        var ranWhileCopied = 0
+    }
+
+    /// A look at a running thread: signalled, unless it blocks `SIGPROF`. Nil:
+    /// look again.
+    private func lookRunning(_ tid: Int32, blocksSignal: Bool, _ looks: inout Looks) -> Outcome? {
+        if blocksSignal && stallcapture_is_answering(tid) != 0 { return waitWhileAnswering(tid, &looks) }
+        guard blocksSignal else { return captureBySignal(tid) }
+        // A thread that blocks the signal would leave the sample to time out (the
+        // signal time-out, each time: a detector's looks fell behind). The mask
+        // is looked at again shortly first: a thread still returning from the
+        // last sample's handler (which runs with SIGPROF blocked) or starting up
+        // (glibc blocks every signal meanwhile) blocks it for microseconds only.
+        // A thread inside the handler (a handler installed before this one runs
+        // there too) or on its way out of it, preempted, is looked at for as
+        // long as one answering (about 50 ms).
+        looks.blocked += 1
+        let inHandler = stallcapture_in_handler(tid, Self.handlerExitMilliseconds) != 0
+        if looks.blocked < (inHandler ? 9 : 4) {
+            usleep(UInt32(100) << looks.blocked)  // 0.2, 0.4, 0.8 ms (… 25.6 ms)
+            return nil
+        }
+        if inHandler { return .runningUnsampled(Self.insideHandler(tid)) }
+        return .runningUnsampled("thread \(tid) runs with SIGPROF blocked, so it is not signalled")
+    }
+
+    /// A look at a thread asleep: its stack copied through the kernel. Asleep
+    /// inside the handler: checked before the copy and after it (it may have
+    /// entered the handler meanwhile). Nil: look again.
+    private func lookAsleep(_ tid: Int32, kernelCopyLimit: Int, contexts: [UInt], _ looks: inout Looks) -> Outcome? {
+        if stallcapture_is_answering(tid) != 0 { return waitWhileAnswering(tid, &looks) }
+        switch captureFromKernel(tid, limit: kernelCopyLimit, contexts: contexts) {
+        case .copied where stallcapture_is_answering(tid) != 0: return waitWhileAnswering(tid, &looks)
+        case .copied(let copy): return .copied(copy, signalled: false)
+        case .refused(let reason): return .unavailable(reason)
+        case .notAsleep where files.lastOpenError != 0: return .unavailable(unreadable(tid))
+        case .notAsleep: return nil  // it woke up while being read; look again
+        case .ranWhileCopied:
+            // A thread that ran during two copies (short sleeps, an event loop
+            // woken often) is signalled: its handler copies a stack that holds
+            // still, at the cost of cutting a sleep short.
+            looks.ranWhileCopied += 1
+            return looks.ranWhileCopied >= 2 ? captureBySignal(tid) : nil
+        }
+    }
+
+    /// A thread inside the handler answering another detector's request ran
+    /// user code when the signal came: its stack read from outside would be the
+    /// handler's, and it blocks SIGPROF meanwhile. It is looked at again once it
+    /// is back: at 0.2 ms, then twice as long each time (about 50 ms in all; a
+    /// thread preempted inside the handler on a busy machine stays there for a
+    /// time slice or more). Nil: look again.
+    private func waitWhileAnswering(_ tid: Int32, _ looks: inout Looks) -> Outcome? {
+        guard looks.answering < 8 else { return .runningUnsampled(Self.busyAnswering(tid)) }
+        usleep(UInt32(200) << UInt32(looks.answering))
+        looks.answering += 1
+        looks.blocked += 1
+        return nil
     }
 
     /// How long after leaving the SIGPROF handler a thread that shows the signal
