@@ -466,6 +466,21 @@ final class SamplingContext: @unchecked Sendable {
                 SamplingTrace.find(([head] + trail).joined(separator: " "))
             }
         }
+        if let search = findByDrainer(target: target, queue: queue, trail: &trail) { return search }
+        if case .custom = target {
+            let search = findCustomExecutorThread(
+                lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly, trail: &trail)
+            trail?.append("-> \(search.found?.thread ?? 0)")
+            return search
+        }
+        return findAmongThreads(
+            target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly, trail: &trail)
+    }
+
+    /// The search by libdispatch's own record of the thread that drains the
+    /// watched queue (``QueueDrainer``), when it knows: that thread, or no
+    /// thread at all. Nil when it does not know.
+    private func findByDrainer(target: StallDetector.Target, queue: UInt?, trail: inout [String]?) -> Search? {
         let drained = target.ownsProbeQueue ? queue.map(QueueDrainer.answer(for:)) ?? .unknown : .unknown
         trail?.append("drainer=\(drained)")
         switch drained {
@@ -478,14 +493,17 @@ final class SamplingContext: @unchecked Sendable {
             // would be another target's.
             return Search(found: nil, failure: Self.noJobFound(firstFailure: nil, otherJobs: 0))
         case .unknown:
-            break
+            return nil
         }
-        if case .custom = target {
-            let search = findCustomExecutorThread(
-                lastAnswering: lastAnswering, queue: queue, candidatesOnly: candidatesOnly, trail: &trail)
-            trail?.append("-> \(search.found?.thread ?? 0)")
-            return search
-        }
+    }
+
+    /// The search among the candidates (the main thread, the thread that
+    /// answered last), then, for a heartbeat target and unless
+    /// `candidatesOnly`, every other thread of the process.
+    private func findAmongThreads(
+        target: StallDetector.Target, lastAnswering: Int32?, queue: UInt?, candidatesOnly: Bool,
+        trail: inout [String]?
+    ) -> Search {
         let mainThread = ProcessFacts.mainThreadID
         var candidates: [Int32] = []
         switch target {
