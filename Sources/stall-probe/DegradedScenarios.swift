@@ -41,22 +41,7 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
             scenario.hasSuffix("busy") ? matrixBusy1(length) : degradedSleepThrough(length)
         }
     case "degraded-pipes-replaced":
-        // The program closes every pipe it did not make (the detector's copy
-        // pipes) and opens files and pipes of its own at their numbers; then a
-        // queue stalls, spinning.
-        let queue = DispatchQueue(label: "probe.degraded")
-        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
-        let standIns = Mutex<[DegradedStandIn]>([])
-        watch(detector, endedCount: 1) {
-            let leaked = standIns.withLock { $0.map { $0.bytesReceived() }.reduce(0, +) }
-            emit("STANDINS \(standIns.withLock { $0.count }) LEAKED \(leaked)")
-            finishAndExit(detector)()
-        }
-        queue.asyncAfter(deadline: .now() + 0.3) {
-            standIns.withLock { $0 = degradedReplacePipes() }
-            matrixBusy1(milliseconds)
-        }
-        dispatchMain()
+        degradedPipesReplaced(milliseconds)
     case "degraded-pipes-crossed":
         // The program copies each of the detector's pipes' write ends over its
         // read end's number (the pipe is left without a reader: a write to it
@@ -69,42 +54,13 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
         // A queue sleeping in the kernel (run with /proc unmounted by the test).
         degradedQueueStall(milliseconds) { degradedSleep($0) }
     case "degraded-handler-replaced", "degraded-sigprof-blocked":
-        // The main run loop spins after a profiler replaced the SIGPROF handler,
-        // or with SIGPROF blocked in the main thread.
-        let detector = StallDetector(target: .mainRunLoop, threshold: .milliseconds(250))
-        watch(detector, endedCount: 1, then: finishAndExit(detector))
-        DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
-            if scenario == "degraded-handler-replaced" {
-                signal(SIGPROF) { _ in }
-            } else {
-                var set = sigset_t()
-                sigemptyset(&set)
-                sigaddset(&set, SIGPROF)
-                pthread_sigmask(SIG_BLOCK, &set, nil)
-            }
-            matrixBusy1(milliseconds)
-        }
-        RunLoop.main.run()
+        degradedMainRunLoopSignal(milliseconds, replacesHandler: scenario == "degraded-handler-replaced")
     case "degraded-host-profiler":
         degradedHostProfiler(milliseconds, slowInfoHandler: false)
     case "degraded-host-profiler-slow":
         degradedHostProfiler(milliseconds, slowInfoHandler: true)
     case "degraded-sigprof-blocked-sync":
-        // The queue's job runs with SIGPROF blocked on a thread of the program's
-        // own (`queue.sync` runs it on the caller), never the thread that
-        // answered the detector's last probe.
-        let queue = DispatchQueue(label: "probe.degraded")
-        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
-        watch(detector, endedCount: 1, then: finishAndExit(detector))
-        Thread {
-            usleep(300_000)
-            var set = sigset_t()
-            sigemptyset(&set)
-            sigaddset(&set, SIGPROF)
-            pthread_sigmask(SIG_BLOCK, &set, nil)
-            queue.sync { matrixBusy1(milliseconds) }
-        }.start()
-        dispatchMain()
+        degradedSignalBlockedSync(milliseconds)
     case "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
         "degraded-in-handler-spin-altstack", "degraded-in-handler-spin-smallstack":
         // The stalled job raises SIGUSR1; its handler sleeps (the detector reads
@@ -125,6 +81,62 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
     default:
         break
     }
+}
+
+/// The program closes every pipe it did not make (the detector's copy pipes) and
+/// opens files and pipes of its own at their numbers; then a queue stalls,
+/// spinning.
+private func degradedPipesReplaced(_ milliseconds: Int) -> Never {
+    let queue = DispatchQueue(label: "probe.degraded")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    let standIns = Mutex<[DegradedStandIn]>([])
+    watch(detector, endedCount: 1) {
+        let leaked = standIns.withLock { $0.map { $0.bytesReceived() }.reduce(0, +) }
+        emit("STANDINS \(standIns.withLock { $0.count }) LEAKED \(leaked)")
+        finishAndExit(detector)()
+    }
+    queue.asyncAfter(deadline: .now() + 0.3) {
+        standIns.withLock { $0 = degradedReplacePipes() }
+        matrixBusy1(milliseconds)
+    }
+    dispatchMain()
+}
+
+/// The main run loop spins after a profiler replaced the SIGPROF handler
+/// (`replacesHandler`), or with SIGPROF blocked in the main thread.
+private func degradedMainRunLoopSignal(_ milliseconds: Int, replacesHandler: Bool) {
+    let detector = StallDetector(target: .mainRunLoop, threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    DispatchQueue.main.asyncAfter(deadline: .now() + 0.3) {
+        if replacesHandler {
+            signal(SIGPROF) { _ in }
+        } else {
+            var set = sigset_t()
+            sigemptyset(&set)
+            sigaddset(&set, SIGPROF)
+            pthread_sigmask(SIG_BLOCK, &set, nil)
+        }
+        matrixBusy1(milliseconds)
+    }
+    RunLoop.main.run()
+}
+
+/// The queue's job runs with SIGPROF blocked on a thread of the program's own
+/// (`queue.sync` runs it on the caller), never the thread that answered the
+/// detector's last probe.
+private func degradedSignalBlockedSync(_ milliseconds: Int) -> Never {
+    let queue = DispatchQueue(label: "probe.degraded")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    watch(detector, endedCount: 1, then: finishAndExit(detector))
+    Thread {
+        usleep(300_000)
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, SIGPROF)
+        pthread_sigmask(SIG_BLOCK, &set, nil)
+        queue.sync { matrixBusy1(milliseconds) }
+    }.start()
+    dispatchMain()
 }
 
 #if arch(x86_64)

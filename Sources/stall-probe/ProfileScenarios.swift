@@ -33,35 +33,7 @@ func runProfileScenario(_ scenario: String, _ number: Int) {
         runABScenario(onMain: scenario == "profile-ab-main")
 
     case "backlog":
-        // 300 items of 5 ms queued at once on a serial queue: one 1.5 s stall for
-        // the work behind them, spent in backlogItem.
-        let queue = DispatchQueue(label: "probe.backlog")
-        let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
-        // The stall can end before the last items run (a probe posted among
-        // them is answered first): REAL, queued after them, is waited for.
-        let finish = finishAndExit(detector)
-        watch(detector, endedCount: 1) {
-            queue.sync {}
-            finish()
-        }
-        Thread {
-            usleep(300_000)
-            // The items are posted behind a gate, and behind the probe a beat
-            // posts meanwhile (three heartbeats: it is outstanding, so no other
-            // is posted until it answers, right as the gate opens). A probe
-            // posted while the items were posted would land among them, and the
-            // stall would rightly start only once it answered, after the items
-            // before it (on a loaded machine, most of the backlog).
-            let gate = DispatchSemaphore(value: 0)
-            queue.async { gate.wait() }
-            usleep(75_000)
-            let start = ContinuousClock.now
-            for index in 0..<300 { queue.async { backlogItem(index) } }
-            emit("POSTED \(milliseconds(ContinuousClock.now - start))")
-            queue.async { emit("REAL \(milliseconds(ContinuousClock.now - start))") }
-            gate.signal()
-        }.start()
-        dispatchMain()
+        runBacklogScenario()
 
     case "profile-cost":
         // A stall of `number` ms asleep (stall 2): every CPU millisecond the
@@ -195,6 +167,38 @@ func profileStepB(_ ms: Int) {
     let start = ContinuousClock.now
     let result = usleep(UInt32(ms) * 1000)
     emit("SLEEP \(result) \(milliseconds(ContinuousClock.now - start))")
+}
+
+/// 300 items of 5 ms queued at once on a serial queue: one 1.5 s stall for the
+/// work behind them, spent in backlogItem.
+private func runBacklogScenario() -> Never {
+    let queue = DispatchQueue(label: "probe.backlog")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250))
+    // The stall can end before the last items run (a probe posted among
+    // them is answered first): REAL, queued after them, is waited for.
+    let finish = finishAndExit(detector)
+    watch(detector, endedCount: 1) {
+        queue.sync {}
+        finish()
+    }
+    Thread {
+        usleep(300_000)
+        // The items are posted behind a gate, and behind the probe a beat
+        // posts meanwhile (three heartbeats: it is outstanding, so no other
+        // is posted until it answers, right as the gate opens). A probe
+        // posted while the items were posted would land among them, and the
+        // stall would rightly start only once it answered, after the items
+        // before it (on a loaded machine, most of the backlog).
+        let gate = DispatchSemaphore(value: 0)
+        queue.async { gate.wait() }
+        usleep(75_000)
+        let start = ContinuousClock.now
+        for index in 0..<300 { queue.async { backlogItem(index) } }
+        emit("POSTED \(milliseconds(ContinuousClock.now - start))")
+        queue.async { emit("REAL \(milliseconds(ContinuousClock.now - start))") }
+        gate.signal()
+    }.start()
+    dispatchMain()
 }
 
 /// One item of the backlog: 5 ms of work.
