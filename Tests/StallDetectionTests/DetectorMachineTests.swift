@@ -312,8 +312,8 @@ struct DetectorMachineTests {
         var machine = running()
         _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
         machine.releaseProbeSlot()
-        _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
-        let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        _ = machine.beatHandingOver(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let armed = machine.beatHandingOver(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let plan = try #require(armed)
         let read = try #require(plan.readSchedules)
         #expect(read.threads == [7], "\(plan)")
@@ -359,8 +359,8 @@ struct DetectorMachineTests {
         var machine = running()
         _ = machine.answered(at: 25 * ms, thread: 7, queue: 1)
         machine.releaseProbeSlot()
-        _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
-        let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        _ = machine.beatHandingOver(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let armed = machine.beatHandingOver(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let read = try #require(armed?.readSchedules)
         machine.schedulesRead([(7, .init(ran: 100 * ms, waited: 1_000 * ms))], forAnswerOwedSince: read.owedSince)
         // A spinning job preempted on a crowded machine: 150 ms on a core and
@@ -387,8 +387,8 @@ struct DetectorMachineTests {
             _ = machine.answered(at: Int64(5 + index) * ms, thread: Int32(worker), queue: 1)
             machine.releaseProbeSlot()
         }
-        _ = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
-        let armed = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        _ = machine.beatHandingOver(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let armed = machine.beatHandingOver(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let plan = try #require(armed)
         let read = try #require(plan.readSchedules)
         #expect(read.threads == [9, 8, 7], "the latest first, each once: \(plan)")
@@ -434,13 +434,13 @@ struct DetectorMachineTests {
         var late = running()
         _ = late.answered(at: 25 * ms, thread: 7, queue: 1)
         late.releaseProbeSlot()
-        _ = late.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
-        let armed = late.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        _ = late.beatHandingOver(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let armed = late.beatHandingOver(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let owed = try #require(armed?.readSchedules).owedSince
         _ = late.answered(at: 80 * ms, thread: 7, queue: 1)
         late.schedulesRead([(7, .waited(1_000 * ms))], forAnswerOwedSince: owed)
         late.releaseProbeSlot()
-        _ = late.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: false)
+        _ = late.beatHandingOver(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: false)
         let next = late.answered(at: 500 * ms, thread: 7, queue: 1, schedule: .waited(1_270 * ms))
         #expect(try missed(next).waited == nil, "a baseline read for an answer already given")
         for (processRan, sampled, expected) in [(false, false, false), (true, false, true), (false, true, true)] {
@@ -669,7 +669,7 @@ struct DetectorMachineTests {
         #expect(activity == nil)
         let look = machine.look(now: 1_500 * ms, continued: nil)
         #expect(look == (.nothing, .keep))
-        let beat = machine.beat(at: 1_525 * ms, next: 1_550 * ms, cpu: nil, lookArmed: false)
+        let beat = machine.beatHandingOver(at: 1_525 * ms, next: 1_550 * ms, cpu: nil, lookArmed: false)
         #expect(beat == nil)
         #expect(!machine.owesAnswer)
     }
@@ -734,41 +734,41 @@ struct DetectorMachineTests {
     @Test("one probe at a time: a beat posts only when the last probe answered or was released")
     func probeSlot() {
         var machine = running()
-        let first = machine.beat(at: 25 * ms, next: 50 * ms, cpu: nil, lookArmed: false)
+        let first = machine.beatHandingOver(at: 25 * ms, next: 50 * ms, cpu: nil, lookArmed: false)
         #expect(first?.post == true)
-        let second = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let second = machine.beatHandingOver(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
         #expect(second?.post == false, "the first is outstanding")
         machine.releaseProbeSlot()
-        let third = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        let third = machine.beatHandingOver(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         #expect(third?.post == true)
     }
 
     @Test("beats arm the look only when an answer is outstanding at a beat or due before the next; never twice")
     func beatsArmTheLook() throws {
         var machine = DetectorMachine(threshold: threshold, heartbeat: heartbeat, usesHeartbeat: true, now: 0)
-        let unwatched = machine.beat(at: 0, next: 25 * ms, cpu: nil, lookArmed: false)
+        let unwatched = machine.beatHandingOver(at: 0, next: 25 * ms, cpu: nil, lookArmed: false)
         #expect(unwatched == nil, "not started")
         _ = machine.begin()
-        let beforeWatch = machine.beat(at: 0, next: 25 * ms, cpu: nil, lookArmed: false)
+        let beforeWatch = machine.beatHandingOver(at: 0, next: 25 * ms, cpu: nil, lookArmed: false)
         #expect(beforeWatch == nil, "started, not watching yet")
         _ = machine.watch(from: 10 * ms, inRunLoopPass: false, gridStart: 0)
         // The first probe is owed from the grid's 25 ms point.
-        let firstPlan = machine.beat(at: 25 * ms, next: 50 * ms, cpu: nil, lookArmed: false)
+        let firstPlan = machine.beatHandingOver(at: 25 * ms, next: 50 * ms, cpu: nil, lookArmed: false)
         let first = try #require(firstPlan)
         #expect(first == .init(post: true, look: .keep))
         _ = machine.answered(at: 26 * ms, thread: 7, queue: 1)
         machine.releaseProbeSlot()
-        let healthyPlan = machine.beat(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
+        let healthyPlan = machine.beatHandingOver(at: 50 * ms, next: 75 * ms, cpu: nil, lookArmed: false)
         let healthy = try #require(healthyPlan)
         #expect(healthy == .init(post: true, look: .keep), "answered: nothing to look at")
         // Not answered by the next beat: the look is armed for the due time,
         // a threshold after the midpoint of the answer (26 ms) and the post (50 ms).
-        let latePlan = machine.beat(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
+        let latePlan = machine.beatHandingOver(at: 75 * ms, next: 100 * ms, cpu: nil, lookArmed: false)
         let late = try #require(latePlan)
         // …and the run delay of the thread that answered last is read.
         #expect(late.post == false && late.look == .arm(timeout: 288 * ms - 75 * ms))
         #expect(late.readSchedules?.threads == [7])
-        let armedPlan = machine.beat(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: true)
+        let armedPlan = machine.beatHandingOver(at: 100 * ms, next: 125 * ms, cpu: nil, lookArmed: true)
         let armed = try #require(armedPlan)
         #expect(armed == .init(post: false, look: .keep), "armed once")
         let (look, plan) = machine.look(now: 288 * ms, continued: nil)
@@ -777,7 +777,7 @@ struct DetectorMachineTests {
             return
         }
         #expect(plan == .arm(timeout: heartbeat))
-        let duringPlan = machine.beat(at: 300 * ms, next: 325 * ms, cpu: nil, lookArmed: false)
+        let duringPlan = machine.beatHandingOver(at: 300 * ms, next: 325 * ms, cpu: nil, lookArmed: false)
         let during = try #require(duringPlan)
         #expect(during.look == .keep, "a stall's looks arm themselves")
     }
@@ -785,7 +785,7 @@ struct DetectorMachineTests {
     @Test("a late answer is weighed against the CPU time its probe's beat read")
     func beatReadsTheCPUBaseline() throws {
         var machine = running()
-        let posted = machine.beat(at: 25 * ms, next: 50 * ms, cpu: 1_000 * ms, lookArmed: false)
+        let posted = machine.beatHandingOver(at: 25 * ms, next: 50 * ms, cpu: 1_000 * ms, lookArmed: false)
         #expect(posted?.post == true)
         #expect(!machine.needsCPU(at: 30 * ms), "a prompt answer reads no CPU time")
         #expect(machine.needsCPU(at: 400 * ms))
@@ -955,7 +955,8 @@ private struct RandomRun {
         nextBeatLateness = Int64(lateness)
         latestLook = max(latestLook, nextBeatLateness)
         nextBeat = next + nextBeatLateness
-        guard let plan = machine.beat(at: now, next: next, cpu: nil, lookArmed: lookAt != nil) else { return }
+        let planned = machine.beatHandingOver(at: now, next: next, cpu: nil, lookArmed: lookAt != nil)
+        guard let plan = planned else { return }
         widestSpacing = max(widestSpacing, machine.spacing.beats)
         if plan.post {
             probeOutstanding = true
@@ -1071,6 +1072,16 @@ private struct SplitMix {
         z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
         z = (z ^ (z >> 27)) &* 0x94D0_49EB_11B7_5133
         return z ^ (z >> 31)
+    }
+}
+
+extension DetectorMachine {
+    /// A beat as `DetectorCore` makes it: a probe the beat posts is handed to
+    /// the target at the beat's time.
+    mutating func beatHandingOver(at time: Int64, next: Int64, cpu: Int64?, lookArmed: Bool) -> BeatPlan? {
+        let plan = beat(at: time, next: next, cpu: cpu, lookArmed: lookArmed)
+        if plan?.post == true { posted(at: time) }
+        return plan
     }
 }
 

@@ -212,7 +212,8 @@ private struct Drive {
 
     private mutating func beat() {
         nextBeat = now + heartbeat
-        guard let plan = machine.beat(at: now, next: nextBeat, cpu: nil, lookArmed: lookAt != nil) else { return }
+        let planned = machine.beatHandingOver(at: now, next: nextBeat, cpu: nil, lookArmed: lookAt != nil)
+        guard let plan = planned else { return }
         if plan.post {
             posts.append(now)
             answerAt = block.contains(now) ? block.upperBound + Self.answerDelay : now + Self.answerDelay

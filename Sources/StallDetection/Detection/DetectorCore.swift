@@ -262,13 +262,14 @@ final class DetectorCore: Sendable, HeartbeatMember {
     /// lock, and the profiler arms its early look the same way.
     func beat(_ beat: Heartbeat.Beat) {
         if SamplingTrace.isEnabled { SamplingTrace.probe("beat", at: beat.time) }
-        // A queue's probe is handed over now; a posted one when `post` is called.
-        let handsOverNow = target.ownsProbeQueue
+        // Every probe is owed from the moment it is handed over (`handingOver()`),
+        // not from the beat: the beat's other members, and this thread's waits for
+        // a core, come between the two, and a block that starts meanwhile is
+        // ahead of the probe.
         let planned = state.withLock { state -> (DetectorMachine.BeatPlan, Int64?)? in
             guard
                 let plan = state.machine.beat(
-                    at: beat.time, next: beat.next, cpu: beat.cpu, lookArmed: state.look != nil,
-                    handsOverNow: handsOverNow)
+                    at: beat.time, next: beat.next, cpu: beat.cpu, lookArmed: state.look != nil)
             else { return nil }
             _ = apply(plan.look, &state)  // `.keep`, or `.arm` with no look armed
             return (plan, state.machine.lateCountedFrom)
@@ -299,6 +300,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
             }
             return
         }
+        guard handingOver() else { return }
         queue.async { [weak self] in
             // Marked from its first instruction: what the answer then waits for
             // (the detector's locks) is no stall of the target's.
@@ -323,8 +325,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
     }
 
-    /// Tells the machine a probe is being handed to the target now; false when
-    /// the detector stopped meanwhile (nothing is handed over).
+    /// Tells the machine a probe is being handed to the target now (right
+    /// before a queue's `async`, or a custom target's `post`); false when the
+    /// detector stopped meanwhile (nothing is handed over).
     private func handingOver() -> Bool {
         state.withLock { state in
             guard state.machine.lifecycle == .running else { return false }

@@ -287,17 +287,16 @@ struct DetectorMachine: Sendable {
 
     /// A beat of the shared heartbeat ran at `time`; the next is due at `next`;
     /// `cpu` is the process's CPU time at `time`. `lookArmed`: whether a look
-    /// is armed now; `handsOverNow`: whether a probe posted now reaches the
-    /// target now (a queue's block), rather than when `post` is called
-    /// (``posted(at:)``). Nil when the detector is not watching.
+    /// is armed now. Nil when the detector is not watching.
     ///
     /// A probe is posted unless one is outstanding (a blocked target gets one
     /// probe, not a pile); the CPU time then is what a late answer to it is
-    /// weighed against. The look is armed only when the answer owed would be
+    /// weighed against. The answer is owed from the moment the probe is handed
+    /// to the target (``posted(at:)``), not from the beat. The look is armed only when the answer owed would be
     /// overdue before the next beat, or the last probe is still unanswered at
     /// this beat: while the target answers, no look is armed at all.
     mutating func beat(
-        at time: Int64, next: Int64, cpu: Int64?, lookArmed: Bool, handsOverNow: Bool = true
+        at time: Int64, next: Int64, cpu: Int64?, lookArmed: Bool
     ) -> BeatPlan? {
         guard lifecycle == .running, watching, usesHeartbeat else { return nil }
         let outstanding = probeOutstanding
@@ -307,7 +306,6 @@ struct DetectorMachine: Sendable {
         if posts {
             probeOutstanding = true
             if let cpu { lastAnswerCPU = (time, cpu) }
-            if handsOverNow { posted(at: time) }
         }
         guard !lookArmed, open == nil, let due = tracker.dueTime, outstanding || due <= next else {
             return BeatPlan(post: posts, look: .keep)
