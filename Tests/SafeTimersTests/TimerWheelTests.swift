@@ -87,18 +87,7 @@ struct TimerWheelTests {
             default:
                 // Advance by a random amount, from nothing to about 4 minutes.
                 now += Int64(generator.next() % UInt64(1 << (generator.next() % 38)))
-                let expected = model.filter { $0.value.deadline <= now }
-                    .sorted { ($0.value.deadline, $0.value.sequence) < ($1.value.deadline, $1.value.sequence) }
-                    .map(\.key)
-                var fired: [String] = []
-                while let element = wheel.popDue(now: now) {
-                    let name = (element.entry as! RecordingEntry).name
-                    #expect(model[name]?.deadline == element.deadline && model[name]?.sequence == element.sequence)
-                    fired.append(name)
-                    model[name] = nil
-                    entries[name] = nil
-                }
-                #expect(fired == expected)
+                Self.popDue(&wheel, now: now, model: &model, entries: &entries)
             }
             if step % 1_000 == 0 {
                 #expect(wheel.invariantViolation() == nil)
@@ -111,6 +100,26 @@ struct TimerWheelTests {
         _ = wheel.removeAll()
         #expect(wheel.count == 0)
         #expect(entries.values.allSatisfy { $0.timerSlot == -1 })
+    }
+
+    /// Pops every entry due at `now`: exactly the model's, in deadline then
+    /// sequence order; they leave the model.
+    private static func popDue(
+        _ wheel: inout TimerWheel, now: Int64, model: inout [String: (deadline: Int64, sequence: UInt64)],
+        entries: inout [String: RecordingEntry]
+    ) {
+        let expected = model.filter { $0.value.deadline <= now }
+            .sorted { ($0.value.deadline, $0.value.sequence) < ($1.value.deadline, $1.value.sequence) }
+            .map(\.key)
+        var fired: [String] = []
+        while let element = wheel.popDue(now: now) {
+            let name = (element.entry as! RecordingEntry).name
+            #expect(model[name]?.deadline == element.deadline && model[name]?.sequence == element.sequence)
+            fired.append(name)
+            model[name] = nil
+            entries[name] = nil
+        }
+        #expect(fired == expected)
     }
 
     @Test("the scheduler thread's wake-up target respects leeway, the near heap and the next bucket")
@@ -191,11 +200,66 @@ struct TimerWheelTests {
         override func timerFired(deadline: Int64, sequence: UInt64, engine: TimerEngine) {}
     }
 
+    typealias Model = [Int: (deadline: Int64, sequence: UInt64, entry: ModelEntry)]
+
+    /// Pops every entry due at `now`, each the model's earliest (never one
+    /// early, its slot released), until none is due; false after recording the
+    /// first mismatch.
+    private static func popDueAgainstModel(
+        _ wheel: inout TimerWheel, now: Int64, model: inout Model, step: Int
+    ) -> Bool {
+        while let fired = wheel.popDue(now: now) {
+            let expected = model.values.filter { $0.deadline != Int64.max }
+                .min { ($0.deadline, $0.sequence) < ($1.deadline, $1.sequence) }
+            guard let expected else {
+                Issue.record("step \(step): popped \(fired.deadline) from an empty model")
+                return false
+            }
+            if fired.deadline != expected.deadline || fired.sequence != expected.sequence
+                || (fired.entry as? ModelEntry)?.id != expected.entry.id
+            {
+                Issue.record(
+                    "step \(step): popped (\(fired.deadline), \(fired.sequence)) expected (\(expected.deadline), \(expected.sequence)) now \(now)"
+                )
+                return false
+            }
+            if fired.deadline > now { Issue.record("step \(step): early \(fired.deadline) > \(now)"); return false }
+            if fired.entry.timerSlot != -1 { Issue.record("step \(step): popped entry still has a slot") }
+            model[expected.entry.id] = nil
+        }
+        let dueLeft = model.values.contains { $0.deadline <= now && $0.deadline != Int64.max }
+        if dueLeft { Issue.record("step \(step): due entry not popped at now \(now)"); return false }
+        return true
+    }
+
+    /// Whether the wheel's earliest deadline is the model's; records it if not.
+    private static func earliestMatches(_ wheel: inout TimerWheel, model: Model, step: Int) -> Bool {
+        let earliest = wheel.earliestDeadline()
+        let expected = model.values.map(\.deadline).min()
+        guard earliest != expected else { return true }
+        Issue.record("step \(step): earliest \(String(describing: earliest)) expected \(String(describing: expected))")
+        return false
+    }
+
+    /// Whether the wheel still holds its invariants and the model's count;
+    /// records the first that does not.
+    private static func stillMatches(_ wheel: borrowing TimerWheel, model: Model, step: Int) -> Bool {
+        if let violation = wheel.invariantViolation() {
+            Issue.record("step \(step): \(violation)")
+            return false
+        }
+        guard wheel.count == model.count else {
+            Issue.record("step \(step): count \(wheel.count) model \(model.count)")
+            return false
+        }
+        return true
+    }
+
     /// Random arm/move/disarm/pop/earliest sequences against a model, with
     /// extreme deadlines mixed in.
     @Test(arguments: 0..<8) func wheelAgainstModel(_ seed: Int) {
         var wheel = TimerWheel()
-        var model: [Int: (deadline: Int64, sequence: UInt64, entry: ModelEntry)] = [:]
+        var model: Model = [:]
         var sequence: UInt64 = 0
         var now: Int64 = 0
         var rng = SplitMix64(seed: UInt64(seed) &+ 12345)
@@ -243,45 +307,11 @@ struct TimerWheelTests {
                 } else {
                     now = now &+ Int64(rng.next() % (1 << 23))
                 }
-                while let fired = wheel.popDue(now: now) {
-                    let expected = model.values.filter { $0.deadline != Int64.max }
-                        .min { ($0.deadline, $0.sequence) < ($1.deadline, $1.sequence) }
-                    guard let expected else {
-                        Issue.record("step \(step): popped \(fired.deadline) from an empty model")
-                        return
-                    }
-                    if fired.deadline != expected.deadline || fired.sequence != expected.sequence
-                        || (fired.entry as? ModelEntry)?.id != expected.entry.id
-                    {
-                        Issue.record(
-                            "step \(step): popped (\(fired.deadline), \(fired.sequence)) expected (\(expected.deadline), \(expected.sequence)) now \(now)"
-                        )
-                        return
-                    }
-                    if fired.deadline > now { Issue.record("step \(step): early \(fired.deadline) > \(now)"); return }
-                    if fired.entry.timerSlot != -1 { Issue.record("step \(step): popped entry still has a slot") }
-                    model[expected.entry.id] = nil
-                }
-                let dueLeft = model.values.contains { $0.deadline <= now && $0.deadline != Int64.max }
-                if dueLeft { Issue.record("step \(step): due entry not popped at now \(now)"); return }
-            } else {
-                let earliest = wheel.earliestDeadline()
-                let expected = model.values.map(\.deadline).min()
-                if earliest != expected {
-                    Issue.record(
-                        "step \(step): earliest \(String(describing: earliest)) expected \(String(describing: expected))"
-                    )
-                    return
-                }
-            }
-            if let violation = wheel.invariantViolation() {
-                Issue.record("step \(step): \(violation)")
+                guard Self.popDueAgainstModel(&wheel, now: now, model: &model, step: step) else { return }
+            } else if !Self.earliestMatches(&wheel, model: model, step: step) {
                 return
             }
-            if wheel.count != model.count {
-                Issue.record("step \(step): count \(wheel.count) model \(model.count)")
-                return
-            }
+            guard Self.stillMatches(wheel, model: model, step: step) else { return }
         }
         _ = wheel.removeAll()
     }
