@@ -292,9 +292,10 @@ struct DetectorMachine: Sendable {
     /// A probe is posted unless one is outstanding (a blocked target gets one
     /// probe, not a pile); the CPU time then is what a late answer to it is
     /// weighed against. The answer is owed from the moment the probe is handed
-    /// to the target (``posted(at:)``), not from the beat. The look is armed only when the answer owed would be
-    /// overdue before the next beat, or the last probe is still unanswered at
-    /// this beat: while the target answers, no look is armed at all.
+    /// to the target (``posted(at:)``), not from the beat. The look is armed
+    /// only when the answer owed would be overdue before the next beat, or the
+    /// last probe is still unanswered at this beat: while the target answers,
+    /// no look is armed at all.
     mutating func beat(
         at time: Int64, next: Int64, cpu: Int64?, lookArmed: Bool
     ) -> BeatPlan? {

@@ -193,8 +193,9 @@ public final class StallDetector: Sendable {
     ///     doubles, up to this; the first answer that is not prompt, and a probe
     ///     unanswered for a heartbeat, bring it back to `heartbeat` at once.
     ///     Rounded down to a whole number of heartbeats, at least `heartbeat` and
-    ///     at most half the threshold (or `heartbeat`, when that is longer). A stall that begins while the spacing is
-    ///     wide is seen only at the next probe: it is reported up to
+    ///     at most half the threshold (or `heartbeat`, when that is longer). A
+    ///     stall that begins while the spacing is wide is seen only at the next
+    ///     probe: it is reported up to
     ///     `idleHeartbeat − heartbeat` later than with the plain heartbeat, and
     ///     counted from half a heartbeat before that probe, so measured short
     ///     by up to that much; no block is measured longer than with a probe

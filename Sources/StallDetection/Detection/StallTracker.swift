@@ -48,7 +48,8 @@ struct StallTracker: Sendable {
     /// before it: a stall that began in the gap is counted from at most half a
     /// heartbeat before the probe, as when every beat posts one, so that a
     /// block shorter than the threshold less a heartbeat is still never reported
-    /// (the stall is then measured shorter than it was, never longer).
+    /// (a stall that began early in the gap is then measured short; none is
+    /// measured longer than with a probe every beat).
     mutating func probeSent(at time: Int64, startNotBefore earliest: Int64 = .min) {
         guard pendingSince == nil else { return }
         pendingSince = time
