@@ -253,3 +253,59 @@ private struct Drive {
         }
     }
 }
+
+/// Many detectors with an idle heartbeat at once, as a server runs one per event
+/// loop: each reports its own target's block, once, measured within the promise.
+@Suite("Idle heartbeat, many detectors")
+struct IdleHeartbeatManyTests {
+    @Test("8 detectors with idleHeartbeat, 8 queues blocked 600 ms one after another: 8 stalls, each its own")
+    func eightAtOnce() throws {
+        let count = 8
+        let queues = (0..<count).map { DispatchQueue(label: "idle.many.\($0)") }
+        let events = Locked<[Int: [StallEvent]]>([:])
+        let detectors = queues.enumerated().map { index, queue in
+            StallDetector(
+                target: .queue(queue), threshold: .milliseconds(250), heartbeat: .milliseconds(25),
+                idleHeartbeat: .milliseconds(100)
+            ) { event in events.withLock { $0[index, default: []].append(event) } }
+        }
+        for detector in detectors { detector.start() }
+        defer { for detector in detectors { detector.stop() } }
+        // Long enough for every spacing to widen.
+        Thread.sleep(forTimeInterval: 1)
+        let blocks = Locked<[Int: Duration]>([:])
+        let done = DispatchGroup()
+        for (index, queue) in queues.enumerated() {
+            done.enter()
+            // Staggered by 37 ms: each block begins at another phase of its gap.
+            queue.asyncAfter(deadline: .now() + .milliseconds(37 * index)) {
+                let start = ContinuousClock.now
+                usleep(600_000)
+                blocks.withLock { $0[index] = ContinuousClock.now - start }
+                done.leave()
+            }
+        }
+        done.wait()
+        let deadline = Date().addingTimeInterval(15)
+        while Date() < deadline,
+            events.withLock({ $0.values.filter { $0.contains { $0.phase == .ended } }.count }) < count
+        {
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        for detector in detectors { detector.waitForHandler() }
+        for index in 0..<count {
+            let seen = events.withLock { $0[index] ?? [] }
+            let started = seen.filter { $0.phase == .started }
+            let ended = seen.filter { $0.phase == .ended }
+            #expect(started.count == 1 && ended.count == 1, "detector \(index): \(seen.map(\.phase))")
+            guard let duration = ended.first?.duration, let block = blocks.withLock({ $0[index] }) else { continue }
+            // Never longer than the block by over half a heartbeat (and the
+            // answer's run, 10 ms beside busy processes); at most the widest
+            // gap less half a heartbeat short, and the answer's wait for a core.
+            #expect(duration <= block + .milliseconds(25), "detector \(index): \(duration) for a \(block) block")
+            #expect(
+                duration >= block - .milliseconds(100), "detector \(index): \(duration) for a \(block) block")
+            #expect(started.first.map { $0.target.contains("idle.many.\(index)") } ?? false, "another's report")
+        }
+    }
+}
