@@ -38,20 +38,7 @@ struct SleeperCountTests {
         threadsDone.enter()
         Thread {
             defer { threadsDone.leave() }
-            let begun = ContinuousClock.now
-            // The race's time counts from the first sleep that returned.
-            while race.sleeps.load(ordering: .relaxed) == 0 && ContinuousClock.now - begun < .seconds(120) {
-                usleep(1_000)
-            }
-            let start = ContinuousClock.now
-            while !race.stop.load(ordering: .relaxed) {
-                let count = manual.sleeperCount
-                race.lowest.store(min(count, race.lowest.load(ordering: .relaxed)), ordering: .relaxed)
-                race.reads.add(1, ordering: .relaxed)
-                let elapsed = ContinuousClock.now - start
-                let enough = elapsed > .seconds(5) && race.sleeps.load(ordering: .relaxed) >= 2_000
-                if count < 0 || enough || elapsed > .seconds(30) { race.stop.store(true, ordering: .relaxed) }
-            }
+            Self.readSleeperCount(of: manual, race)
         }.start()
         await withTaskGroup(of: Void.self) { group in
             for worker in 0..<4 {
@@ -79,6 +66,25 @@ struct SleeperCountTests {
         // sleeps, on an idle machine): printed above, not bounded.
         #expect(race.lowest.load(ordering: .relaxed) >= 0)
         #expect(manual.sleeperCount == 0)
+    }
+
+    /// Reads `manual.sleeperCount` without a pause, keeping the lowest value
+    /// read, until it reads negative, or for 5 s and 2,000 sleeps (30 s at
+    /// most) from the first sleep that returned; then stops the race.
+    private static func readSleeperCount(of manual: ManualTimerScheduler, _ race: SleeperRaceFlags) {
+        let begun = ContinuousClock.now
+        while race.sleeps.load(ordering: .relaxed) == 0 && ContinuousClock.now - begun < .seconds(120) {
+            usleep(1_000)
+        }
+        let start = ContinuousClock.now
+        while !race.stop.load(ordering: .relaxed) {
+            let count = manual.sleeperCount
+            race.lowest.store(min(count, race.lowest.load(ordering: .relaxed)), ordering: .relaxed)
+            race.reads.add(1, ordering: .relaxed)
+            let elapsed = ContinuousClock.now - start
+            let enough = elapsed > .seconds(5) && race.sleeps.load(ordering: .relaxed) >= 2_000
+            if count < 0 || enough || elapsed > .seconds(30) { race.stop.store(true, ordering: .relaxed) }
+        }
     }
 
     @Test("a cancelled waitForSleepers returns, whether cancelled before or while it waits, and frees its registration")

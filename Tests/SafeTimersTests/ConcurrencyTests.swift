@@ -34,27 +34,8 @@ struct ConcurrencyTests {
         DispatchQueue.concurrentPerform(iterations: threads) { lane in
             var random = SplitMix64(seed: UInt64(lane) &+ 1)
             for step in 0..<operationsPerThread {
-                let slot = Int(random.next() % UInt64(slotCount))
                 if step % 4_000 == 0 { usleep(2_000) }  // let the handlers' queue run now and then
-                let operation = random.next() % 16
-                if operation == 15 {
-                    // Release: the slot gets a new timer; the old one dies wherever its last reference goes.
-                    let fresh = makeTimer(step)
-                    let old = slots.withLock { slots in
-                        defer { slots[slot] = (step, fresh) }
-                        return slots[slot]
-                    }
-                    _ = old
-                    continue
-                }
-                let (number, timer) = slots.withLock { $0[slot] }
-                switch operation {
-                case 0...3: timer.start()
-                case 4...6: timer.suspend()
-                case 7...9: timer.resume()
-                case 10...11: timer.cancel()
-                default: Self.checkSnapshot(of: timer, limited: number % 4 == 0)
-                }
+                Self.randomCall(step: step, &random, slots: slots, makeTimer: makeTimer)
             }
         }
         let all = slots.withLock { $0.map(\.timer) }
@@ -73,6 +54,35 @@ struct ConcurrencyTests {
         usleep(50_000)
         #expect(lateBegins.count == 0, "a handler began after cancel() returned")
         for timer in all { #expect(timer.state == .cancelled) }
+    }
+
+    /// One random call on a random slot's timer (`makeTimer` numbers a new one
+    /// with `step`): start, suspend, resume, cancel, a snapshot check, or a
+    /// release (the slot gets a new timer; the old one dies wherever its last
+    /// reference goes).
+    private static func randomCall(
+        step: Int, _ random: inout SplitMix64, slots: borrowing StateLock<[(number: Int, timer: RepeatingTimer)]>,
+        makeTimer: (Int) -> RepeatingTimer
+    ) {
+        let slot = Int(random.next() % UInt64(slots.withLock { $0.count }))
+        let operation = random.next() % 16
+        if operation == 15 {
+            let fresh = makeTimer(step)
+            let old = slots.withLock { slots in
+                defer { slots[slot] = (step, fresh) }
+                return slots[slot]
+            }
+            _ = old
+            return
+        }
+        let (number, timer) = slots.withLock { $0[slot] }
+        switch operation {
+        case 0...3: timer.start()
+        case 4...6: timer.suspend()
+        case 7...9: timer.resume()
+        case 10...11: timer.cancel()
+        default: checkSnapshot(of: timer, limited: number % 4 == 0)
+        }
     }
 
     /// What can be read of a timer without racing the other threads' calls: only

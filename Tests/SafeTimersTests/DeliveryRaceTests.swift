@@ -499,47 +499,15 @@ struct DeliveryRaceTests {
     @Test func watchdogsDebouncersThrottlersDueTogether() async {
         let scheduler = SystemTimerScheduler()
         let n = 30
-        let dogFired = Box<[Int]>(Array(repeating: 0, count: n))
-        let dogs = Box<[Watchdog]>([])
-        var madeDogs: [Watchdog] = []
-        for i in 0..<n {
-            madeDogs.append(
-                Watchdog(timeout: .milliseconds(5), scheduler: scheduler) {
-                    dogFired.with { $0[i] += 1 }
-                    // The watchdogs may fire before all 30 are made (ThreadSanitizer).
-                    while dogs.with({ $0.isEmpty }) { usleep(100) }
-                    dogs.with { $0 }[i].invalidate()
-                })
-        }
-        dogs.with { $0 = madeDogs }
+        let (madeDogs, dogFired) = selfInvalidatingWatchdogs(count: n, scheduler: scheduler)
         let debounced = Box<[[Int]]>(Array(repeating: [], count: n))
         let debouncers = (0..<n).map { _ in Debouncer(delay: .milliseconds(4), scheduler: scheduler) }
-        let throttled = Box<[[Int]]>(Array(repeating: [], count: n))
-        let throttleRunning = Box<[Int]>(Array(repeating: 0, count: n))
-        // When each run began: the throttler's own instant (a window starts
-        // there) and the action's first clock reading, which a preempted thread
-        // (ThreadSanitizer, two cores) takes later.
-        let throttleBegins = Box<[[Int64]]>(Array(repeating: [], count: n))
-        let throttleStarts = Box<[[UInt64]]>(Array(repeating: [], count: n))
-        let throttlers = (0..<n).map { _ in Throttler(interval: .milliseconds(4), scheduler: scheduler) }
-        let problems = Box<[String]>([])
+        let throttled = ThrottledRuns(count: n, scheduler: scheduler)
         let burstBegan = DispatchTime.now().uptimeNanoseconds
         for k in 0..<5 {
             for i in 0..<n {
                 debouncers[i].call { debounced.with { $0[i].append(k) } }
-                throttlers[i].call {
-                    if throttleRunning.with({
-                        $0[i] += 1; return $0[i]
-                    }) != 1 {
-                        problems.with { $0.append("throttler \(i) overlaps") }
-                    }
-                    throttleStarts.with { $0[i].append(DispatchTime.now().uptimeNanoseconds) }
-                    let began = throttlers[i].storageForTesting.storage.withLock { $0.machine.lastBegin }
-                    throttleBegins.with { $0[i].append(began ?? -1) }
-                    throttled.with { $0[i].append(k) }
-                    if k == 0 { usleep(500) }
-                    throttleRunning.with { $0[i] -= 1 }
-                }
+                throttled.call(i, k)
             }
         }
         // Under ThreadSanitizer the 300 calls took longer than one 4 ms interval:
@@ -549,46 +517,110 @@ struct DeliveryRaceTests {
         let burstFitsInterval = DispatchTime.now().uptimeNanoseconds - burstBegan < 4_000_000
         let ok = await eventually(within: 10) {
             dogFired.with { $0.allSatisfy { $0 >= 1 } } && debounced.with { $0.allSatisfy { !$0.isEmpty } }
-                && throttled.with { $0.allSatisfy { $0.last == 4 } }
+                && throttled.runs.with { $0.allSatisfy { $0.last == 4 } }
         }
         #expect(ok)
         try? await Task.sleep(nanoseconds: 40_000_000)
         #expect(dogFired.with { $0.allSatisfy { $0 == 1 } }, "\(dogFired.with { $0 })")
         let allFired = madeDogs.allSatisfy { $0.hasFired }
         #expect(allFired)
-        if burstFitsInterval {
-            #expect(debounced.with { $0.allSatisfy { $0 == [4] } }, "\(debounced.with { $0 }.prefix(5))")
-        } else {
-            // Calls more than the delay apart each ran; the last always did.
-            #expect(
-                debounced.with { $0.allSatisfy { $0.last == 4 && zip($0, $0.dropFirst()).allSatisfy(<) } },
-                "\(debounced.with { $0 }.prefix(5))")
+        expectBurstRuns(debounced.with { $0 }, throttled.runs.with { $0 }, burstFitsInterval: burstFitsInterval)
+        let found = throttled.problems()
+        #expect(found.isEmpty, "\(found.prefix(5))")
+        _ = debouncers
+    }
+
+    /// `count` watchdogs of 5 ms, each invalidating itself when it fires, and
+    /// how often each fired.
+    private func selfInvalidatingWatchdogs(
+        count: Int, scheduler: SystemTimerScheduler
+    ) -> ([Watchdog], Box<[Int]>) {
+        let fired = Box<[Int]>(Array(repeating: 0, count: count))
+        let dogs = Box<[Watchdog]>([])
+        var made: [Watchdog] = []
+        for i in 0..<count {
+            made.append(
+                Watchdog(timeout: .milliseconds(5), scheduler: scheduler) {
+                    fired.with { $0[i] += 1 }
+                    // The watchdogs may fire before all of them are made (ThreadSanitizer).
+                    while dogs.with({ $0.isEmpty }) { usleep(100) }
+                    dogs.with { $0 }[i].invalidate()
+                })
         }
+        dogs.with { $0 = made }
+        return (made, fired)
+    }
+
+    /// Which of the burst's calls (0 to 4) each debouncer and throttler ran: only
+    /// the last (debouncer) and the first and the last (throttler) when the burst
+    /// fit in one interval; otherwise calls in increasing order, with the last
+    /// (and, for a throttler, the first).
+    private func expectBurstRuns(_ debounced: [[Int]], _ throttled: [[Int]], burstFitsInterval: Bool) {
+        let increasing = { (runs: [Int]) in zip(runs, runs.dropFirst()).allSatisfy(<) }
         if burstFitsInterval {
-            #expect(throttled.with { $0.allSatisfy { $0 == [0, 4] } }, "\(throttled.with { $0 }.prefix(5))")
+            #expect(debounced.allSatisfy { $0 == [4] }, "\(debounced.prefix(5))")
+            #expect(throttled.allSatisfy { $0 == [0, 4] }, "\(throttled.prefix(5))")
         } else {
-            // The first call, then calls in increasing order, ending with the last.
+            #expect(debounced.allSatisfy { $0.last == 4 && increasing($0) }, "\(debounced.prefix(5))")
             #expect(
-                throttled.with {
-                    $0.allSatisfy { runs in
-                        runs.first == 0 && runs.last == 4 && zip(runs, runs.dropFirst()).allSatisfy(<)
-                    }
-                }, "\(throttled.with { $0 }.prefix(5))")
+                throttled.allSatisfy { $0.first == 0 && $0.last == 4 && increasing($0) }, "\(throttled.prefix(5))")
         }
-        let starts = throttleStarts.with { $0 }
-        for (i, begins) in throttleBegins.with({ $0 }).enumerated() {
-            for k in begins.indices.dropFirst() where begins[k] - begins[k - 1] < 4_000_000 {
-                let seen = Double(starts[i][k] - starts[i][k - 1]) / 1e6
-                problems.with {
-                    $0.append(
+    }
+
+    /// Throttlers whose actions record which call ran, whether two runs
+    /// overlapped, and when each run began.
+    private final class ThrottledRuns: Sendable {
+        let throttlers: [Throttler]
+        /// The calls each throttler ran.
+        let runs: Box<[[Int]]>
+        private let running: Box<[Int]>
+        private let overlaps = Box<[String]>([])
+        /// When each run began: the throttler's own instant (a window starts
+        /// there) and the action's first clock reading, which a preempted thread
+        /// (ThreadSanitizer, two cores) takes later.
+        private let begins: Box<[[Int64]]>
+        private let starts: Box<[[UInt64]]>
+
+        init(count: Int, scheduler: SystemTimerScheduler) {
+            throttlers = (0..<count).map { _ in Throttler(interval: .milliseconds(4), scheduler: scheduler) }
+            runs = Box(Array(repeating: [], count: count))
+            running = Box(Array(repeating: 0, count: count))
+            begins = Box(Array(repeating: [], count: count))
+            starts = Box(Array(repeating: [], count: count))
+        }
+
+        /// Call `k` of the burst to throttler `i`.
+        func call(_ i: Int, _ k: Int) {
+            throttlers[i].call { [self] in
+                if running.with({
+                    $0[i] += 1
+                    return $0[i]
+                }) != 1 {
+                    overlaps.with { $0.append("throttler \(i) overlaps") }
+                }
+                starts.with { $0[i].append(DispatchTime.now().uptimeNanoseconds) }
+                let began = throttlers[i].storageForTesting.storage.withLock { $0.machine.lastBegin }
+                begins.with { $0[i].append(began ?? -1) }
+                runs.with { $0[i].append(k) }
+                if k == 0 { usleep(500) }
+                running.with { $0[i] -= 1 }
+            }
+        }
+
+        /// Overlapping runs, and runs begun less than the interval apart.
+        func problems() -> [String] {
+            var found = overlaps.with { $0 }
+            let starts = starts.with { $0 }
+            for (i, begins) in begins.with({ $0 }).enumerated() {
+                for k in begins.indices.dropFirst() where begins[k] - begins[k - 1] < 4_000_000 {
+                    let seen = Double(starts[i][k] - starts[i][k - 1]) / 1e6
+                    found.append(
                         "throttler \(i) runs began \(Double(begins[k] - begins[k - 1]) / 1e6) ms apart "
                             + "(\(seen) ms by the actions' clock)")
                 }
             }
+            return found
         }
-        let found = problems.with { $0 }
-        #expect(found.isEmpty, "\(found.prefix(5))")
-        _ = (debouncers, throttlers)
     }
 
     @Test("two handlers that cancel each other's timer do not deadlock; each timer stops")

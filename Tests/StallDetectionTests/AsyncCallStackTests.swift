@@ -113,7 +113,17 @@ extension StallDetectorIntegrationTests {
                     #expect(!falseCuts.contains { text.contains($0) }, "\(text)")
                 }
             }
-            // Both reports name the task that ran the chain, and its parents.
+            Self.expectTasks(run, target: target)
+            for line in run.lines where line.hasPrefix("ASYNCPOOL started ") {
+                let problem = Self.mismatch(Self.frames(line, dropping: 3), expected)
+                #expect(problem.isEmpty, "\(line.prefix(24)): \(problem)")
+            }
+            if target == "pool" { #expect(run.lines.contains { $0.hasPrefix("ASYNCPOOL started ") }) }
+            try Self.expectProfileRouted(run)
+        }
+
+        /// Both reports name the task that ran the chain, and its parents.
+        private static func expectTasks(_ run: ProbeRun, target: String) {
             let tasks = run.lines.filter { $0.hasPrefix("ASYNCTASK ") }
             #expect(tasks.count == 2, "\(run.lines)")
             for line in tasks {
@@ -122,17 +132,15 @@ extension StallDetectorIntegrationTests {
                     // Each pool thread runs a task of its own, "pool request 0", 1, ….
                     #expect(shown.hasPrefix("\"pool request ") && shown.hasSuffix("\" top-level task"), "\(line)")
                 } else {
-                    #expect(shown == Self.expectedTasks(target: target), "\(line)")
+                    #expect(shown == expectedTasks(target: target), "\(line)")
                 }
             }
-            for line in run.lines where line.hasPrefix("ASYNCPOOL started ") {
-                let problem = Self.mismatch(Self.frames(line, dropping: 3), expected)
-                #expect(problem.isEmpty, "\(line.prefix(24)): \(problem)")
-            }
-            if target == "pool" { #expect(run.lines.contains { $0.hasPrefix("ASYNCPOOL started ") }) }
-            // Every sample in the blocker passes through the route (samples taken
-            // after the blocker returned, while the awaits return, rightly show a
-            // shorter chain).
+        }
+
+        /// Every profile sample in the blocker passes through the route (samples
+        /// taken after the blocker returned, while the awaits return, rightly show
+        /// a shorter chain), or says why not.
+        private static func expectProfileRouted(_ run: ProbeRun) throws {
             let unrouted = run.lines.filter { $0.hasPrefix("ASYNCUNROUTED ") }
             for line in run.lines where line.hasPrefix("ASYNCPROFILE ended ") {
                 let fields = line.split(separator: " ").compactMap { Int($0) }
@@ -147,7 +155,7 @@ extension StallDetectorIntegrationTests {
             // the stall's end only, in the blocker's last wake-up and while the
             // awaits return. More than that is a defect (a sleeping thread's
             // chain lost to its short wake-ups, say).
-            let cutLooks = run.lines.filter { Self.isCutLook($0) }
+            let cutLooks = run.lines.filter { isCutLook($0) }
             #expect(cutLooks.count <= 2, "\(cutLooks.count) looks with callers cut: \(unrouted)")
         }
 

@@ -231,23 +231,9 @@ struct ProcTaskFilesTests {
             target = tid.withLock { $0 }
         }
         let files = ProcTaskFiles()
-        var letters: [Character?] = []
-        // The sleeper wakes every 2 ms: a loaded machine (ThreadSanitizer in CI)
-        // may find it awake again between the two reads; read both again until the
-        // syscall line was read while it slept.
-        var sleeping = ""
-        for _ in 0..<200 {
-            letters.append(files.stateLetter(thread: target))
-            if letters.last == "S" {
-                sleeping = try #require(files.read(.syscall, thread: target))
-                if StackSampler.parseSyscall(sleeping) != nil { break }
-            }
-            usleep(1_000)
-        }
-        #expect(letters.last == "S", "\(letters)")
-        #expect(StackSampler.parseSyscall(sleeping) != nil, "\(sleeping)")
+        try expectReadAsleep(files, thread: target)
         phase.withLock { $0 = 1 }
-        letters = []
+        var letters: [Character?] = []
         // Running, read through the same files: the syscall file says so too,
         // unless the thread entered a system call between the two reads (the
         // ThreadSanitizer runtime makes some while the thread spins): read both
@@ -278,6 +264,25 @@ struct ProcTaskFilesTests {
         #expect(files.openCount == 0, "\(files.openCount) descriptors still open")
         #expect(files.stateLetter(thread: 0) == nil)
         #expect(files.read(.stat, thread: -5) == nil)
+    }
+
+    /// `thread`, which sleeps and wakes every 2 ms, is read asleep, with the
+    /// system call it sleeps in. A loaded machine (ThreadSanitizer in CI) may
+    /// find it awake again between the two reads: both are read again until the
+    /// syscall line was read while it slept.
+    private func expectReadAsleep(_ files: ProcTaskFiles, thread: Int32) throws {
+        var letters: [Character?] = []
+        var sleeping = ""
+        for _ in 0..<200 {
+            letters.append(files.stateLetter(thread: thread))
+            if letters.last == "S" {
+                sleeping = try #require(files.read(.syscall, thread: thread))
+                if StackSampler.parseSyscall(sleeping) != nil { break }
+            }
+            usleep(1_000)
+        }
+        #expect(letters.last == "S", "\(letters)")
+        #expect(StackSampler.parseSyscall(sleeping) != nil, "\(sleeping)")
     }
 
     @Test("more threads than the limit: every read still right, files closed when the table is full")

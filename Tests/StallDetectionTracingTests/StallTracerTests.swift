@@ -156,13 +156,7 @@ struct StallTracerTests {
             onEvent: { event in
                 stalls.record(event)
                 if event.phase == .started { started.withLock { $0 = true } }
-                open.withLock { open in
-                    if event.phase == .started && blocking.withLock({ $0 }) {
-                        open = (event.id, .now)
-                    } else if event.phase == .ended && open?.id == event.id {
-                        open = nil
-                    }
-                }
+                track(event, open: open, blocking: blocking.withLock { $0 })
             })
         let request = tracer.startSpan("GET /during")
         try await stalls.withSpan(request, inFlightOn: detector) {
@@ -172,15 +166,8 @@ struct StallTracerTests {
                 blocking.withLock { $0 = true }
                 while !release.withLock({ $0 }) { usleep(1_000) }
             }
-            // Stopped once a stall reported during the block has stayed open for
-            // two thresholds.
-            let deadline = ContinuousClock.now + .seconds(20)
-            while ContinuousClock.now < deadline,
-                open.withLock({ $0.map { ContinuousClock.now - $0.since < .milliseconds(200) } ?? true })
-            {
-                try await Task.sleep(for: .milliseconds(10))
-            }
-            sawOpen.withLock { $0 = open.withLock { $0 != nil } }
+            let seen = try await waitUntilOpen(open, for: .milliseconds(200))
+            sawOpen.withLock { $0 = seen }
             detector.stop()
         }
         request.end()
@@ -189,18 +176,17 @@ struct StallTracerTests {
         let later = tracer.startSpan("GET /after")
         await stalls.withSpan(later, inFlightOn: "event loop 7") {}
         later.end()
-
         let spans = tracer.finishedSpans
         #expect(started.withLock { $0 }, "no stall was reported")
         let during = try #require(spans.first { $0.operationName == "GET /during" })
         // On a loaded machine the queue may also have been late for 100 ms before
         // the block (a stall too, started and ended): the block's stall comes last.
         let names = during.events.map(\.name)
-        #expect(names.count >= 2 && names.count % 2 == 0, "\(names)")
         #expect(
-            stride(from: 0, to: names.count - 1, by: 2).allSatisfy {
-                names[$0] == "stall started" && names[$0 + 1] == "stall ended"
-            }, "\(names)")
+            names.count >= 2 && names.count % 2 == 0
+                && stride(from: 0, to: names.count - 1, by: 2).allSatisfy {
+                    names[$0] == "stall started" && names[$0 + 1] == "stall ended"
+                }, "\(names)")
         #expect(spans.first { $0.operationName == "GET /after" }?.events.isEmpty == true)
         // Under ThreadSanitizer a CI run once saw no stall open during the block
         // within 20 s, so there was nothing to cut short (an open defect): printed
@@ -210,8 +196,42 @@ struct StallTracerTests {
             return
         }
         #expect(during.events.last.map { attribute($0.attributes, "stall.ended_by_stop") } == "true")
-        let stallSpan = try #require(spans.last { $0.operationName == "stall: event loop 7" })
+        try expectEndedByStop(spans, target: "event loop 7", atLeast: 100)
+    }
+
+    /// The last stall span of `target` ended by the stop, at least
+    /// `milliseconds` long.
+    private func expectEndedByStop(_ spans: [FinishedInMemorySpan], target: String, atLeast milliseconds: Int) throws {
+        let stallSpan = try #require(spans.last { $0.operationName == "stall: \(target)" })
         #expect(attribute(stallSpan.attributes, "stall.ended_by_stop") == "true")
-        #expect(attribute(stallSpan.attributes, "stall.duration_ms").flatMap { Int($0) }.map { $0 >= 100 } == true)
+        #expect(
+            attribute(stallSpan.attributes, "stall.duration_ms").flatMap { Int($0) }.map { $0 >= milliseconds } == true)
+    }
+
+    /// Waits until the stall in `open` has stayed open for `length` (20 s at
+    /// most); whether one was open then.
+    private func waitUntilOpen(
+        _ open: Locked<(id: UInt64, since: ContinuousClock.Instant)?>, for length: Duration
+    ) async throws -> Bool {
+        let deadline = ContinuousClock.now + .seconds(20)
+        while ContinuousClock.now < deadline,
+            open.withLock({ $0.map { ContinuousClock.now - $0.since < length } ?? true })
+        {
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        return open.withLock { $0 != nil }
+    }
+
+    /// Keeps in `open` the stall begun while the block ran, until it ends.
+    private func track(
+        _ event: StallEvent, open: Locked<(id: UInt64, since: ContinuousClock.Instant)?>, blocking: Bool
+    ) {
+        open.withLock { open in
+            if event.phase == .started && blocking {
+                open = (event.id, .now)
+            } else if event.phase == .ended && open?.id == event.id {
+                open = nil
+            }
+        }
     }
 }
