@@ -21,6 +21,7 @@ let degradedScenarios: Set<String> = [
     "degraded-sigprof-blocked-sync", "degraded-seccomp-stalled-busy", "degraded-seccomp-stalled-sleep",
     "degraded-pipes-replaced", "degraded-pipes-crossed", "degraded-in-handler-spin-smallstack",
     "degraded-foreign-tp-unreadable", "degraded-foreign-tp-zeroed", "degraded-foreign-tp-stack",
+    "degraded-pools-held",
 ]
 
 func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
@@ -55,10 +56,10 @@ func runDegradedScenario(_ scenario: String, _ milliseconds: Int) {
         degradedQueueStall(milliseconds) { degradedSleep($0) }
     case "degraded-handler-replaced", "degraded-sigprof-blocked":
         degradedMainRunLoopSignal(milliseconds, replacesHandler: scenario == "degraded-handler-replaced")
-    case "degraded-host-profiler":
-        degradedHostProfiler(milliseconds, slowInfoHandler: false)
-    case "degraded-host-profiler-slow":
-        degradedHostProfiler(milliseconds, slowInfoHandler: true)
+    case "degraded-host-profiler", "degraded-host-profiler-slow":
+        degradedHostProfiler(milliseconds, slowInfoHandler: scenario.hasSuffix("-slow"))
+    case "degraded-pools-held":
+        degradedPoolsHeld(milliseconds)
     case "degraded-sigprof-blocked-sync":
         degradedSignalBlockedSync(milliseconds)
     case "degraded-in-handler", "degraded-in-handler-altstack", "degraded-in-handler-spin",
@@ -200,6 +201,72 @@ private func degradedQueueStall(_ milliseconds: Int, block: @escaping @Sendable 
     watch(detector, endedCount: 1, then: finishAndExit(detector))
     queue.asyncAfter(deadline: .now() + 0.3) { block(milliseconds) }
     dispatchMain()
+}
+
+/// Serial queues per quality of service the pools-held scenario blocks: more
+/// than the 255 threads libdispatch on Linux starts for one.
+private let degradedHeldQueues = 300
+/// The held queues whose block began, per quality of service.
+private let degradedHeldInteractive = Atomic<Int>(0)
+private let degradedHeldInitiated = Atomic<Int>(0)
+
+/// Every dispatch worker the serial queues of two qualities of service may
+/// have held: 300 queues made with `.userInteractive` and 300 with
+/// `.userInitiated`, each blocked on a semaphore (the quality of service of
+/// the detector's threads before they were its own, and of its handler's);
+/// then a default-QoS queue stalls `milliseconds`, reported through the
+/// `onEvent` handler. Prints `HELD <user-interactive> <user-initiated>` (the
+/// queues whose block began: fewer than 300 means that pool is full), the
+/// events, and `STOP <ms>`, how long `stop()` took while the pools were full.
+private func degradedPoolsHeld(_ milliseconds: Int) {
+    let release = DispatchSemaphore(value: 0)
+    for number in 0..<degradedHeldQueues {
+        DispatchQueue(label: "probe.held.interactive.\(number)", qos: .userInteractive).async {
+            degradedHeldInteractive.add(1, ordering: .relaxed)
+            release.wait()
+        }
+    }
+    // The pool fills within a few milliseconds; a second lets a loaded machine
+    // start it too.
+    usleep(1_000_000)
+    for number in 0..<degradedHeldQueues {
+        DispatchQueue(label: "probe.held.initiated.\(number)", qos: .userInitiated).async {
+            degradedHeldInitiated.add(1, ordering: .relaxed)
+            release.wait()
+        }
+    }
+    usleep(1_000_000)
+    let interactive = degradedHeldInteractive.load(ordering: .relaxed)
+    emit("HELD \(interactive) \(degradedHeldInitiated.load(ordering: .relaxed))")
+    let ended = DispatchSemaphore(value: 0)
+    let queue = DispatchQueue(label: "probe.degraded")
+    let detector = StallDetector(target: .queue(queue), threshold: .milliseconds(250)) { event in
+        report(event)
+        if event.phase == .ended { ended.signal() }
+    }
+    detector.start()
+    queue.asyncAfter(deadline: .now() + 0.3) { degradedSleep(milliseconds) }
+    let waited = ended.wait(timeout: .now() + .milliseconds(milliseconds + 5_000))
+    if waited == .timedOut { emit("NOEND") }
+    let before = monotonicMilliseconds()
+    detector.stop()
+    emit("STOP \(monotonicMilliseconds() - before)")
+    // The detector's threads end with its stop (the witness with the last
+    // detector): how many are left 100 ms later. (The process's one naming
+    // thread, `StallSymbols`, lives as long as the process.)
+    usleep(100_000)
+    let left = degradedThreadNames().filter { $0.hasPrefix("Stall") && $0 != "StallSymbols" }
+    emit("THREADSLEFT \(left.count) \(left)")
+    for _ in 0..<(2 * degradedHeldQueues) { release.signal() }
+    exit(0)
+}
+
+/// The names of the process's threads.
+private func degradedThreadNames() -> [String] {
+    let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+    return tasks.compactMap {
+        (try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8))?.trimmingCharacters(in: .newlines)
+    }
 }
 
 /// SIGPROF signals the host profiler's handler received.

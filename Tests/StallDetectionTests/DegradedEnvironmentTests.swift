@@ -146,6 +146,25 @@ struct DegradedEnvironmentTests {
         #expect(!report.contains("is gone"), "\(report)")
     }
 
+    @Test(
+        "Every dispatch worker held by blocked queues: a queue's stall is reported through onEvent, named, and stop() returns at once"
+    )
+    func dispatchWorkersHeld() throws {
+        let run = try ProbeRun.run(["degraded-pools-held", "800"])
+        let held = run.value("HELD")
+        // 300 queues of each quality of service were blocked: fewer began, so
+        // libdispatch had no worker left for a queue of its own.
+        #expect(held.count == 2 && held.reduce(0, +) < 600, "the pools were not full: \(run.lines.prefix(2))")
+        #expect(run.started.count == 1, "one stall staged, \(run.started.count) reported: \(run.lines.suffix(6))")
+        #expect(run.ended.count == 1, "\(run.lines.suffix(6))")
+        #expect(run.started.first?.report.contains("degradedSleep(") == true, "\(run.started.first?.report ?? "")")
+        let stop = run.value("STOP").first ?? .infinity
+        #expect(stop < 1_000, "stop() took \(stop) ms: \(run.lines.suffix(4))")
+        // Its threads (and the stop witness's) end with the stop.
+        #expect(run.value("THREADSLEFT") == [0], "\(run.lines.suffix(3))")
+        #expect(run.exitStatus == 0, "the probe ended with \(run.exitStatus)")
+    }
+
     @Test("A SIGPROF handler replaced after start: the report names the new handler")
     func handlerReplaced() throws {
         let (report, run) = try started(["degraded-handler-replaced", "800"])
@@ -261,6 +280,14 @@ struct DegradedEnvironmentTests {
         }
         #expect(run.started.count == 1, "the attempt gdb saw reported its stall once: \(run.lines)")
         let report = try #require(run.started.first?.report, "\(run.lines)")
+        try expectGDBFrames(gdb, in: report, spinning: spinning)
+    }
+
+    /// gdb's frames of the stalled thread (`gdb`) are the report's, through
+    /// the signal frame to `start_thread`; the innermost frame is the handler's.
+    private func expectGDBFrames(
+        _ gdb: (addresses: [UInt?], signalFrame: Int?), in report: String, spinning: Bool
+    ) throws {
         let frames = report.split(separator: "\n").filter { $0.hasPrefix("  #") }
         let addresses = frames.map { line in
             UInt(line.split(separator: " ")[1].dropFirst(2), radix: 16) ?? 0

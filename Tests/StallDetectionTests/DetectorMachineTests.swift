@@ -926,7 +926,7 @@ private struct RandomRun {
         self.blocked = blocked
         if blocked { answerAt = nil }
         while true {
-            // A look waits for a sample under way (both run on the detector's queue).
+            // A look waits for a sample under way (both run on the detector's thread).
             let due = sampling == nil ? lookAt : nil
             guard let next = [due, sampling?.at, answerAt, recording?.at, nextBeat].compactMap({ $0 }).min(),
                 next <= end

@@ -37,9 +37,9 @@ struct ProfileEndTests {
         }
         blocked.wait()
         defer { stop.withLock { $0 = true } }
-        let detectorQueue = DispatchQueue(label: "profile.end.detector")
+        let detectorThread = DetectorWorker(name: "ProfileEnd")
         let profiler = StallProfiler(
-            queue: detectorQueue, scheduler: SystemTimerScheduler.shared, sampling: SamplingContext(),
+            worker: detectorThread, scheduler: SystemTimerScheduler.shared, sampling: SamplingContext(),
             target: .queue(queue), fatalReportPath: nil, lateAfter: 50_000_000,
             lastAnswering: { (answer.thread, answer.queue) }, owesAnswer: { true })
         defer { profiler.stop() }
@@ -48,7 +48,7 @@ struct ProfileEndTests {
         // seconds).
         let deadline = ContinuousClock.now + .seconds(20)
         while ContinuousClock.now < deadline,
-            detectorQueue.sync(execute: { profiler.snapshot().profile.sampleCount }) < 5
+            detectorThread.sync({ profiler.snapshot().profile.sampleCount }) < 5
         {
             usleep(10_000)
         }
@@ -66,7 +66,7 @@ struct ProfileEndTests {
         let times = gathered.recorder.samples.map(\.time)
         #expect(times.count >= 5, "\(times.count) samples")
         #expect(times.allSatisfy { $0 <= answeredAt }, "\(times.filter { $0 > answeredAt }.count) samples after it")
-        let names = detectorQueue.sync { profiler.profile(of: gathered).functions.map(\.name) }
+        let names = detectorThread.sync { profiler.profile(of: gathered).functions.map(\.name) }
         #expect(names.contains { $0.contains("profileEndBlocker") }, "\(names.prefix(8))")
     }
 
@@ -84,9 +84,9 @@ struct ProfileEndTests {
         blocked.wait()
         defer { stop.withLock { $0 = true } }
         let thread = try #require(worker.withLock { $0 })
-        let detectorQueue = DispatchQueue(label: "profile.end.early.detector")
+        let detectorThread = DetectorWorker(name: "ProfileEndEarly")
         let profiler = StallProfiler(
-            queue: detectorQueue, scheduler: SystemTimerScheduler.shared, sampling: SamplingContext(),
+            worker: detectorThread, scheduler: SystemTimerScheduler.shared, sampling: SamplingContext(),
             target: .queue(queue), fatalReportPath: nil, lateAfter: 50_000_000,
             lastAnswering: { (thread.thread, thread.queue) }, owesAnswer: { true })
         defer { profiler.stop() }
@@ -97,7 +97,7 @@ struct ProfileEndTests {
         let answeredAt = Monotonic.now()
         profiler.targetAnswered(at: answeredAt)
         let backtrace = StallBacktrace(frames: [], threadID: UInt64(thread.thread), unavailableReason: nil)
-        detectorQueue.sync {
+        detectorThread.sync {
             profiler.stallStarted(backtrace: backtrace, activities: [], start: start, seen: nil, at: Monotonic.now())
         }
         // 300 ms: 30 or more intervals of a session's pace, had it sampled.

@@ -43,13 +43,13 @@ struct ProfilerSearchTests {
     /// The functions a profile sampled while a `queue.sync` caller blocked the
     /// queue and the thread of its last probe waited elsewhere. This thread's
     /// stack holds no reference to the watched queue (a thread waiting in the
-    /// detector queue's `sync` with the queue's address among its words counts as
+    /// detector thread's `sync` with the queue's address among its words counts as
     /// running it): the queue lives in ``Stage``.
     private static func sampledFunctions() -> [String] {
         guard let stage = Stage() else { return ["no probe answer"] }
         defer { stage.finish() }
         // Samples come every few milliseconds; a loaded machine may hold the
-        // detector's queue back for seconds.
+        // detector's thread back for seconds.
         let deadline = ContinuousClock.now + .seconds(20)
         var names: [String] = []
         while ContinuousClock.now < deadline {
@@ -64,7 +64,7 @@ struct ProfilerSearchTests {
     /// probe waiting elsewhere, and a profile sampling from before `.started`.
     private final class Stage {
         private let stop = Locked(false)
-        private let detectorQueue = DispatchQueue(label: "profiler.search.detector")
+        private let detectorThread = DetectorWorker(name: "ProfilerSearch")
         private var profiler: StallProfiler?
 
         init?() {
@@ -91,7 +91,7 @@ struct ProfilerSearchTests {
             }.start()
             blocked.wait()
             let profiler = StallProfiler(
-                queue: detectorQueue, scheduler: SystemTimerScheduler.shared, sampling: SamplingContext(),
+                worker: detectorThread, scheduler: SystemTimerScheduler.shared, sampling: SamplingContext(),
                 target: .queue(queue), fatalReportPath: nil, lateAfter: 50_000_000,
                 lastAnswering: { (answer.thread, answer.queue) }, owesAnswer: { true })
             profiler.begin(now: Monotonic.now())
@@ -100,7 +100,7 @@ struct ProfilerSearchTests {
 
         /// The functions of the profile so far.
         func functions() -> [String] {
-            detectorQueue.sync { profiler?.snapshot().profile.functions.map(\.name) ?? [] }
+            detectorThread.sync { [self] in profiler?.snapshot().profile.functions.map(\.name) ?? [] }
         }
 
         func finish() {

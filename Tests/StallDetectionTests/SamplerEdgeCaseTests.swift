@@ -407,7 +407,7 @@ struct SamplerEdgeCaseTests {
                 continue
             }
             let tid = blockedTid.withLock { $0 }
-            // Closed on the detector queue once the stall ended.
+            // Closed on the detector's thread once the stall ended.
             var held = samplerEdgeCaseTaskDescriptors()[tid] ?? 0
             for _ in 0..<300 where held > 0 {
                 usleep(10_000)

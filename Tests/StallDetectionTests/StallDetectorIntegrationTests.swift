@@ -260,18 +260,20 @@ struct StallDetectorInProcessTests {
         detector.start()
         detector.start()  // idempotent
         usleep(100_000)
-        // The detector runs on the engine and a queue; its one thread is the stop
-        // witness, and it goes with the last detector.
+        // The stop witness runs while a detector does; the detector's own
+        // threads run while they have work (at least the first look's).
         #expect(ProcessFacts.threads().contains { $0.name == "StallStopWitnes" })
         detector.stop()
         detector.stop()  // idempotent
-        // The witness goes with the last detector: other suites' detectors, which
-        // run in parallel, may keep it a moment longer (a leak keeps it forever).
+        // The witness goes with the last detector, and each detector's threads
+        // with its stop: other suites' detectors, which run in parallel, may
+        // keep theirs a moment longer (a leak keeps them forever).
+        let names: Set = ["StallStopWitnes", "StallDetector", "StallSampler", "StallOnEvent", "StallPost"]
         let deadline = Monotonic.now() + 20_000_000_000
-        while ProcessFacts.threads().contains(where: { $0.name == "StallStopWitnes" }), Monotonic.now() < deadline {
+        while ProcessFacts.threads().contains(where: { names.contains($0.name) }), Monotonic.now() < deadline {
             try? await Task.sleep(for: .milliseconds(10))
         }
-        #expect(!ProcessFacts.threads().contains { $0.name == "StallStopWitnes" || $0.name == "StallDetector" })
+        #expect(!ProcessFacts.threads().contains { names.contains($0.name) })
         var count = 0
         for await _ in detector.events { count += 1 }
         #expect(count == 0)

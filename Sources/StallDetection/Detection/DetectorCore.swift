@@ -3,8 +3,10 @@ import Dispatch
 import SafeTimers
 import Synchronization
 
-/// The engine of a ``StallDetector``. It owns no thread: it runs on SafeTimers'
-/// engine and on one private serial queue.
+/// The engine of a ``StallDetector``. It runs on SafeTimers' engine and on
+/// threads of its own (``DetectorWorker``s, each started with work and ended
+/// after an idle while), never on a dispatch worker: a program whose queues
+/// hold every dispatch worker still gets its stalls reported.
 ///
 /// - Heartbeat targets: a member of the process's shared ``Heartbeat`` of its
 ///   period. Each beat posts the probe, a tiny block on the target queue,
@@ -15,14 +17,14 @@ import Synchronization
 ///   its own, no look armed, no CPU time read at a prompt answer.
 /// - Posted probes (`.custom`, `.cooperativePool`): the beat hands the user's
 ///   `post` (or `Task.detached`) a ``CustomProbe`` in a block of its own on a
-///   private post queue, at most one outstanding; the probe answers when it runs
-///   and frees the slot when it runs or is released unrun. `post` is never called
+///   post thread of its own, at most one outstanding; the probe answers when it
+///   runs and frees the slot when it runs or is released unrun. `post` is never called
 ///   under the lock nor on the scheduler thread, so a blocking `post` can block
 ///   neither `stop()` nor another detector.
 /// - The main run loop: a run-loop observer records each activity and moves the
 ///   overdue look while the loop is busy.
-/// - When the overdue look runs, the detector's queue asks ``StopWitness`` whether the
-///   process was stopped meanwhile, asks the ``DetectorMachine`` whether the target
+/// - When the overdue look runs, the detector's thread asks ``StopWitness``
+///   whether the process was stopped meanwhile, asks the ``DetectorMachine`` whether the target
 ///   is stalled, and if so samples the blocked thread and emits `.started`. The
 ///   answer that finally comes emits `.ended`.
 ///
@@ -41,18 +43,18 @@ final class DetectorCore: Sendable, HeartbeatMember {
     var watchedTarget: StallDetector.Target { target }
 
     /// Waits until the `onEvent` handler has been called with every event
-    /// concluded so far: those the detector queue has still to publish (a
+    /// concluded so far: those the detector's thread has still to publish (a
     /// stall's end, or a stall no look saw in time, is emitted there after the
     /// target's answer settled the detector), then the handler's calls. Not on
-    /// the detector queue (stop() from the handler waits for it the same way).
+    /// the detector's thread (stop() from the handler waits for it the same way).
     func waitForHandler() {
-        detectorQueue.sync {}
+        detectorThread.sync {}
         outlet.waitForHandler()
     }
 
     /// Whether a stop now would lose a stall (see ``DetectorMachine/Settlement``);
     /// `.sampling` too while an outcome the target's answer concluded is still
-    /// to be emitted on the detector queue.
+    /// to be emitted on the detector's thread.
     func settlement() -> DetectorMachine.Settlement {
         let now = Monotonic.now()
         return state.withLock { $0.concluding > 0 ? .sampling : $0.machine.settlement(now: now) }
@@ -84,11 +86,12 @@ final class DetectorCore: Sendable, HeartbeatMember {
     private let scheduler: any TimerScheduler
     private let thresholdTicks: Int64
     private let heartbeatTicks: Int64
-    /// Where sampling and symbolication run; never the target.
-    private let detectorQueue: DispatchQueue
-    /// Where a custom target's `post` is called: not the detector queue, so that a
-    /// `post` that blocks cannot delay the detection of the stall it causes.
-    private let postQueue: DispatchQueue
+    /// Where looks, sampling and symbolication run; never the target.
+    private let detectorThread: DetectorWorker
+    /// Where a custom target's `post` is called: not the detector's thread, so
+    /// that a `post` that blocks cannot delay the detection of the stall it
+    /// causes.
+    private let postThread: DetectorWorker
     private let sampling: SamplingContext
     /// Whether the symbol warm-up was started. It starts at the target's first
     /// answer or activity, or at the first look when none came: reading symbol
@@ -122,7 +125,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         /// The lags of this window, and when the window began.
         var lag = LagHistogram.prepared()
         var lagWindowStart = Monotonic.now()
-        /// Outcomes an answer or an activity concluded that the detector queue
+        /// Outcomes an answer or an activity concluded that the detector's thread
         /// has not emitted yet: the detector is not settled until they are.
         var concluding = 0
     }
@@ -150,11 +153,8 @@ final class DetectorCore: Sendable, HeartbeatMember {
         let widestSpacing =
             target.usesHeartbeat ? idleHeartbeat.map { max(1, Monotonic.nanoseconds($0) / heartbeatTicks) } ?? 1 : 1
         self.idleHeartbeat = .nanoseconds(widestSpacing * heartbeatTicks)
-        // User-interactive: on Darwin a lower QoS lets the system coalesce and
-        // delay the detector's wake-ups, which would make late looks (and, with
-        // the late-look rule, missed stalls) out of the detector's own lateness.
-        self.detectorQueue = DispatchQueue(label: "StallDetector", qos: .userInteractive)
-        self.postQueue = DispatchQueue(label: "StallDetector.post", qos: .userInitiated)
+        self.detectorThread = DetectorWorker(name: "StallDetector")
+        self.postThread = DetectorWorker(name: "StallPost")
         self.sampling = SamplingContext()
         let now = Monotonic.now()
         let machine = DetectorMachine(
@@ -166,7 +166,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         // heartbeat, from half a heartbeat after an answer (as the overdue time).
         let lead = min(thresholdTicks, max(2 * heartbeatTicks, thresholdTicks / 10))
         self.profiler = StallProfiler(
-            queue: detectorQueue, scheduler: scheduler, sampling: sampling, target: target,
+            worker: detectorThread, scheduler: scheduler, sampling: sampling, target: target,
             fatalReportPath: fatalReportPath,
             lateAfter: target.usesHeartbeat ? lead + max(1_000_000, Monotonic.nanoseconds(heartbeat)) / 2 : lead,
             lastAnswering: { state.withLock { ($0.machine.lastAnsweringThread, $0.machine.lastAnsweringQueue) } },
@@ -183,7 +183,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         guard state.withLock({ $0.machine.begin() }) else { return }
         StopWitness.acquire()
         let sampling = self.sampling
-        detectorQueue.async { DetectorThreads.work { sampling.prepare() } }
+        detectorThread.async { DetectorThreads.work { sampling.prepare() } }
         var observer: RunLoopObserverHandle?
         if case .mainRunLoop = target {
             observer = RunLoopObserverHandle(onActivity: { [weak self] idle in
@@ -237,11 +237,13 @@ final class DetectorCore: Sendable, HeartbeatMember {
         if wasRunning {
             // A sample in progress finishes and emits nothing more; then the
             // stall the stop cut short ends, after any event emitted before.
-            detectorQueue.sync {
+            detectorThread.sync { [self] in
                 if let cutShort { DetectorThreads.work { endCutShort(cutShort, gathered: gathered) } }
             }
             StopWitness.release()
         }
+        detectorThread.finish()
+        postThread.finish()
         outlet.finish()
     }
 
@@ -284,7 +286,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
     }
 
     /// Hands the target its probe: a block on a watched queue, or a
-    /// ``CustomProbe`` to `post` (or a detached task) from the post queue.
+    /// ``CustomProbe`` to `post` (or a detached task) from the post thread.
     private func postProbe() {
         let queue: DispatchQueue
         switch target {
@@ -311,7 +313,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
     }
 
-    /// Hands `post` a new probe in a block of its own on the post queue
+    /// Hands `post` a new probe in a block of its own on the post thread
     /// (`post` is the user's code: never on the scheduler thread, never under
     /// the lock). A block that runs after `stop()` calls nothing: the call is
     /// under way from the moment ``handingOver()`` saw the detector running.
@@ -319,7 +321,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         let probe = CustomProbe(answers: answers) { [weak self] answer, time in
             self?.postedProbeFinished(answer, at: time)
         }
-        postQueue.async { [weak self] in
+        postThread.async { [weak self] in
             guard let self, handingOver() else { return }
             post(probe.closure)
         }
@@ -378,7 +380,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         state.lookTimeout = timeout
         state.lookDue = Monotonic.now() + timeout
         let generation = state.lookGeneration
-        let look = DelayedWork.schedule(after: .nanoseconds(timeout), on: detectorQueue, scheduler: scheduler) {
+        let look = DelayedWork.schedule(after: .nanoseconds(timeout), executor: detectorThread, scheduler: scheduler) {
             [weak self] in
             DetectorThreads.work { self?.look(generation: generation) }
         }
@@ -387,22 +389,22 @@ final class DetectorCore: Sendable, HeartbeatMember {
         return replaced
     }
 
-    /// Cancels a replaced look on the detector queue: a cancel waits for a
+    /// Cancels a replaced look on the detector's thread: a cancel waits for a
     /// running look, which runs there, and the target's thread must never wait
     /// for that. (Cancelled, not just released: a `DelayedWork` still runs when
     /// its handle goes.)
-    private func releaseOnDetectorQueue(_ work: DelayedWork?) {
+    private func releaseOnDetectorThread(_ work: DelayedWork?) {
         guard let work else { return }
-        detectorQueue.async { _ = work.cancel() }
+        detectorThread.async { _ = work.cancel() }
     }
 
-    /// Starts the symbol warm-up once (from the detector queue, the context's
+    /// Starts the symbol warm-up once (from the detector's thread, the context's
     /// own; the warm-up itself runs on a thread of its own).
     private func warmUpOnce() {
         guard !warmUpStarted.load(ordering: .relaxed), !warmUpStarted.exchange(true, ordering: .acquiringAndReleasing)
         else { return }
         let sampling = self.sampling
-        detectorQueue.async { sampling.warmUpSymbols() }
+        detectorThread.async { sampling.warmUpSymbols() }
     }
 
     // MARK: Facts from the target
@@ -432,7 +434,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
             return (step, apply(step.look, &state))
         }
         guard let (step, replaced) = step else { return }
-        releaseOnDetectorQueue(replaced)
+        releaseOnDetectorThread(replaced)
         profiler.targetAnswered(at: time)
         let gathered = step.settled ? profiler.end(until: time) : nil
         if let outcome = step.outcome { conclude(outcome, gathered: gathered) }
@@ -448,7 +450,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
             return (step, apply(step.look, &state))
         }
         guard let (step, replaced) = step else { return }
-        releaseOnDetectorQueue(replaced)
+        releaseOnDetectorThread(replaced)
         profiler.targetAnswered(at: time)
         let gathered = step.settled ? profiler.end(until: time) : nil
         if idle { profiler.idle() } else { profiler.answered() }
@@ -456,10 +458,10 @@ final class DetectorCore: Sendable, HeartbeatMember {
         warmUpOnce()
     }
 
-    /// Emits an outcome's events on the detector queue, where the stall's samples
+    /// Emits an outcome's events on the detector's thread, where the stall's samples
     /// are named: never on the target's thread, whose answer concluded it.
     private func conclude(_ outcome: DetectorMachine.Outcome, gathered: StallProfiler.Gathered?) {
-        detectorQueue.async { [self] in
+        detectorThread.async { [self] in
             DetectorThreads.work { emit(outcome, gathered: gathered) }
             state.withLock { $0.concluding -= 1 }
         }
@@ -539,7 +541,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
             .naming(gathered?.task)
     }
 
-    // MARK: Looks (on the detector queue)
+    // MARK: Looks (on the detector's thread)
 
     private func look(generation: UInt64) {
         warmUpOnce()
@@ -559,7 +561,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
             let (look, plan) = state.machine.look(now: now, continued: continued, answering: answers.any)
             return (look, apply(plan, &state))
         }
-        // The replaced look is cancelled here, on the detector queue, after the lock
+        // The replaced look is cancelled here, on the detector's thread, after the lock
         // (the one running now, this one, returns at once).
         if SamplingTrace.isEnabled && look != .nothing {
             SamplingTrace.probe("look", at: now, late: state.withLock { $0.lastLookWaited })

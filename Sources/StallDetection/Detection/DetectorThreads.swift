@@ -3,8 +3,8 @@ import CStallCapture
 /// The threads running a detector's own work right now (a look, a sample, an
 /// event being built), process-wide: such a thread is never the blocked thread of
 /// any target, so one detector never samples another's work (with a detector per
-/// queue or event loop, their looks run at the same moments, on dispatch workers
-/// that may have run a watched queue's job before).
+/// queue or event loop, their looks run at the same moments; a custom target's
+/// `post` may run a watched executor's job on the detector's own thread).
 ///
 /// A sample is taken between two readings (``quietMark(_:)`` and
 /// ``stayedQuiet(_:since:)``): a thread that began a detector's work in between

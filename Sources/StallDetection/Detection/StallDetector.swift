@@ -111,10 +111,8 @@ public final class StallDetector: Sendable {
         ///   the detector only weakly;
         /// - block inside `post`: the detection runs elsewhere, so the stall is
         ///   reported all the same; no further probe is posted until `post` returns.
-        ///   Each detector calls `post` on a serial queue of its own, so a `post`
-        ///   that never returns holds one dispatch worker thread for good: a few
-        ///   hundred such detectors exhaust libdispatch's threads (255), and then
-        ///   no detector can run.
+        ///   Each detector calls `post` on a thread of its own, so a `post` that
+        ///   never returns holds that thread for good, and no other detector's.
         ///
         /// A `post` call already under way when ``StallDetector/stop()`` is called
         /// (the detector decided to make it before the stop) may still post one
@@ -331,7 +329,7 @@ public final class StallDetector: Sendable {
     package var isSampling: Bool { core.settlement() == .sampling }
 
     /// Waits until the `onEvent` handler has been called with every event
-    /// concluded so far, those still to be published on the detector's queue
+    /// concluded so far, those still to be published on the detector's thread
     /// too (without waiting for the handler when called from it, or without one).
     package func waitForHandler() { core.waitForHandler() }
 }

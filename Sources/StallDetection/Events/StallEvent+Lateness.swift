@@ -20,7 +20,7 @@ extension StallEvent {
         public let delay: Duration
         /// How long after it was due the detector's look that found the stall
         /// ran: the time its threads waited to run (no free core, or the
-        /// detector's queue busy with its previous sample).
+        /// detector's thread busy with its previous sample).
         public let lookWaited: Duration
         /// How long sampling and naming the blocked thread's stack took.
         public let sampling: Duration

@@ -1,56 +1,45 @@
-import Dispatch
 import Synchronization
 
 /// Where a detector's events go: its ``StallDetector/events`` stream and, when
-/// one was given, its `onEvent` handler, called in order on a serial queue of the
-/// detector's own (never on the watched target's thread or executor, and never on
-/// the queue the detector looks from, so a slow handler delays no look).
+/// one was given, its `onEvent` handler, called in order on a thread of the
+/// detector's own (a ``DetectorWorker``: never the watched target's thread or
+/// executor, never a dispatch worker the program's blocked queues could all
+/// hold, and never the thread the detector looks from, so a slow handler delays
+/// no look).
 final class StallEventOutlet: Sendable {
     private let continuation: AsyncStream<StallEvent>.Continuation
     private let handler: (@Sendable (StallEvent) -> Void)?
-    private let handlerQueue: DispatchQueue?
+    private let handlerThread: DetectorWorker?
     /// Set by ``finish()``: ``open``, ``finished`` (from outside the handler) or
     /// ``finishedFromHandler``; it only moves forward. Calls are handed to the
-    /// handler queue under this lock, and only while open: every call handed over
-    /// is on the queue before ``finish()`` waits for it. (A ``Locked``, which
+    /// handler's thread under this lock, and only while open: every call handed over
+    /// is queued there before ``finish()`` waits for it. (A ``Locked``, which
     /// ThreadSanitizer sees: it reported the handler's `finish()` and a
     /// concurrent `publish` under a `Synchronization.Mutex` as a race.)
     private let closing = Locked<UInt8>(StallEventOutlet.open)
     /// One more than the id of the last `.started` event the handler was called
-    /// with (0: none yet). Written and read only on the handler queue.
+    /// with (0: none yet). Written and read only on the handler's thread.
     private let startedCalled = Atomic<UInt64>(0)
 
     private static let open: UInt8 = 0
     private static let finished: UInt8 = 1
     private static let finishedFromHandler: UInt8 = 2
 
-    /// Marks this outlet's handler queue, so that ``finish()`` called from this
-    /// outlet's handler does not wait for itself (and called from another
-    /// detector's handler, does wait).
-    private let mark: HandlerQueueMark
-    private static let handlerQueueMark = DispatchSpecificKey<HandlerQueueMark>()
-
     init(continuation: AsyncStream<StallEvent>.Continuation, handler: (@Sendable (StallEvent) -> Void)?) {
         self.continuation = continuation
         self.handler = handler
-        let mark = HandlerQueueMark()
-        self.mark = mark
-        handlerQueue = handler.map { _ in
-            let queue = DispatchQueue(label: "StallDetector.onEvent", qos: .userInitiated)
-            queue.setSpecific(key: Self.handlerQueueMark, value: mark)
-            return queue
-        }
+        handlerThread = handler.map { _ in DetectorWorker(name: "StallOnEvent") }
     }
 
     /// Yields `event` to the stream and hands it to the handler; after
     /// ``finish()``, does nothing.
     func publish(_ event: StallEvent) {
         continuation.yield(event)
-        guard let handler, let handlerQueue else { return }
+        guard let handler, let handlerThread else { return }
         closing.withLock { closing in
             guard closing == Self.open else { return }
             // Only enqueues (no user code under the lock).
-            handlerQueue.async { [self] in
+            handlerThread.async { [self] in
                 guard calls(with: event) else { return }
                 handler(event)
                 if event.phase == .started { startedCalled.store(event.id &+ 1, ordering: .relaxed) }
@@ -73,8 +62,8 @@ final class StallEventOutlet: Sendable {
     /// Waits until the handler has made every call handed over so far (not
     /// from the handler itself: that would wait for itself).
     func waitForHandler() {
-        guard let handlerQueue, DispatchQueue.getSpecific(key: Self.handlerQueueMark) !== mark else { return }
-        handlerQueue.sync {}
+        guard let handlerThread, !handlerThread.isCurrent else { return }
+        handlerThread.sync {}
     }
 
     /// Ends the stream, and waits for the handler's calls handed over before
@@ -89,16 +78,13 @@ final class StallEventOutlet: Sendable {
     /// handlers that finish each other's outlets can wait for each other.
     func finish() {
         continuation.finish()
-        let fromHandler = DispatchQueue.getSpecific(key: Self.handlerQueueMark) === mark
+        let fromHandler = handlerThread?.isCurrent ?? false
         closing.withLock { closing in
             closing = max(closing, fromHandler ? Self.finishedFromHandler : Self.finished)
         }
-        if let handlerQueue, !fromHandler {
-            handlerQueue.sync {}
+        if let handlerThread, !fromHandler {
+            handlerThread.sync {}
         }
+        handlerThread?.finish()
     }
 }
-
-/// The value that marks one outlet's handler queue: compared by identity, so
-/// each detector's queue is told from every other's.
-private final class HandlerQueueMark: Sendable {}

@@ -1,5 +1,3 @@
-import Dispatch
-
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -9,8 +7,8 @@ import Darwin
 /// Keeps one detector's fatal report file: written at `.started`, rewritten while
 /// the stall lasts, removed at `.ended` and by `stop()`.
 ///
-/// Writes happen on a queue of their own (an `fsync` can take a while; the
-/// detector's queue keeps sampling meanwhile) and coalesce: a write asked for
+/// Writes happen on a thread of their own (a ``DetectorWorker``: an `fsync` can
+/// take a while, and the detector's thread keeps sampling meanwhile) and coalesce: a write asked for
 /// while another is pending replaces it. Each write goes to a new temporary file
 /// beside the report, with a name nobody can predict (`FatalReportFiles`,
 /// relative to the report's directory), created exclusively, never through a
@@ -25,7 +23,7 @@ import Darwin
 /// `unlink`: the only file operations done under it).
 final class FatalReportWriter: Sendable {
     let path: String
-    private let queue = DispatchQueue(label: "StallDetector.fatalReport", qos: .utility)
+    private let writer = DetectorWorker(name: "StallReportFile")
     /// The event waiting to be written, whether a write block is queued, and the
     /// number of removals so far: a write renames its file into place only while
     /// no removal came after the event it took.
@@ -46,7 +44,7 @@ final class FatalReportWriter: Sendable {
             return schedule
         }
         guard schedule else { return }
-        queue.async { [self] in DetectorThreads.work { writePending() } }
+        writer.async { [self] in DetectorThreads.work { writePending() } }
     }
 
     /// Writes the report asked for last, if it is still wanted.
@@ -78,10 +76,11 @@ final class FatalReportWriter: Sendable {
     func stopWriting() {
         state.withLock { $0.closed = true }
         remove()
+        writer.finish()
     }
 
     /// Waits until every write asked for so far is done (tests).
-    func flush() { queue.sync {} }
+    func flush() { writer.sync {} }
 
     /// Temporary file, `fsync`, `rename` unless a removal came after the event
     /// was taken (`removals` then), `fsync` of the directory.

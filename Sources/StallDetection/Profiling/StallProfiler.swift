@@ -13,12 +13,12 @@ import Darwin
 ///
 /// A *session* begins when the detector first sees an answer late (before the
 /// threshold), so that the profile covers the stall from its start; it ends at
-/// the answer. Samples are raw stacks taken on the profiler's own serial queue
-/// with its own ``SamplingContext`` (`capture`), each scheduled on the engine as a
-/// `DelayedWork` after the previous one, at the pace ``SamplingPace`` allows.
-/// Naming happens on the detector's queue (`naming`), never on the sampling
-/// queue: naming the `.started` report or a profile never holds up a sample. The first sample of a session
-/// finds the thread that runs the target's job as the `.started` sample does; the
+/// the answer. Samples are raw stacks taken on the profiler's own thread (a
+/// ``DetectorWorker``) with its own ``SamplingContext`` (`capture`), each
+/// scheduled on the engine as a `DelayedWork` after the previous one, at the
+/// pace ``SamplingPace`` allows. Naming happens on the detector's thread
+/// (`naming`), never on the sampling thread: naming the `.started` report or a
+/// profile never holds up a sample. The first sample of a session finds the thread that runs the target's job as the `.started` sample does; the
 /// others sample that thread alone, and a sample that finds it idle (the job moved
 /// to another thread) drops it and finds the thread again.
 ///
@@ -58,7 +58,7 @@ final class StallProfiler: Sendable {
     static let prefetchedSamples = 2
 
     /// What a session gathered, for its `.ended` event: its samples are named
-    /// (``profile(of:)``) on the detector queue, never on the target's thread
+    /// (``profile(of:)``) on the detector's thread, never on the target's thread
     /// whose answer ended the stall.
     struct Gathered: Sendable {
         var recorder: RawProfile
@@ -92,14 +92,14 @@ final class StallProfiler: Sendable {
     /// When the target last answered (or its run loop moved on): a session that
     /// `.started` opens after an answer it did not see ends its profile there.
     private let lastAnswer = Atomic<Int64>(0)
-    /// The detector's queue: where samples are named.
-    private let queue: DispatchQueue
+    /// The detector's thread: where samples are named.
+    private let worker: DetectorWorker
     /// Where samples are taken, and only there.
-    private let samplingQueue: DispatchQueue
+    private let samplingThread: DetectorWorker
     private let scheduler: any TimerScheduler
     /// The detector's context: names samples (on `queue`).
     private let naming: SamplingContext
-    /// The profiler's own context: takes samples (on `samplingQueue`).
+    /// The profiler's own context: takes samples (on `samplingThread`).
     private let capture = SamplingContext()
     private let target: StallDetector.Target
     /// The thread that last answered a probe, and the serial queue it ran on.
@@ -112,7 +112,8 @@ final class StallProfiler: Sendable {
     private let lateAfter: Int64
     let fatal: FatalReportWriter?
     /// What scheduling and running a sample costs beyond the sampling thread's
-    /// own CPU (the engine's and a dispatch worker's wake-up), charged to the pace.
+    /// own CPU (the engine's wake-up, the task that runs it, the sampling
+    /// thread's wake-up), charged to the pace.
     static let overheadPerSample: Int64 = 25_000
     /// The CPU time naming code for the first time may take without slowing the
     /// pace, once per detector: 200 ms. Each address is named once and cached, so
@@ -136,13 +137,13 @@ final class StallProfiler: Sendable {
     static let fatalRefresh: Int64 = 250_000_000
 
     init(
-        queue: DispatchQueue, scheduler: any TimerScheduler, sampling: SamplingContext, target: StallDetector.Target,
+        worker: DetectorWorker, scheduler: any TimerScheduler, sampling: SamplingContext, target: StallDetector.Target,
         fatalReportPath: String?, lateAfter: Int64,
         lastAnswering: @escaping @Sendable () -> (thread: Int32?, queue: UInt?),
         owesAnswer: @escaping @Sendable () -> Bool
     ) {
-        self.queue = queue
-        self.samplingQueue = DispatchQueue(label: "StallDetector.sampler", qos: .userInteractive)
+        self.worker = worker
+        self.samplingThread = DetectorWorker(name: "StallSampler")
         self.scheduler = scheduler
         self.naming = sampling
         self.target = target
@@ -183,7 +184,7 @@ final class StallProfiler: Sendable {
     private func armEarlyLook(after delay: Int64, countingFrom answered: Int64, _ state: inout State) {
         state.earlyLookFor = answered
         if let work = state.earlyLook, work.reschedule(after: .nanoseconds(delay)) { return }
-        state.earlyLook = DelayedWork.schedule(after: .nanoseconds(delay), on: queue, scheduler: scheduler) {
+        state.earlyLook = DelayedWork.schedule(after: .nanoseconds(delay), executor: worker, scheduler: scheduler) {
             [weak self] in
             self?.lateAnswer()
         }
@@ -196,7 +197,7 @@ final class StallProfiler: Sendable {
         }
     }
 
-    /// On the detector queue, `lateAfter` after the last answer: sampling starts,
+    /// On the detector's thread, `lateAfter` after the last answer: sampling starts,
     /// so that the profile covers the stall from its start (the first stall too:
     /// a sample names nothing in full, so code never seen before costs it no more
     /// than code seen a thousand times).
@@ -208,7 +209,7 @@ final class StallProfiler: Sendable {
 
     // MARK: Sessions
 
-    /// An answer is late: start sampling (on the detector queue), unless a session
+    /// An answer is late: start sampling (on the detector's thread), unless a session
     /// is open.
     func begin(now: Int64) {
         let due = state.withLock { state -> (UInt64, Int64)? in
@@ -270,7 +271,7 @@ final class StallProfiler: Sendable {
     }
 
     /// The profile and activities so far (for an event), its samples named now:
-    /// on the detector queue only. Empty when no session is open.
+    /// on the detector's thread only. Empty when no session is open.
     func snapshot(awaitsInFull: Bool = true) -> (profile: StallProfile, activities: [String]) {
         guard let gathered = gathered() else { return (.empty, []) }
         return (profile(of: gathered, awaitsInFull: awaitsInFull), gathered.activities)
@@ -296,7 +297,7 @@ final class StallProfiler: Sendable {
     }
 
     /// The profile of gathered samples, each distinct stack named in full (on
-    /// the detector queue: naming code for the first time reads debug
+    /// the detector's thread: naming code for the first time reads debug
     /// information).
     func profile(of gathered: Gathered, awaitsInFull: Bool = true) -> StallProfile {
         gathered.recorder.profile(interval: gathered.interval) { [naming] stacks in
@@ -354,8 +355,8 @@ final class StallProfiler: Sendable {
     /// context samples once the stall is over: between stalls the detector holds
     /// no descriptor the program might need.
     private func releaseFilesLater() {
-        samplingQueue.async { [capture] in DetectorThreads.work { capture.releaseFiles() } }
-        queue.async { [naming] in
+        samplingThread.async { [capture] in DetectorThreads.work { capture.releaseFiles() } }
+        worker.async { [naming] in
             DetectorThreads.work {
                 naming.releaseFiles()
                 StopWitness.releaseFiles()
@@ -375,16 +376,17 @@ final class StallProfiler: Sendable {
         }
         for work in pending { work?.cancel() }
         releaseFilesLater()
+        samplingThread.finish()
         // The file is gone when stop() returns, without waiting for a write in
         // progress (it is dropped), and no sample still under way writes it again.
         fatal?.stopWriting()
     }
 
-    // MARK: Sampling (on the sampling queue)
+    // MARK: Sampling (on the sampling thread)
 
     private func schedule(generation: UInt64, at time: Int64, now: Int64) {
         let delay = Duration.nanoseconds(max(0, time - now))
-        let work = DelayedWork.schedule(after: delay, on: samplingQueue, scheduler: scheduler) { [weak self] in
+        let work = DelayedWork.schedule(after: delay, executor: samplingThread, scheduler: scheduler) { [weak self] in
             DetectorThreads.work { self?.sample(generation: generation) }
         }
         let stopped = state.withLock { state -> Bool in
@@ -438,7 +440,7 @@ final class StallProfiler: Sendable {
             return (generation, nextTime)
         }
         if prefetch, let frames { capture.prefetchNames(frames) }
-        if let refresh { queue.async { DetectorThreads.work { self.writeRefresh(refresh) } } }
+        if let refresh { worker.async { DetectorThreads.work { self.writeRefresh(refresh) } } }
         if Self.traced {
             SamplingTrace.sample(
                 cost: cost, naming: naming, kept: frames != nil, next: next.map { $0.1 - taken }, taken: taken)
@@ -513,7 +515,7 @@ final class StallProfiler: Sendable {
     ///
     /// Without `everyThread`, a thread not known yet is looked for among the
     /// likely threads only (the main thread, the one that answered last): trying
-    /// every thread holds up the detector's queue. With it (after `.started`, and
+    /// every thread holds up the detector's thread. With it (after `.started`, and
     /// every other search after the likely threads ran nothing of the target) all
     /// threads are tried: a `queue.sync` caller runs the queue's job on its own
     /// thread, and a stall no look saw in time is reported only if a sample saw
@@ -552,9 +554,9 @@ final class StallProfiler: Sendable {
     /// report, with the profile's own sampler, on its queue (waiting for a sample
     /// under way): one thread never gets two detectors' worth of signals at once
     /// from one detector, and the report's unwind finds the calls the profile's
-    /// samples have decoded already. Names nothing; called on the detector queue.
+    /// samples have decoded already. Names nothing; called on the detector's thread.
     func findBlockedThread(lastAnswering: Int32?, queue: UInt?) -> SamplingContext.Search {
-        samplingQueue.sync { [capture, target] in
+        samplingThread.sync { [capture, target] in
             capture.find(target: target, lastAnswering: lastAnswering, queue: queue, candidatesOnly: false)
         }
     }
@@ -598,7 +600,7 @@ final class StallProfiler: Sendable {
     }
 
     /// Writes the fatal report of the open stall with `gathered`'s samples
-    /// (named here: on the detector queue only).
+    /// (named here: on the detector's thread only).
     private func writeRefresh(_ gathered: Gathered) {
         let profile = profile(of: gathered)
         // Asked for under the lock that ends the session: a stall that ended

@@ -1,7 +1,7 @@
 import CStallCapture
 import Dispatch
 
-/// Everything a detector queue needs to sample a blocked thread and name its
+/// Everything a detector's thread needs to sample a blocked thread and name its
 /// frames: the sampler, the process's symbolicator, and what each address was
 /// judged to be.
 ///
@@ -11,8 +11,8 @@ import Dispatch
 /// a profile needs it.
 ///
 /// `@unchecked Sendable` invariant: every method is called on its owner's one
-/// serial queue only (a detector's context on `DetectorCore.detectorQueue`, a
-/// profiler's on its sampling queue), so the mutable sampler, caches and counters
+/// serial ``DetectorWorker`` only (a detector's context on
+/// `DetectorCore.detectorThread`, a profiler's on its sampling thread), so the mutable sampler, caches and counters
 /// are never used by two threads at once (the symbolicator is shared and
 /// thread-safe).
 final class SamplingContext: @unchecked Sendable {
@@ -62,7 +62,7 @@ final class SamplingContext: @unchecked Sendable {
     /// Installs the signal handler before the first stall and finds the
     /// concurrency runtime's job runners (``AsyncJobRunner``, under a
     /// millisecond: every sample this detector takes after its first look
-    /// follows awaits, since the looks come after this on the detector queue).
+    /// follows awaits, since the looks come after this on the detector's thread).
     func prepare() {
         _ = prepared()
         AsyncJobRunner.find()
@@ -71,7 +71,7 @@ final class SamplingContext: @unchecked Sendable {
 
     /// Starts loading symbols (once per process) on a thread of its own:
     /// loading them takes hundreds of milliseconds of CPU in a debug build, and
-    /// the detector queue that calls this must stay free for its looks.
+    /// the detector's thread that calls this must stay free for its looks.
     func warmUpSymbols() {
         let symbolicator = self.symbolicator
         DispatchQueue.global(qos: .utility).async { DetectorThreads.work { symbolicator.warmUp() } }

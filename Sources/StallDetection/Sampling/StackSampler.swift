@@ -22,7 +22,7 @@ import Darwin
 /// - Only a thread that runs user code gets `SIGPROF`: the C handler in
 ///   `CStallCapture` copies its registers, glibc's unwind and its stack.
 ///
-/// Not thread-safe: one sampler belongs to one detector queue.
+/// Not thread-safe: one sampler belongs to one detector's thread.
 final class StackSampler {
     enum Outcome {
         case copied(StackCopy, signalled: Bool)

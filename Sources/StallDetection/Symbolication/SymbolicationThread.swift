@@ -7,8 +7,8 @@ import SafeTimers
 /// module to name code.
 ///
 /// `Runtime` keeps the ELF images it has read (symbol tables, debug information)
-/// in a cache *per thread*. Called from whichever dispatch worker ran a
-/// detector's queue, every call read the images again: 10 ms for one stack in
+/// in a cache *per thread*. Called from whichever thread a detector looked
+/// from, every call read the images again: 10 ms for one stack in
 /// release, and 16 detectors naming their first stalls at once waited 100–240 ms
 /// each, their looks queued behind. On this thread the images are read once
 /// (``Symbolicator/warmUp()`` reads them before the first stall) and every later

@@ -12,7 +12,7 @@ import Darwin
 /// is often the wrong function.
 ///
 /// Same interface as the Linux `Symbolicator` (Symbolicator.swift). Not
-/// thread-safe: one symbolicator belongs to one detector queue.
+/// thread-safe: one symbolicator belongs to one detector's thread.
 final class Symbolicator: Sendable {
     struct Key: Hashable, Sendable {
         var address: UInt

@@ -18,7 +18,7 @@ import Darwin
 /// statically (`--static-swift-stdlib`), by the bytes of their names. Empty
 /// where that table cannot be read (Apple platforms read no ELF; there the
 /// async chain is not followed), and until a detector's warm-up has read it
-/// (on the detector's queue, before its first look).
+/// (on the detector's thread, before its first look).
 enum AsyncJobRunner {
     /// The job runners' code, sorted by start, once ``find()`` has run.
     private static let found = Locked<[Range<UInt>]?>(nil)

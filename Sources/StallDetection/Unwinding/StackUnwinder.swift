@@ -77,7 +77,7 @@ struct StackUnwinder {
 
     /// Decoded code: the call before a return address, and a wrapper's tail
     /// jumps by its start. Owned by one thread at a time (one unwinder, or the
-    /// sampling context on the detector queue). Each table is emptied when it
+    /// sampling context on the detector's thread). Each table is emptied when it
     /// reaches ``limit`` entries.
     ///
     /// Kept across unwinds, a decoding stays right while its code stays mapped.
