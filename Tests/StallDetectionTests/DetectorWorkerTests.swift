@@ -89,13 +89,16 @@ struct DetectorWorkerTests {
     @Test("its thread carries the worker's name (as gdb and /proc show it)")
     func threadOfItsOwn() {
         let worker = DetectorWorker(name: "WorkerNamed")
-        let name = worker.sync { () -> String in
-            guard let file = fopen("/proc/thread-self/comm", "r") else { return "" }
-            defer { fclose(file) }
-            var buffer = [CChar](repeating: 0, count: 32)
-            guard fgets(&buffer, Int32(buffer.count), file) != nil else { return "" }
-            return String(decoding: buffer.prefix { $0 != 0 && $0 != 10 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        }
+        let name = worker.sync { currentThreadName() }
         #expect(name == "WorkerNamed")
     }
+}
+
+/// The calling thread's name, as `/proc` shows it.
+func currentThreadName() -> String {
+    guard let file = fopen("/proc/thread-self/comm", "r") else { return "" }
+    defer { fclose(file) }
+    var buffer = [CChar](repeating: 0, count: 32)
+    guard fgets(&buffer, Int32(buffer.count), file) != nil else { return "" }
+    return String(decoding: buffer.prefix { $0 != 0 && $0 != 10 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }

@@ -125,6 +125,108 @@ extension StallDetectorInProcessTests {
             #expect(handled.withLock { $0.count } == atStop.count, "nothing after stop()")
         }
 
+        @Test(
+            "stop() from two threads at once during a reported stall: each returns after the .ended (byStop) reached the handler and the stream"
+        )
+        func stopFromTwoThreadsDuringAStall() async {
+            var missing: [String] = []
+            for round in 0..<20 {
+                let (atReturns, handled, streamed) = await Self.stopTwiceDuringAStall()
+                let started = handled.first { $0.phase == .started }
+                guard let started else {
+                    missing.append("round \(round): no .started (a lost report): \(handled)")
+                    continue
+                }
+                let isEnd = { (event: StallEvent) in event.phase == .ended && event.id == started.id }
+                for (thread, seen) in atReturns.enumerated() where !seen.contains(where: isEnd) {
+                    missing.append("round \(round): stop() on thread \(thread) returned before the handler's .ended")
+                }
+                if !streamed.contains(where: isEnd) { missing.append("round \(round): the stream lacks .ended") }
+                if handled.count != atReturns.map(\.count).max() {
+                    missing.append("round \(round): handler called after stop() returned")
+                }
+            }
+            #expect(missing.isEmpty, "\(missing.prefix(5))")
+        }
+
+        @Test(
+            "stop() from the handler while a stop() from outside waits for that call: neither waits for the other, the stream keeps its .ended"
+        )
+        func stopFromTheHandlerDuringAStop() async {
+            let queue = DispatchQueue(label: "test.onEvent.stopInStop")
+            let release = Locked(false)
+            let detectorBox = Locked<StallDetector?>(nil)
+            let handled = Locked<[StallEvent]>([])
+            let detector = StallDetector(
+                target: .queue(queue), threshold: .milliseconds(30), heartbeat: .milliseconds(5),
+                onEvent: { event in
+                    handled.withLock { $0.append(event) }
+                    // The outside stop() publishes this .ended, then waits for this call.
+                    if event.phase == .ended { detectorBox.withLock { $0 }?.stop() }
+                })
+            detectorBox.withLock { $0 = detector }
+            let collector = StallDetectorInProcessTests.CustomTargetTests.Collector(detector)
+            detector.start()
+            usleep(30_000)
+            queue.async {
+                while !release.withLock({ $0 }) { usleep(1_000) }
+            }
+            await waitUntil { handled.withLock { $0.contains { $0.phase == .started } } }
+            let returned = DispatchSemaphore(value: 0)
+            Thread {
+                detector.stop()
+                returned.signal()
+            }.start()
+            let stopped = await withCheckedContinuation { continuation in
+                DispatchQueue.global().async { continuation.resume(returning: returned.wait(timeout: .now() + 10)) }
+            }
+            release.withLock { $0 = true }
+            #expect(stopped == .success, "stop() from outside still waiting after 10 s")
+            let streamed = await collector.finish()
+            #expect(handled.withLock { $0.map(\.phase) } == [.started, .ended])
+            #expect(streamed.map(\.phase) == [.started, .ended] && streamed.last?.endedByStop == true, "\(streamed)")
+            detectorBox.withLock { $0 = nil }
+        }
+
+        /// A queue blocked until a stall is reported, then `stop()` from two
+        /// threads released together: what the handler had got when each
+        /// returned, all it got, and the stream.
+        static func stopTwiceDuringAStall() async -> ([[StallEvent]], [StallEvent], [StallEvent]) {
+            let queue = DispatchQueue(label: "test.onEvent.twoStops")
+            let release = Locked(false)
+            let handled = Locked<[StallEvent]>([])
+            let detector = StallDetector(
+                target: .queue(queue), threshold: .milliseconds(30), heartbeat: .milliseconds(5),
+                onEvent: { event in handled.withLock { $0.append(event) } })
+            let collector = StallDetectorInProcessTests.CustomTargetTests.Collector(detector)
+            detector.start()
+            usleep(30_000)
+            queue.async {
+                while !release.withLock({ $0 }) { usleep(1_000) }
+            }
+            await waitUntil { handled.withLock { $0.contains { $0.phase == .started } } }
+            let go = Locked(false)
+            let atReturns = Locked<[[StallEvent]]>([])
+            let stops = DispatchGroup()
+            for _ in 0..<2 {
+                stops.enter()
+                Thread {
+                    while !go.withLock({ $0 }) {}
+                    detector.stop()
+                    let seen = handled.withLock { $0 }
+                    atReturns.withLock { $0.append(seen) }
+                    stops.leave()
+                }.start()
+            }
+            usleep(2_000)
+            go.withLock { $0 = true }
+            await withCheckedContinuation { continuation in stops.notify(queue: .global()) { continuation.resume() } }
+            release.withLock { $0 = true }
+            let streamed = await collector.finish()
+            try? await Task.sleep(for: .milliseconds(20))
+            return (atReturns.withLock { $0 }, handled.withLock { $0 }, streamed)
+        }
+
         @Test("stop() called from the handler returns, and the handler is not called again")
         func stopFromTheHandler() async {
             let queue = DispatchQueue(label: "test.onEvent.stop")

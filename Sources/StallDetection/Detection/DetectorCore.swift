@@ -131,6 +131,10 @@ final class DetectorCore: Sendable, HeartbeatMember {
     }
 
     private let state: Locked<State>
+    /// Whether ``stop()`` was called; the first call is in `stopping` until it
+    /// has ended the outlet, and a later call waits for it.
+    private let stopCalled = Locked(false)
+    private let stopping = DispatchGroup()
 
     init(
         target: StallDetector.Target, threshold: Duration, heartbeat: Duration, idleHeartbeat: Duration? = nil,
@@ -223,7 +227,23 @@ final class DetectorCore: Sendable, HeartbeatMember {
     /// event marked ``StallEvent/endedByStop``: published before the outlet
     /// finishes, so the stream yields it last and the handler gets it before this
     /// returns (see ``StallEventOutlet/finish()``).
+    ///
+    /// A call while another is under way waits until that one has ended the
+    /// outlet, so that it too returns after the last event; called from the
+    /// `onEvent` handler (which the other call may be waiting for), it waits
+    /// for nothing and the handler is not called again.
     func stop() {
+        let first = stopCalled.withLock { called -> Bool in
+            guard !called else { return false }
+            called = true
+            stopping.enter()
+            return true
+        }
+        guard first else {
+            if outlet.isHandlerThread { outlet.closeFromHandler() } else { stopping.wait() }
+            return
+        }
+        defer { stopping.leave() }
         let now = Monotonic.now()
         let taken = state.withLock { state in
             (state.heartbeat.take(), state.look.take(), state.observer.take(), state.machine.stop(at: now))

@@ -143,7 +143,10 @@ final class DetectorWorker: TaskExecutor, @unchecked Sendable {
             if head < jobs.count {
                 let job = jobs[head].take()!
                 head += 1
-                if head == jobs.count { (jobs, head) = ([], 0) }
+                if head == jobs.count {
+                    jobs.removeAll(keepingCapacity: true)
+                    head = 0
+                }
                 lock.unlock()
                 run(job)
                 lock.lock()

@@ -59,6 +59,17 @@ final class StallEventOutlet: Sendable {
         }
     }
 
+    /// Whether the calling thread is this outlet's handler's, in a call.
+    var isHandlerThread: Bool { handlerThread?.isCurrent ?? false }
+
+    /// Called from the handler while a ``finish()`` from elsewhere is under
+    /// way (which waits for this call of the handler): the handler is not
+    /// called again once this returns; the stream is left to that finish,
+    /// which ends it after the events published before it.
+    func closeFromHandler() {
+        closing.withLock { closing in closing = max(closing, Self.finishedFromHandler) }
+    }
+
     /// Waits until the handler has made every call handed over so far (not
     /// from the handler itself: that would wait for itself).
     func waitForHandler() {
