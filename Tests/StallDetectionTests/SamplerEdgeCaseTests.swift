@@ -215,7 +215,7 @@ func samplerEdgeCaseSample(with context: SamplingContext, _ body: @escaping @Sen
 }
 
 @Suite(
-    "The sampler at its edges: descriptors, exiting threads, late libraries, odd stacks, phases", .serialized,
+    "The sampler at its edges: descriptors, exiting threads, late libraries, odd stacks, phases", .onThreadsOfTheirOwn, .serialized,
     .disabled(
         if: underThreadSanitizer,
         "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))
@@ -726,15 +726,23 @@ struct SamplerEdgeCaseTests {
         // about 1,400 sleeps, 294 samples (release, quiet); 1–8 of 147 (debug, beside
         // two busy processes). Signalled whatever
         // its state, about half of the looks would cut one short.
-        let run = try ProbeRun.run(["sampler-sleep-cut", "3000"])
-        #expect(run.exitStatus == 0)
-        let (total, _) = endedProfile(run, id: 1)
-        let counts = run.value("SLEEPS")
-        let (sleeps, cut) = (counts.first ?? 0, counts.dropFirst().first ?? .infinity)
-        print("sampler-sleep-cut: \(cut) of \(sleeps) sleeps cut short, \(total) samples")
+        // The job must get a core for most of its 3 s (at least 500 of its
+        // about 1,500 sleeps) for the count to mean anything: a machine that gave
+        // it less missed that time bound, and the scenario runs again (at most
+        // 3 times). Every run's cut sleeps are bounded all the same.
+        var run = ProbeRun()
+        var (total, sleeps, cut) = (0, 0.0, Double.infinity)
+        for _ in 0..<3 where sleeps < 500 {
+            run = try ProbeRun.run(["sampler-sleep-cut", "3000"])
+            #expect(run.exitStatus == 0)
+            total = endedProfile(run, id: 1).0
+            let counts = run.value("SLEEPS")
+            (sleeps, cut) = (counts.first ?? 0, counts.dropFirst().first ?? .infinity)
+            print("sampler-sleep-cut: \(cut) of \(sleeps) sleeps cut short, \(total) samples")
+            #expect(cut * 5 <= Double(total), "\(cut) sleeps cut short by \(total) samples")
+        }
         #expect(
             total >= 30 && sleeps >= 500, "\(run.lines.filter { $0.hasPrefix("PROFILE") || $0.hasPrefix("SLEEPS") })")
-        #expect(cut * 5 <= Double(total), "\(cut) sleeps cut short by \(total) samples")
     }
 
     // MARK: - Cost outside the detector's thread
