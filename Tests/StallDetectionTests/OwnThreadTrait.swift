@@ -2,7 +2,6 @@ import Testing
 
 @testable import StallDetection
 
-
 /// Runs each test case of a suite on a thread of its own (a ``DetectorWorker``
 /// as the test's task executor) instead of a thread of the cooperative pool.
 ///
