@@ -6,7 +6,7 @@ import Testing
 
 /// `StallDetector.withActivity`: per-thread labels that a detector reads while the
 /// thread is blocked.
-@Suite("Activities", .onThreadsOfTheirOwn)
+@Suite("Activities")
 struct ActivityTests {
     struct Failure: Error, Equatable { var code: Int }
 

@@ -10,7 +10,7 @@ import Testing
 /// it against the release build too (`STALL_PROBE`). No retry: a report that
 /// misses a level is a wrong report.
 extension StallDetectorIntegrationTests {
-    @Suite("Async call stacks (stall-probe, real time)", .onThreadsOfTheirOwn)
+    @Suite("Async call stacks (stall-probe, real time)")
     struct AsyncCallStacks {
         /// The frames the report must show from the blocker on: a name prefix,
         /// and whether the frame is an awaiting caller.

@@ -12,7 +12,7 @@ import Glibc
 /// names the reason, never a stack it did not read; and a thread stalled in its
 /// own signal handler is reported as gdb shows it.
 @Suite(
-    "Degraded environments (stall-probe, real time)", .onThreadsOfTheirOwn, .serialized,
+    "Degraded environments (stall-probe, real time)", .serialized,
     .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
 struct DegradedEnvironmentTests {
     /// Runs a scenario once; the `.started` report. No retry: the staged stall

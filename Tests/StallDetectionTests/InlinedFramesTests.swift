@@ -8,7 +8,7 @@ extension StallDetectorIntegrationTests {
     /// and line, in the same order. Against a release build (CI) the case really
     /// has two inlined frames; a debug build inlines nothing and the comparison
     /// still holds.
-    @Suite("Inlined frames (stall-probe, real time)", .onThreadsOfTheirOwn)
+    @Suite("Inlined frames (stall-probe, real time)")
     struct InlinedFrames {
         struct Frame {
             var index: Int

@@ -8,7 +8,7 @@ import Testing
 /// a debug helper samples far less often (each sample costs more, and the pace
 /// keeps to 1 % of a core), so it is checked for the shape only.
 extension StallDetectorIntegrationTests {
-    @Suite("Profiles, activities, fatal reports (stall-probe, real time)", .onThreadsOfTheirOwn)
+    @Suite("Profiles, activities, fatal reports (stall-probe, real time)")
     struct Profiles {
         /// `FUNCTION <id> ended <samples> <name>` lines of the `.ended` event.
         static func functions(

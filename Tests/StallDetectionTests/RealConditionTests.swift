@@ -8,8 +8,7 @@ import Testing
 /// miss a timing (a look, like any thread, can wait for a core); the bounds are
 /// the promises', not guesses of machine speed.
 @Suite(
-    "Real conditions: first stalls, many detectors, run-loop passes (stall-probe, real time)", .onThreadsOfTheirOwn,
-    .serialized,
+    "Real conditions: first stalls, many detectors, run-loop passes (stall-probe, real time)", .serialized,
     .disabled(if: underThreadSanitizer, "real-time rates and bounds do not hold under ThreadSanitizer"))
 struct RealConditionTests {
     /// The promised rates for a detector's first stall: samples per second of

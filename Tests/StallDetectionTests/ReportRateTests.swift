@@ -17,7 +17,7 @@ import Testing
 let reportRateRuns = ProcessInfo.processInfo.environment["SAFETIMERS_RATE_RUNS"].flatMap { Int($0) } ?? 0
 
 @Suite(
-    "Report rates over many runs, beside two busy processes (SAFETIMERS_RATE_RUNS)", .onThreadsOfTheirOwn, .serialized,
+    "Report rates over many runs, beside two busy processes (SAFETIMERS_RATE_RUNS)", .serialized,
     .enabled(if: reportRateRuns > 0, "set SAFETIMERS_RATE_RUNS to the number of runs"),
     .disabled(if: underThreadSanitizer, "real-time rates do not hold under ThreadSanitizer"))
 struct ReportRateTests {

@@ -215,8 +215,7 @@ func samplerEdgeCaseSample(with context: SamplingContext, _ body: @escaping @Sen
 }
 
 @Suite(
-    "The sampler at its edges: descriptors, exiting threads, late libraries, odd stacks, phases", .onThreadsOfTheirOwn,
-    .serialized,
+    "The sampler at its edges: descriptors, exiting threads, late libraries, odd stacks, phases", .serialized,
     .disabled(
         if: underThreadSanitizer,
         "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))

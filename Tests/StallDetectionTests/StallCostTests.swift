@@ -5,7 +5,7 @@ extension StallDetectorIntegrationTests {
     /// What the detector costs, measured in the `stall-probe` helper. The bounds
     /// are for a release helper (CI's matrix step); a debug helper is only checked
     /// for the shape (the cache makes repeated stalls cheaper than the first).
-    @Suite("Cost (stall-probe, real time)", .onThreadsOfTheirOwn)
+    @Suite("Cost (stall-probe, real time)")
     struct Cost {
         @Test(
             "a repeated stall costs look-ups from sample to .started, not the first one's naming: the symbolication cache"

@@ -14,7 +14,7 @@ let underThreadSanitizer = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "__tsan
 /// way of run-loop scenarios). Bounds are the issue's: the `.started` event within
 /// threshold + one heartbeat of the block's start, the duration within 5 %.
 @Suite(
-    "StallDetector (child processes, real time)", .onThreadsOfTheirOwn, .serialized,
+    "StallDetector (child processes, real time)", .serialized,
     .disabled(if: underThreadSanitizer, "real-time bounds do not hold under ThreadSanitizer"))
 struct StallDetectorIntegrationTests {
     /// Threshold 250 ms, default heartbeat 25 ms.
@@ -251,7 +251,7 @@ struct StallDetectorIntegrationTests {
     }
 }
 
-@Suite("StallDetector (in process)", .onThreadsOfTheirOwn, .serialized)
+@Suite("StallDetector (in process)", .serialized)
 struct StallDetectorInProcessTests {
     @Test("stop() ends the event stream and leaves no detector thread behind")
     func stopCleansUp() async {

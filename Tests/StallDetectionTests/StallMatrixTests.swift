@@ -11,7 +11,7 @@ import Testing
 /// in `Sources/stall-probe/Matrix.swift`), reach the thread's start, and contain no
 /// uncertain frame; a stalled `usleep` must return 0 after its full time.
 extension StallDetectorIntegrationTests {
-    @Suite("Stall matrix (stall-probe, real time)", .onThreadsOfTheirOwn)
+    @Suite("Stall matrix (stall-probe, real time)")
     struct Matrix {
         /// A user frame the report must show: function name prefix and marker line.
         struct Expected: CustomStringConvertible {

@@ -273,8 +273,7 @@ private func unwindEdgeCaseSample(
 }
 
 @Suite(
-    "Unwinding a sample of the thread's own stack: frameless leaves, stale records, stubs, deep recursion",
-    .onThreadsOfTheirOwn, .serialized,
+    "Unwinding a sample of the thread's own stack: frameless leaves, stale records, stubs, deep recursion", .serialized,
     .disabled(
         if: underThreadSanitizer,
         "ThreadSanitizer defers signals and sits between the program and libc: samples are not what they test"))
