@@ -102,12 +102,7 @@ extension StallDetectorInProcessTests {
                 threshold: .milliseconds(100), heartbeat: .milliseconds(10),
                 onEvent: { event in handled.withLock { $0.append(event) } })
             let collector = StallDetectorInProcessTests.CustomTargetTests.Collector(detector)
-            detector.start()
-            usleep(50_000)
-            queue.async {
-                while !release.withLock({ $0 }) { usleep(1_000) }
-            }
-            await waitUntil { handled.withLock { $0.contains { $0.phase == .started } } }
+            await Self.blockUntilStarted(detector, queue: queue, after: 50_000, until: release, handled: handled)
             detector.stop()
             let atStop = handled.withLock { $0 }
             release.withLock { $0 = true }
@@ -166,12 +161,7 @@ extension StallDetectorInProcessTests {
                 })
             detectorBox.withLock { $0 = detector }
             let collector = StallDetectorInProcessTests.CustomTargetTests.Collector(detector)
-            detector.start()
-            usleep(30_000)
-            queue.async {
-                while !release.withLock({ $0 }) { usleep(1_000) }
-            }
-            await waitUntil { handled.withLock { $0.contains { $0.phase == .started } } }
+            await Self.blockUntilStarted(detector, queue: queue, after: 30_000, until: release, handled: handled)
             let returned = DispatchSemaphore(value: 0)
             Thread {
                 detector.stop()
@@ -188,6 +178,21 @@ extension StallDetectorInProcessTests {
             detectorBox.withLock { $0 = nil }
         }
 
+        /// Starts `detector`, blocks `queue` after `microseconds` until `release`
+        /// is set, and waits until the handler (recording into `handled`) got the
+        /// stall's `.started`.
+        static func blockUntilStarted(
+            _ detector: StallDetector, queue: DispatchQueue, after microseconds: UInt32, until release: Locked<Bool>,
+            handled: Locked<[StallEvent]>
+        ) async {
+            detector.start()
+            usleep(microseconds)
+            queue.async {
+                while !release.withLock({ $0 }) { usleep(1_000) }
+            }
+            await waitUntil { handled.withLock { $0.contains { $0.phase == .started } } }
+        }
+
         /// A queue blocked until a stall is reported, then `stop()` from two
         /// threads released together: what the handler had got when each
         /// returned, all it got, and the stream.
@@ -199,12 +204,7 @@ extension StallDetectorInProcessTests {
                 target: .queue(queue), threshold: .milliseconds(30), heartbeat: .milliseconds(5),
                 onEvent: { event in handled.withLock { $0.append(event) } })
             let collector = StallDetectorInProcessTests.CustomTargetTests.Collector(detector)
-            detector.start()
-            usleep(30_000)
-            queue.async {
-                while !release.withLock({ $0 }) { usleep(1_000) }
-            }
-            await waitUntil { handled.withLock { $0.contains { $0.phase == .started } } }
+            await Self.blockUntilStarted(detector, queue: queue, after: 30_000, until: release, handled: handled)
             let go = Locked(false)
             let atReturns = Locked<[[StallEvent]]>([])
             let stops = DispatchGroup()
