@@ -163,6 +163,8 @@ struct DegradedEnvironmentTests {
         #expect(run.started.count == 1, "one stall staged, \(run.started.count) reported: \(run.lines.suffix(6))")
         #expect(run.ended.count == 1, "\(run.lines.suffix(6))")
         #expect(run.started.first?.report.contains("degradedSleep(") == true, "\(run.started.first?.report ?? "")")
+        // Names read ahead on the library's own thread, not on a dispatch worker.
+        #expect(run.value("AHEAD") == [1], "\(run.lines.suffix(5))")
         let stop = run.value("STOP").first ?? .infinity
         #expect(stop < 1_000, "stop() took \(stop) ms: \(run.lines.suffix(4))")
         // Its threads (and the stop witness's) end with the stop.

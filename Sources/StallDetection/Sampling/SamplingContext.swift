@@ -69,12 +69,12 @@ final class SamplingContext: @unchecked Sendable {
         SwiftTaskLayout.locate()
     }
 
-    /// Starts loading symbols (once per process) on a thread of its own:
-    /// loading them takes hundreds of milliseconds of CPU in a debug build, and
-    /// the detector's thread that calls this must stay free for its looks.
+    /// Starts loading symbols (once per process) on a thread of its own
+    /// (``Symbolicator/warmUpAhead()``): loading them takes hundreds of
+    /// milliseconds of CPU in a debug build, and the detector's thread that
+    /// calls this must stay free for its looks.
     func warmUpSymbols() {
-        let symbolicator = self.symbolicator
-        DispatchQueue.global(qos: .utility).async { DetectorThreads.work { symbolicator.warmUp() } }
+        symbolicator.warmUpAhead()
     }
 
     private func prepared() -> StackSampler {

@@ -47,6 +47,9 @@ final class Symbolicator: Sendable {
 
     func warmUp() {}
 
+    /// Nothing to load ahead of time here.
+    func warmUpAhead() {}
+
     var cachedCount: Int { cache.withLock { $0.count } }
 
     /// No image list is read on these platforms: a pprof export's mappings carry

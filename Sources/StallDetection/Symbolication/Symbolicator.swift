@@ -1,4 +1,5 @@
 import Dispatch
+import Synchronization
 
 #if os(Linux)
 // The toolchain's `Runtime` module: built for Linux and macOS only, and on macOS
@@ -258,8 +259,26 @@ final class Symbolicator: Sendable {
             isUncertain: false)
     }
 
-    /// Names `raw`'s addresses not named yet, in full, on a utility-priority
-    /// worker (then the symbolication thread), and returns at once: a stall's
+    /// Where ``warmUp()`` and ``prefetch(_:)`` run, for every detector of the
+    /// process: a thread of its own (`StallSymbolsPre`), started with work and
+    /// ended after 2 s without any. Not a dispatch worker: a program whose
+    /// queues hold every dispatch worker would never run them, and its stalls'
+    /// names would be read only when a report needs them.
+    private static let namingAhead = DetectorWorker(name: "StallSymbolsPre")
+
+    /// Whether a prefetch is waiting on ``namingAhead`` and has not begun: a
+    /// later one is dropped meanwhile (a long stall asks again at every sample
+    /// while its names are not cached yet; at most one waits).
+    private let prefetchWaiting = Atomic<Bool>(false)
+
+    /// Starts ``warmUp()`` on the process's naming-ahead thread and returns at
+    /// once.
+    func warmUpAhead() {
+        Self.namingAhead.async { [self] in DetectorThreads.work { warmUp() } }
+    }
+
+    /// Names `raw`'s addresses not named yet, in full, on the process's
+    /// naming-ahead thread (then the symbolication thread), and returns at once: a stall's
     /// first samples are named while it lasts, before its `.started` report needs
     /// the same functions, so that the report is not held up by reading debug
     /// information for the first time. Unique addresses only; nothing is done
@@ -274,9 +293,13 @@ final class Symbolicator: Sendable {
             Key(address: $0.element.address, isReturnAddress: $0.element.isReturnAddress(at: $0.offset))
         }
         guard state.withLock({ state in keys.contains { state.cache[$0] == nil } }) else { return }
+        guard !prefetchWaiting.exchange(true, ordering: .acquiringAndReleasing) else { return }
         // A detector's work: a search for a blocked thread never takes this
-        // worker (its stack may hold a watched queue's address).
-        DispatchQueue.global(qos: .utility).async { [self] in DetectorThreads.work { _ = symbolicate(raw) } }
+        // thread (its stack may hold a watched queue's address).
+        Self.namingAhead.async { [self] in
+            prefetchWaiting.store(false, ordering: .releasing)
+            DetectorThreads.work { _ = symbolicate(raw) }
+        }
     }
 
     /// The names of the functions at `keys`, without inlined frames or source
