@@ -30,8 +30,8 @@ import Synchronization
 ///
 /// Every decision is the ``DetectorMachine``'s, made under `state`'s lock with the
 /// time it concerns and the facts read before it (the witness, `/proc`, samples);
-/// this class only arms the timers it asks for. Sampling, symbolication, timers'
-/// cancels and event delivery happen after the lock is released.
+/// this class only carries out its plans. Timers (armed, moved, cancelled),
+/// sampling, symbolication and event delivery happen after the lock is released.
 final class DetectorCore: Sendable, HeartbeatMember {
     let threshold: Duration
     let heartbeat: Duration
@@ -116,6 +116,10 @@ final class DetectorCore: Sendable, HeartbeatMember {
         /// tells a current firing from a stale one.
         var look: DelayedWork?
         var lookGeneration: UInt64 = 0
+        /// The generation of a look decided under the lock and armed after it,
+        /// until it is kept in `look` (or found stale): a look counts as armed
+        /// meanwhile.
+        var lookArming: UInt64?
         var lookTimeout: Int64 = 0
         /// When the current look is due, and how long after its due time the
         /// last look ran (the detector's threads waited for a core).
@@ -204,17 +208,18 @@ final class DetectorCore: Sendable, HeartbeatMember {
         // Started from the main run loop's own pass (an app's launch): that pass
         // is busy now, and the observer sees its end, not its start.
         let inRunLoopPass = observer != nil && RunLoopObserverHandle.isInMainRunLoopPass
-        let watching = state.withLock { state -> Bool in
+        let watching = state.withLock { state -> LookChange? in
             guard
                 let plan = state.machine.watch(
                     from: now, inRunLoopPass: inRunLoopPass, cpu: cpu, gridStart: heartbeat?.origin)
-            else { return false }
+            else { return nil }
             state.observer = observer
             state.heartbeat = heartbeat
-            _ = apply(plan, &state)  // nothing was armed before
-            return true
+            return apply(plan, &state)  // nothing was armed before
         }
-        if !watching {
+        if let watching {
+            carryOut(watching)
+        } else {
             observer?.remove()
             heartbeat?.leave(self)
         }
@@ -246,7 +251,8 @@ final class DetectorCore: Sendable, HeartbeatMember {
         defer { stopping.leave() }
         let now = Monotonic.now()
         let taken = state.withLock { state in
-            (state.heartbeat.take(), state.look.take(), state.observer.take(), state.machine.stop(at: now))
+            state.lookGeneration &+= 1  // a look armed after its lock is not kept
+            return (state.heartbeat.take(), state.look.take(), state.observer.take(), state.machine.stop(at: now))
         }
         let (heartbeat, look, observer, (wasRunning, cutShort)) = taken
         heartbeat?.leave(self)
@@ -288,15 +294,16 @@ final class DetectorCore: Sendable, HeartbeatMember {
         // not from the beat: the beat's other members, and this thread's waits for
         // a core, come between the two, and a block that starts meanwhile is
         // ahead of the probe.
-        let planned = state.withLock { state -> (DetectorMachine.BeatPlan, Int64?)? in
+        let planned = state.withLock { state -> (DetectorMachine.BeatPlan, LookChange, Int64?)? in
+            let armed = state.look != nil || state.lookArming != nil
             guard
-                let plan = state.machine.beat(
-                    at: beat.time, next: beat.next, cpu: beat.cpu, lookArmed: state.look != nil)
+                let plan = state.machine.beat(at: beat.time, next: beat.next, cpu: beat.cpu, lookArmed: armed)
             else { return nil }
-            _ = apply(plan.look, &state)  // `.keep`, or `.arm` with no look armed
-            return (plan, state.machine.lateCountedFrom)
+            // `.keep`, or `.arm` with no look armed.
+            return (plan, apply(plan.look, &state), state.machine.lateCountedFrom)
         }
-        guard let (plan, lateCountedFrom) = planned else { return }
+        guard let (plan, change, lateCountedFrom) = planned else { return }
+        carryOut(change)
         if plan.post { postProbe() }
         if let (threads, owedSince) = plan.readSchedules {
             let read = threads.compactMap { thread in ProcessFacts.schedule(ofThread: thread).map { (thread, $0) } }
@@ -374,39 +381,77 @@ final class DetectorCore: Sendable, HeartbeatMember {
         record(answerAt: time, answer: answer)
     }
 
-    /// Carries out the machine's plan for the look. Returns the look it replaced,
-    /// to be cancelled after the lock.
-    private func apply(_ plan: DetectorMachine.LookPlan, _ state: inout State) -> DelayedWork? {
+    /// What the machine's plan for the look leaves to do once the lock is
+    /// released: no timer is armed, moved or cancelled under it (each takes
+    /// the engine's locks, and the target's answer waits for this lock).
+    private struct LookChange {
+        /// A look to arm, of this generation, due in `timeout` nanoseconds.
+        var arm: (generation: UInt64, timeout: Int64)?
+        /// The armed look, to move to `timeout` from now.
+        var move: (look: DelayedWork, generation: UInt64, timeout: Int64)?
+        /// The look a new one replaced or the plan dropped, to cancel.
+        var replaced: DelayedWork?
+    }
+
+    /// Records the machine's plan for the look under the lock (the generation
+    /// that tells a current firing from a stale one, when the look is due);
+    /// ``carryOut(_:onDetectorThread:)`` acts on it after the lock.
+    private func apply(_ plan: DetectorMachine.LookPlan, _ state: inout State) -> LookChange {
         switch plan {
         case .keep:
-            return nil
+            return LookChange()
         case .drop:
             state.lookGeneration &+= 1  // a firing already under way finds itself stale
-            return state.look.take()
+            return LookChange(replaced: state.look.take())
         case .move(let timeout):
-            if let current = state.look, state.lookTimeout == timeout, current.reschedule(after: .nanoseconds(timeout))
-            {
-                state.lookDue = Monotonic.now() + timeout
-                return nil
-            }
-            return arm(timeout: timeout, &state)
+            guard let current = state.look, state.lookTimeout == timeout else { return prepareArm(timeout, &state) }
+            state.lookDue = Monotonic.now() + timeout
+            return LookChange(move: (current, state.lookGeneration, timeout))
         case .arm(let timeout):
-            return arm(timeout: timeout, &state)
+            return prepareArm(timeout, &state)
         }
     }
 
-    private func arm(timeout: Int64, _ state: inout State) -> DelayedWork? {
+    /// A new look: a new generation, and the current look replaced.
+    private func prepareArm(_ timeout: Int64, _ state: inout State) -> LookChange {
         state.lookGeneration &+= 1
         state.lookTimeout = timeout
         state.lookDue = Monotonic.now() + timeout
-        let generation = state.lookGeneration
+        state.lookArming = state.lookGeneration
+        return LookChange(arm: (state.lookGeneration, timeout), replaced: state.look.take())
+    }
+
+    /// Carries out a ``LookChange`` with no lock held. A replaced look is
+    /// cancelled on the detector's thread (at once when called there). A look
+    /// that cannot move (it fired meanwhile) is replaced by a new one, unless a
+    /// later plan came first.
+    private func carryOut(_ change: LookChange, onDetectorThread: Bool = false) {
+        if onDetectorThread { _ = change.replaced?.cancel() } else { releaseOnDetectorThread(change.replaced) }
+        if let move = change.move, !move.look.reschedule(after: .nanoseconds(move.timeout)) {
+            let rearm = state.withLock { state -> LookChange in
+                guard state.lookGeneration == move.generation, state.look === move.look else { return LookChange() }
+                return prepareArm(move.timeout, &state)
+            }
+            carryOut(rearm, onDetectorThread: onDetectorThread)
+        }
+        if let arm = change.arm { armLook(generation: arm.generation, timeout: arm.timeout) }
+    }
+
+    /// Arms the look of `generation`, then keeps it unless a later plan (or
+    /// ``stop()``) made it stale meanwhile; a stale one is cancelled without
+    /// waiting (a firing finds itself stale and returns).
+    private func armLook(generation: UInt64, timeout: Int64) {
         let look = DelayedWork.schedule(after: .nanoseconds(timeout), executor: detectorThread, scheduler: scheduler) {
             [weak self] in
             DetectorThreads.work { self?.look(generation: generation) }
         }
-        let replaced = state.look
-        state.look = look
-        return replaced
+        let kept = state.withLock { state -> Bool in
+            if state.lookArming == generation { state.lookArming = nil }
+            guard state.lookGeneration == generation else { return false }
+            state.look = look
+            return true
+        }
+        if !kept { _ = look.cancelWithoutWaiting() }
     }
 
     /// Cancels a replaced look on the detector's thread: a cancel waits for a
@@ -440,7 +485,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         // on it), and its age.
         let schedule = late ? ProcessFacts.schedule(ofThread: nil) : nil
         let threadAge = late ? ProcessFacts.age(ofThread: nil) : nil
-        let step = state.withLock { state -> (DetectorMachine.Step, DelayedWork?)? in
+        let step = state.withLock { state -> (DetectorMachine.Step, LookChange)? in
             defer { state.machine.releaseProbeSlot() }
             guard
                 let step = state.machine.answered(
@@ -453,8 +498,8 @@ final class DetectorCore: Sendable, HeartbeatMember {
             if step.outcome != nil { state.concluding += 1 }
             return (step, apply(step.look, &state))
         }
-        guard let (step, replaced) = step else { return }
-        releaseOnDetectorThread(replaced)
+        guard let (step, change) = step else { return }
+        carryOut(change)
         profiler.targetAnswered(at: time)
         let gathered = step.settled ? profiler.end(until: time) : nil
         if let outcome = step.outcome { conclude(outcome, gathered: gathered) }
@@ -463,14 +508,14 @@ final class DetectorCore: Sendable, HeartbeatMember {
     }
 
     private func record(activityAt time: Int64, idle: Bool) {
-        let step = state.withLock { state -> (DetectorMachine.Step, DelayedWork?)? in
+        let step = state.withLock { state -> (DetectorMachine.Step, LookChange)? in
             guard let step = state.machine.activity(at: time, idle: idle) else { return nil }
             if let lag = step.lag { state.lag.record(lag) }
             if step.outcome != nil { state.concluding += 1 }
             return (step, apply(step.look, &state))
         }
-        guard let (step, replaced) = step else { return }
-        releaseOnDetectorThread(replaced)
+        guard let (step, change) = step else { return }
+        carryOut(change)
         profiler.targetAnswered(at: time)
         let gathered = step.settled ? profiler.end(until: time) : nil
         if idle { profiler.idle() } else { profiler.answered() }
@@ -575,18 +620,18 @@ final class DetectorCore: Sendable, HeartbeatMember {
         let current = state.withLock { $0.lookGeneration == generation ? $0.machine.lastContinueSeen : nil }
         guard let since = current else { return }
         let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
-        let (look, replaced) = state.withLock { state -> (DetectorMachine.Look, DelayedWork?) in
-            guard generation == state.lookGeneration else { return (.nothing, nil) }
+        let (look, change) = state.withLock { state -> (DetectorMachine.Look, LookChange) in
+            guard generation == state.lookGeneration else { return (.nothing, LookChange()) }
             state.lastLookWaited = max(0, now - state.lookDue)
             let (look, plan) = state.machine.look(now: now, continued: continued, answering: answers.any)
             return (look, apply(plan, &state))
         }
-        // The replaced look is cancelled here, on the detector's thread, after the lock
-        // (the one running now, this one, returns at once).
         if SamplingTrace.isEnabled && look != .nothing {
             SamplingTrace.probe("look", at: now, late: state.withLock { $0.lastLookWaited })
         }
-        _ = replaced?.cancel()
+        // The replaced look is cancelled here, on the detector's thread (the one
+        // running now, this one, returns at once).
+        carryOut(change, onDetectorThread: true)
         switch look {
         case .nothing: return
         case .stallGoesOn: profiler.refreshFatalReport(now: now)
