@@ -398,7 +398,9 @@ extension StallDetectorInProcessTests {
                 target: .custom(name: "loop") { _ in }, lastAnswering: tid.withLock { $0 }, queue: nil,
                 candidatesOnly: false)
             let sample = context.named(search, awaitsInFull: false).backtrace
-            let confirmed = StallDetector.Target.custom(name: "loop") { _ in }.isConfirmed(by: sample)
+            let confirmed = DetectorMachine.confirms(
+                .custom(name: "loop") { _ in }, by: sample,
+                runnable: ThreadState.letter(thread: tid.withLock { $0 }) == "R")
             condition.lock()
             released.withLock { $0 = true }
             condition.signal()
@@ -434,7 +436,9 @@ extension StallDetectorInProcessTests {
             }
             let context = SamplingContext()
             let sample = context.backtrace(of: tid.withLock { $0 })
-            let confirmed = StallDetector.Target.custom(name: "loop") { _ in }.isConfirmed(by: sample)
+            let confirmed = DetectorMachine.confirms(
+                .custom(name: "loop") { _ in }, by: sample,
+                runnable: ThreadState.letter(thread: tid.withLock { $0 }) == "R")
             let idle = SamplingContext.isIdle(sample, thread: tid.withLock { $0 })
             var one: UInt64 = 1
             _ = write(wake, &one, 8)

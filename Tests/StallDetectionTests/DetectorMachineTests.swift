@@ -343,6 +343,27 @@ struct DetectorMachineTests {
                 duration: duration, threshold: threshold, processRan: true, sampled: true, waitedForCore: waited))
     }
 
+    @Test("a missed stall's verdict: a stop meanwhile first, then a debugger, then the evidence")
+    func missedVerdictOrder() {
+        func verdict(
+            continued: Int64? = nil, debugged: Bool = false, processRan: Bool = true, waited: Int64? = nil
+        ) -> DetectorMachine.MissedVerdict {
+            DetectorMachine.missedVerdict(
+                duration: 300 * ms, now: 1_000 * ms, threshold: threshold, continued: continued, debugged: debugged,
+                processRan: processRan, sampled: false, waitedForCore: waited)
+        }
+        #expect(verdict() == .reported)
+        // A continue after the stall began: the time was the stop's.
+        #expect(verdict(continued: 700 * ms, debugged: true) == .stopped)
+        #expect(verdict(continued: 900 * ms, processRan: false) == .stopped)
+        // One before it began concerns an earlier stop.
+        #expect(verdict(continued: 699 * ms) == .reported)
+        #expect(verdict(continued: 699 * ms, debugged: true, processRan: false) == .debugged)
+        #expect(verdict(processRan: false) == .noEvidence)
+        #expect(verdict(waited: 270 * ms) == .waitedForCore)
+        #expect(verdict(processRan: false, waited: 4 * ms) == .reported)
+    }
+
     @Test("a loop asleep in its own job, never sampled, the process idle: a stall all the same")
     func asleepInItsJob() throws {
         var machine = try awaitingLateAnswer()

@@ -1,3 +1,4 @@
+import Dispatch
 import Testing
 
 @testable import StallDetection
@@ -170,10 +171,11 @@ struct StackHandlingTests {
         #expect(!SamplingContext.isWokenWaiter(spinning, runnable: true), "running its own code")
         #expect(!SamplingContext.isWokenWaiter(deepInJob, runnable: true), "the wait is not the innermost call")
         let loop = StallDetector.Target.custom(name: "loop") { _ in }
-        #expect(!loop.isConfirmed(by: parked, signalled: true, state: { _ in "S" }), "signalled: it was runnable")
-        #expect(!loop.isConfirmed(by: parked, signalled: false, state: { _ in "R" }), "runnable after the sample")
-        #expect(loop.isConfirmed(by: parked, signalled: false, state: { _ in "S" }), "asleep throughout")
-        #expect(loop.isConfirmed(by: spinning, signalled: true, state: { _ in "R" }))
+        // Runnable: signalled by the sampler, or in state R after the sample.
+        #expect(!DetectorMachine.confirms(loop, by: parked, runnable: true), "woken from its wait, not run since")
+        #expect(DetectorMachine.confirms(loop, by: parked, runnable: false), "asleep throughout")
+        #expect(DetectorMachine.confirms(loop, by: spinning, runnable: true))
+        #expect(DetectorMachine.confirms(.queue(DispatchQueue(label: "q")), by: spinning, runnable: true) == false)
     }
 
     @Test("the compact backtrace encoding uses the shortest sign-extended deltas")

@@ -543,25 +543,20 @@ final class DetectorCore: Sendable, HeartbeatMember {
                     profile: (profile, activities))
             ])
         case .missed(let id, let duration, let since, let processRan, let waitedForCore):
-            // Not a stall if the process was stopped meanwhile (the witness may
-            // need a moment to record the continue), nor while debugged.
+            // The facts the machine weighs: whether the process was stopped
+            // meanwhile (the witness may need a moment to record the continue),
+            // a debugger, and evidence that the target ran its own code (its
+            // thread's wait for a core, a sample of its job, the process's CPU
+            // time): a process that did not get the CPU at all, or a target that
+            // was idle but waited for a core to answer, answers late too.
             let now = Monotonic.now()
             let continued = StopWitness.latestContinue(after: since, waitingAtMost: min(thresholdTicks, 500_000_000))
-            guard continued.map({ $0 < now - duration }) ?? true else {
-                return traceMissed(duration, "stopped")
-            }
-            guard reportsWhileDebugged || !isTraced() else { return traceMissed(duration, "debugged") }
-            // Only with evidence that the target ran its own code meanwhile (its
-            // thread's wait for a core, a sample of the thread running its job,
-            // or the process's CPU time): a process that did not get the CPU at
-            // all (stopped, or starved), or a target that was idle but waited for
-            // a core to answer, answers late too.
             let sample = lastSample(gathered)
-            guard
-                DetectorMachine.missedIsStall(
-                    duration: duration, threshold: thresholdTicks, processRan: processRan, sampled: sample != nil,
-                    waitedForCore: waitedForCore)
-            else { return traceMissed(duration, waitedForCore == nil ? "no-evidence" : "waited-for-core") }
+            let verdict = DetectorMachine.missedVerdict(
+                duration: duration, now: now, threshold: thresholdTicks, continued: continued,
+                debugged: !reportsWhileDebugged && isTraced(), processRan: processRan, sampled: sample != nil,
+                waitedForCore: waitedForCore)
+            guard verdict == .reported else { return traceMissed(duration, verdict.rawValue) }
             let backtrace =
                 sample ?? (processRan || waitedForCore == nil ? Self.unsampledMissedStall : Self.unsampledAsleep)
             traceMissed(duration, "reported")
@@ -639,6 +634,15 @@ final class DetectorCore: Sendable, HeartbeatMember {
         }
     }
 
+    /// Whether the sampled thread could run when sampled: the sampler signalled
+    /// it (as it does a runnable thread), or it is runnable now. Read only
+    /// where the confirmation rule asks (a custom executor's thread).
+    private func sampledThreadRunnable(_ sample: StallBacktrace, _ signalled: Bool) -> Bool {
+        guard !signalled else { return true }
+        guard case .custom = target else { return false }
+        return ThreadState.letter(thread: Int32(truncatingIfNeeded: sample.threadID ?? 0)) == "R"
+    }
+
     /// The thread that answered last, as a look that found no job sees it.
     private func executorThread(_ thread: Int32) -> DetectorMachine.ExecutorThread? {
         guard let schedule = ProcessFacts.schedule(ofThread: thread), let runnable = ProcessFacts.isRunnable(thread)
@@ -680,7 +684,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
         // A heartbeat target's stall is confirmed by a thread running a job (or by a
         // second look, unless the executor's thread only waited for a core since
         // the first); the main run loop's culprit is the main thread by definition.
-        let jobSeen = suppressed || !target.usesHeartbeat || target.isConfirmed(by: reported, signalled: signalled)
+        let jobSeen =
+            suppressed || !target.usesHeartbeat
+            || DetectorMachine.confirms(target, by: reported, runnable: sampledThreadRunnable(reported, signalled))
         let executor = jobSeen ? nil : lastAnswering.flatMap(executorThread)
         let (report, settled, endedAt) = state.withLock { state in
             let confirmed = jobSeen || state.machine.confirmsWithoutJob(decision, executor: executor)
@@ -776,29 +782,4 @@ extension StallDetector.Target {
         return true
     }
 
-    /// Whether a first sample confirms a heartbeat target's stall at once: a
-    /// dispatch queue's by a thread running a job; a custom executor's by the
-    /// thread that last ran a probe doing anything but waiting for work: neither
-    /// parked, nor woken from a wait and not run since (`signalled`: the sampler
-    /// signalled it, as it does a runnable thread; `state` reads its state
-    /// letter after the sample).
-    func isConfirmed(
-        by sample: StallBacktrace, signalled: Bool = false,
-        state: (Int32) -> Character? = { ThreadState.letter(thread: $0) }
-    ) -> Bool {
-        switch self {
-        case .cooperativePool:
-            sample.unavailableReason == nil && StackShape.holdsPoolThread(sample.frames)
-        case .custom:
-            sample.unavailableReason == nil && isBusy(sample, signalled: signalled, state: state)
-        default:
-            StackShape.runsJob(sample.frames)
-        }
-    }
-
-    private func isBusy(_ sample: StallBacktrace, signalled: Bool, state: (Int32) -> Character?) -> Bool {
-        let thread = Int32(truncatingIfNeeded: sample.threadID ?? 0)
-        return !SamplingContext.isIdle(sample, thread: thread)
-            && !SamplingContext.isWokenWaiter(sample, runnable: signalled || state(thread) == "R")
-    }
 }

@@ -348,6 +348,61 @@ struct DetectorMachine: Sendable {
         }
     }
 
+    /// Whether a first sample confirms a heartbeat target's stall at once: a
+    /// dispatch queue's by a thread running a job; the cooperative pool's by a
+    /// pool thread held in a job; a custom executor's by the thread that last
+    /// ran a probe doing anything but waiting for work: neither parked, nor
+    /// woken from a wait and not run since (`runnable`: it could run when
+    /// sampled, see ``SamplingContext/isWokenWaiter(_:runnable:)``).
+    static func confirms(_ target: StallDetector.Target, by sample: StallBacktrace, runnable: Bool) -> Bool {
+        switch target {
+        case .cooperativePool:
+            return sample.unavailableReason == nil && StackShape.holdsPoolThread(sample.frames)
+        case .custom:
+            let thread = Int32(truncatingIfNeeded: sample.threadID ?? 0)
+            return sample.unavailableReason == nil && !SamplingContext.isIdle(sample, thread: thread)
+                && !SamplingContext.isWokenWaiter(sample, runnable: runnable)
+        default:
+            return StackShape.runsJob(sample.frames)
+        }
+    }
+
+    /// What becomes of a stall no look confirmed (``Outcome/missed``), weighed
+    /// with what was read once it had ended.
+    enum MissedVerdict: String, Sendable {
+        /// The process was stopped meanwhile (a continue came after it began).
+        case stopped
+        /// A debugger is attached and such stalls are not reported.
+        case debugged
+        /// Nothing shows that the target ran its own code meanwhile.
+        case noEvidence = "no-evidence"
+        /// The answering thread waited for a core for most of it.
+        case waitedForCore = "waited-for-core"
+        /// A stall: reported (`.started` and `.ended` at once).
+        case reported
+    }
+
+    /// The verdict on a stall no look confirmed, `duration` long and ended at
+    /// `now`: `continued` is the latest continue the stop witness saw since it
+    /// began (nil: none), `debugged` whether a debugger is attached while such
+    /// stalls are not reported; the rest as for
+    /// ``missedIsStall(duration:threshold:processRan:sampled:waitedForCore:)``.
+    /// A stop comes first (its time is no stall of the target's), then the
+    /// debugger, then the evidence.
+    static func missedVerdict(
+        duration: Int64, now: Int64, threshold: Int64, continued: Int64?, debugged: Bool, processRan: Bool,
+        sampled: Bool, waitedForCore: Int64?
+    ) -> MissedVerdict {
+        if let continued, continued >= now - duration { return .stopped }
+        if debugged { return .debugged }
+        guard
+            missedIsStall(
+                duration: duration, threshold: threshold, processRan: processRan, sampled: sampled,
+                waitedForCore: waitedForCore)
+        else { return waitedForCore == nil ? .noEvidence : .waitedForCore }
+        return .reported
+    }
+
     /// Whether a stall no look confirmed is reported: with a known wait for a
     /// core, when the thread was held up by its own work (the stall less that
     /// wait) for at least the threshold, sampled or not; otherwise when a
