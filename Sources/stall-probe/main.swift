@@ -300,6 +300,9 @@ case "async-chain":
     let target = arguments.dropFirst().first ?? "queue"
     runAsyncChain(target: target, depth: arguments.dropFirst(2).first.flatMap { Int($0) } ?? 1)
 
+case "stop-at-stall-end":
+    runStopAtStallEnd(seconds: number, lanes: arguments.dropFirst(2).first.flatMap { Int($0) } ?? 4)
+
 case _ where degradedScenarios.contains(scenario):
     runDegradedScenario(scenario, number)
 

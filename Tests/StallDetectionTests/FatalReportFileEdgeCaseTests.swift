@@ -574,7 +574,14 @@ struct FatalReportFileEdgeCaseTests {
         let err = Pipe()
         process.standardOutput = out
         process.standardError = err
-        try? process.run()
+        do {
+            try process.run()
+        } catch {
+            // Never read the pipes of a process that did not start: their write
+            // ends are still open here, and the read would wait forever.
+            Issue.record("could not run \(binary) (built by `swift build`): \(error)")
+            return (-1, false, "", "")
+        }
         let outData = out.fileHandleForReading.readDataToEndOfFile()
         let errData = err.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()

@@ -236,6 +236,20 @@ struct StallDetectorIntegrationTests {
         }
     }
 
+    @Test("stop() the moment a reported stall ends, in 4 threads for 8 s: every .started has its .ended")
+    func stopAsTheStallEnds() throws {
+        // Each cycle: a detector (threshold 50 ms) whose queue is blocked 90 ms,
+        // stopped as soon as the block returns, while the probe's answer ends
+        // the stall. Before the fix, 6–8 % of the stalls lost their `.ended`.
+        let run = try ProbeRun.run(["stop-at-stall-end", "8", "4"])
+        let counts = run.value("STOPRACE")
+        try #require(counts.count == 3, "no result: \(run.lines.suffix(3))")
+        let (cycles, started, lost) = (counts[0], counts[1], counts[2])
+        #expect(lost == 0, "\(Int(lost)) of \(Int(started)) reported stalls lost their .ended (\(Int(cycles)) cycles)")
+        // Not vacuous: the race needs stalls reported before they end.
+        #expect(started >= 20, "only \(Int(started)) of \(Int(cycles)) cycles had a .started")
+    }
+
     /// Whether every stall of a recall run was reported once, within 5 % of its length.
     /// Fails unless each of the 20 stalls was reported, started and ended, once.
     static func requireEveryStallOnce(_ run: ProbeRun) throws {

@@ -3,6 +3,12 @@ import Dispatch
 import SafeTimers
 import Synchronization
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// The engine of a ``StallDetector``. It runs on SafeTimers' engine and on
 /// threads of its own (``DetectorWorker``s, each started with work and ended
 /// after an idle while), never on a dispatch worker: a program whose queues
@@ -258,6 +264,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         heartbeat?.leave(self)
         look?.cancel()
         observer?.remove()
+        waitForConcluded()
         let gathered = cutShort == nil ? nil : profiler.end()
         profiler.stop()
         if wasRunning {
@@ -271,6 +278,20 @@ final class DetectorCore: Sendable, HeartbeatMember {
         detectorThread.finish()
         postThread.finish()
         outlet.finish()
+    }
+
+    /// Waits until every outcome the target's answer concluded before the stop
+    /// has been emitted (`State.concluding`): the answer's thread decides a
+    /// stall's `.ended` under the lock and hands it to the detector's thread
+    /// after it, and a stop in between found no stall to cut short and would
+    /// finish the outlet first: the `.ended` of a reported stall would be
+    /// lost. The hand-over takes microseconds; nothing it does waits for
+    /// `stop()`.
+    private func waitForConcluded() {
+        while state.withLock({ $0.concluding > 0 }) {
+            detectorThread.sync {}
+            if state.withLock({ $0.concluding > 0 }) { usleep(100) }
+        }
     }
 
     /// Publishes the `.ended` event of a stall that ``stop()`` cut short.

@@ -294,12 +294,16 @@ public final class StallDetector: Sendable {
     /// `.ended` event marked ``StallEvent/endedByStop``, its duration the time
     /// the target had been blocked until the stop, is the last event of
     /// ``events``, and the `onEvent` handler is called with it before this
-    /// returns (unless this is called from that handler). A stall not reported
-    /// yet (being sampled) ends with nothing, as it began with nothing.
+    /// returns (unless this is called from that handler). A stall that ended
+    /// just before the stop (its target answered) gets its own `.ended`, also
+    /// before this returns. A stall not reported yet (being sampled) ends with
+    /// nothing, as it began with nothing.
     ///
     /// It waits for a look or a sample under way and for the handler's call
     /// under way: usually under a millisecond; measured up to about 100 ms in
-    /// release with 64 detectors sampling stalls at once. Called from several
+    /// release with 64 detectors sampling stalls at once, and about 200 ms
+    /// during a process's first stall sample (its names read for the first
+    /// time). Called from several
     /// threads at once, every call returns after that last event; called from
     /// the handler while another call waits for it, it returns at once.
     public func stop() { core.stop() }
