@@ -286,8 +286,10 @@ final class DetectorCore: Sendable, HeartbeatMember {
     /// after it, and a stop in between found no stall to cut short and would
     /// finish the outlet first: the `.ended` of a reported stall would be
     /// lost. The hand-over takes microseconds; nothing it does waits for
-    /// `stop()`.
+    /// `stop()`. (On the detector's own thread, where the emission queues
+    /// behind the caller, nothing can be waited for.)
     private func waitForConcluded() {
+        guard !detectorThread.isCurrent else { return }
         while state.withLock({ $0.concluding > 0 }) {
             detectorThread.sync {}
             if state.withLock({ $0.concluding > 0 }) { usleep(100) }
