@@ -486,13 +486,12 @@ final class DetectorCore: Sendable, HeartbeatMember {
         detectorThread.async { _ = work.cancel() }
     }
 
-    /// Starts the symbol warm-up once (from the detector's thread, the context's
-    /// own; the warm-up itself runs on a thread of its own).
+    /// Starts the symbol warm-up once, on the process's naming-ahead thread
+    /// (``Symbolicator/warmUpAhead()``): only an enqueue here.
     private func warmUpOnce() {
         guard !warmUpStarted.load(ordering: .relaxed), !warmUpStarted.exchange(true, ordering: .acquiringAndReleasing)
         else { return }
-        let sampling = self.sampling
-        detectorThread.async { sampling.warmUpSymbols() }
+        Symbolicator.shared.warmUpAhead()
     }
 
     // MARK: Facts from the target

@@ -69,14 +69,6 @@ final class SamplingContext: @unchecked Sendable {
         SwiftTaskLayout.locate()
     }
 
-    /// Starts loading symbols (once per process) on a thread of its own
-    /// (``Symbolicator/warmUpAhead()``): loading them takes hundreds of
-    /// milliseconds of CPU in a debug build, and the detector's thread that
-    /// calls this must stay free for its looks.
-    func warmUpSymbols() {
-        symbolicator.warmUpAhead()
-    }
-
     private func prepared() -> StackSampler {
         if let sampler { return sampler }
         installError = StackSampler.install()

@@ -272,7 +272,9 @@ final class Symbolicator: Sendable {
     private let prefetchWaiting = Atomic<Bool>(false)
 
     /// Starts ``warmUp()`` on the process's naming-ahead thread and returns at
-    /// once.
+    /// once: loading symbols takes hundreds of milliseconds of CPU in a debug
+    /// build, and neither the target's thread nor the detector's may wait for
+    /// it.
     func warmUpAhead() {
         Self.namingAhead.async { [self] in DetectorThreads.work { warmUp() } }
     }
