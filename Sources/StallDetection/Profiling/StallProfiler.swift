@@ -73,13 +73,6 @@ final class StallProfiler: Sendable {
         var session: Session?
         var pace = SamplingPace()
         var pending: DelayedWork?
-        /// Due when an answer is late enough to start sampling: armed by a
-        /// beat when it is due before the next one (heartbeat targets), pushed
-        /// back by every activity (the run loop).
-        var earlyLook: DelayedWork?
-        /// The last answer the early look counts from: it samples only if no
-        /// answer came after this one.
-        var earlyLookFor: Int64 = 0
         var stopped = false
         /// CPU time for work done once (naming new code, the first sample) that
         /// is not charged to the pace.
@@ -87,6 +80,24 @@ final class StallProfiler: Sendable {
     }
 
     private let state = Locked(State())
+
+    /// The early look, due when an answer is late enough to start sampling:
+    /// armed by a beat when it is due before the next one (heartbeat targets),
+    /// pushed back by every activity (the run loop).
+    private struct EarlyLook: Sendable {
+        var work: DelayedWork?
+        /// The last answer the early look counts from: it samples only if no
+        /// answer came after this one.
+        var countingFrom: Int64 = 0
+        var stopped = false
+    }
+
+    /// The early look's own lock, held while it is armed or moved (the engine's
+    /// locks, and for a new look an allocation): only the beat, the run loop's
+    /// activities, ``stop()`` and the look itself take it, never the target's
+    /// answer (``targetAnswered(at:)``, ``end(until:)``) or a sample, which
+    /// take `state`.
+    private let earlyLook = Locked(EarlyLook())
     /// Whether a session is open: read on every answer without the lock.
     private let active = Atomic<Bool>(false)
     /// When the target last answered (or its run loop moved on): a session that
@@ -164,9 +175,9 @@ final class StallProfiler: Sendable {
     func beat(now: Int64, next: Int64, notBefore: Int64? = nil) {
         let answered = max(lastAnswer.load(ordering: .sequentiallyConsistent), notBefore ?? .min)
         guard answered + lateAfter <= next else { return }
-        state.withLock { state in
-            guard !state.stopped, state.earlyLook == nil || state.earlyLookFor != answered else { return }
-            armEarlyLook(after: max(0, answered + lateAfter - now), countingFrom: answered, &state)
+        earlyLook.withLock { look in
+            guard !look.stopped, look.work == nil || look.countingFrom != answered else { return }
+            armEarlyLook(after: max(0, answered + lateAfter - now), countingFrom: answered, &look)
         }
     }
 
@@ -175,16 +186,16 @@ final class StallProfiler: Sendable {
     /// moved entry that is not the engine's earliest costs no wake-up.
     func answered() {
         let answered = lastAnswer.load(ordering: .sequentiallyConsistent)
-        state.withLock { state in
-            guard !state.stopped else { return }
-            armEarlyLook(after: lateAfter, countingFrom: answered, &state)
+        earlyLook.withLock { look in
+            guard !look.stopped else { return }
+            armEarlyLook(after: lateAfter, countingFrom: answered, &look)
         }
     }
 
-    private func armEarlyLook(after delay: Int64, countingFrom answered: Int64, _ state: inout State) {
-        state.earlyLookFor = answered
-        if let work = state.earlyLook, work.reschedule(after: .nanoseconds(delay)) { return }
-        state.earlyLook = DelayedWork.schedule(after: .nanoseconds(delay), executor: worker, scheduler: scheduler) {
+    private func armEarlyLook(after delay: Int64, countingFrom answered: Int64, _ look: inout EarlyLook) {
+        look.countingFrom = answered
+        if let work = look.work, work.reschedule(after: .nanoseconds(delay)) { return }
+        look.work = DelayedWork.schedule(after: .nanoseconds(delay), executor: worker, scheduler: scheduler) {
             [weak self] in
             self?.lateAnswer()
         }
@@ -192,8 +203,8 @@ final class StallProfiler: Sendable {
 
     /// The run loop went to sleep: nothing is owed, no early look.
     func idle() {
-        state.withLock { state in
-            _ = state.earlyLook?.reschedule(after: .seconds(Int64.max))
+        earlyLook.withLock { look in
+            _ = look.work?.reschedule(after: .seconds(Int64.max))
         }
     }
 
@@ -202,7 +213,7 @@ final class StallProfiler: Sendable {
     /// a sample names nothing in full, so code never seen before costs it no more
     /// than code seen a thousand times).
     private func lateAnswer() {
-        let countedFrom = state.withLock { $0.earlyLookFor }
+        let countedFrom = earlyLook.withLock { $0.countingFrom }
         guard lastAnswer.load(ordering: .sequentiallyConsistent) <= countedFrom, owesAnswer() else { return }
         begin(now: Monotonic.now())
     }
@@ -367,14 +378,17 @@ final class StallProfiler: Sendable {
     /// The detector stopped: no more samples; the fatal report goes (the stall did
     /// not end in a kill).
     func stop() {
-        let pending = state.withLock { state -> [DelayedWork?] in
+        let pending = state.withLock { state -> DelayedWork? in
             state.stopped = true
             state.session = nil
             active.store(false, ordering: .releasing)
-            defer { (state.pending, state.earlyLook) = (nil, nil) }
-            return [state.pending, state.earlyLook]
+            return state.pending.take()
         }
-        for work in pending { work?.cancel() }
+        let look = earlyLook.withLock { look -> DelayedWork? in
+            look.stopped = true
+            return look.work.take()
+        }
+        for work in [pending, look] { work?.cancel() }
         releaseFilesLater()
         samplingThread.finish()
         // The file is gone when stop() returns, without waiting for a write in
