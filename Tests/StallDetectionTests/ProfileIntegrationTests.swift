@@ -109,7 +109,9 @@ extension StallDetectorIntegrationTests {
             let profile = try #require(Self.profile(run), "\(run.lines)")
             let items = Self.samples(of: "backlogItem(", in: run)
             print("backlog: backlogItem in \(items) of \(profile.count) samples")
-            #expect(Double(items) >= Double(profile.count) * 0.8, "\(items) of \(profile.count)")
+            #expect(
+                Double(items) >= Double(profile.count) * 0.8,
+                "\(items) of \(profile.count); the profile's functions: \(Self.functions(run).prefix(12))")
             #expect(profile.count >= (ProbeRun.probeIsRelease ? 30 : 5), "\(profile.count) samples")
             // The stall is the time the queue did not answer a probe: from the
             // last probe posted among the items (while they were posted, as

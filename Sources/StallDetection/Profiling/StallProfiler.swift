@@ -18,68 +18,25 @@ import Darwin
 /// scheduled on the engine as a `DelayedWork` after the previous one, at the
 /// pace ``SamplingPace`` allows. Naming happens on the detector's thread
 /// (`naming`), never on the sampling thread: naming the `.started` report or a
-/// profile never holds up a sample. The first sample of a session finds the thread that runs the target's job as the `.started` sample does; the
-/// others sample that thread alone, and a sample that finds it idle (the job moved
-/// to another thread) drops it and finds the thread again.
+/// profile never holds up a sample. The first sample of a session finds the
+/// thread that runs the target's job as the `.started` sample does; the others
+/// sample that thread alone, and a sample that finds it idle (the job moved to
+/// another thread) drops it and finds the thread again.
 ///
-/// Everything shared is behind `state`'s lock; `session.generation` tells a
-/// scheduled sample of an ended session from a current one. Sampling and file
-/// writes happen outside the lock.
+/// What to do is decided by ``ProfilerSessions`` (pure: when a session opens,
+/// which samples it keeps, when the next is due), kept behind `state`'s lock;
+/// a session's generation tells a scheduled sample of an ended session from a
+/// current one. Sampling, timers and file writes happen outside the lock.
 final class StallProfiler: Sendable {
-    /// What a session knows once `.started` was emitted: enough to refresh the
-    /// fatal report.
-    struct OpenStall: Sendable {
-        var event: StallEvent
-        var start: Int64
-        var lastWrite: Int64
-    }
-
-    private struct Session: Sendable {
-        var generation: UInt64
-        var thread: Int32?
-        var recorder = RawProfile()
-        var activities: [String] = []
-        var stall: OpenStall?
-        /// Samples in a row that found no thread (none known yet).
-        var searchesWithoutThread = 0
-        /// When the target first answered (or its run loop moved on) while the
-        /// session was open: the stall was over then, and samples taken later
-        /// (the detector's threads may take a while to conclude it on a loaded
-        /// machine) show the target after it, not the stall.
-        var answeredAt: Int64?
-        /// Samples whose stacks were handed to be named ahead of `.started`.
-        var prefetched = 0
-        /// The task the last sample's thread ran, and its parents.
-        var task: TaskChain?
-    }
-
-    /// How many of a session's first samples are named ahead of its `.started`
-    /// report: its functions, so that the report finds them named.
-    static let prefetchedSamples = 2
-
-    /// What a session gathered, for its `.ended` event: its samples are named
-    /// (``profile(of:)``) on the detector's thread, never on the target's thread
-    /// whose answer ended the stall.
-    struct Gathered: Sendable {
-        var recorder: RawProfile
-        var activities: [String]
-        var interval: Int64
-        /// The task the last sample's thread ran, and its parents.
-        var task: TaskChain?
-    }
+    typealias Gathered = ProfilerSessions.Gathered
 
     private struct State: Sendable {
-        var generation: UInt64 = 0
-        var session: Session?
-        var pace = SamplingPace()
+        var sessions: ProfilerSessions
+        /// The next sample, armed after the lock that planned it.
         var pending: DelayedWork?
-        var stopped = false
-        /// CPU time for work done once (naming new code, the first sample) that
-        /// is not charged to the pace.
-        var namingAllowance = StallProfiler.namingAllowance
     }
 
-    private let state = Locked(State())
+    private let state: Locked<State>
 
     /// The early look, due when an answer is late enough to start sampling:
     /// armed by a beat when it is due before the next one (heartbeat targets),
@@ -122,16 +79,6 @@ final class StallProfiler: Sendable {
     /// the next answer has not come.
     private let lateAfter: Int64
     let fatal: FatalReportWriter?
-    /// What scheduling and running a sample costs beyond the sampling thread's
-    /// own CPU (the engine's wake-up, the task that runs it, the sampling
-    /// thread's wake-up), charged to the pace.
-    static let overheadPerSample: Int64 = 25_000
-    /// The CPU time naming code for the first time may take without slowing the
-    /// pace, once per detector: 200 ms. Each address is named once and cached, so
-    /// this is spent in the first stalls only (7–60 ms for a first stall on this
-    /// machine, more while other processes load it); the `.started` sample would
-    /// pay the same for its own stack.
-    static let namingAllowance: Int64 = 200_000_000
     /// The one frame a sample of a running thread that gave no stack counts as.
     static let unsampledRunning = StallBacktrace(
         frames: [
@@ -143,9 +90,6 @@ final class StallProfiler: Sendable {
     /// A running thread that gave no stack, in a raw profile (named
     /// ``unsampledRunning``).
     static let unsampledRaw = [RawFrame(address: 0, isUncertain: false)]
-
-    /// How often the fatal report is rewritten while a stall lasts.
-    static let fatalRefresh: Int64 = 250_000_000
 
     init(
         worker: DetectorWorker, scheduler: any TimerScheduler, sampling: SamplingContext, target: StallDetector.Target,
@@ -162,6 +106,7 @@ final class StallProfiler: Sendable {
         self.owesAnswer = owesAnswer
         self.lateAfter = max(1_000_000, lateAfter)
         self.fatal = fatalReportPath.map(FatalReportWriter.init(path:))
+        self.state = Locked(State(sessions: ProfilerSessions(keepsFatalReport: fatalReportPath != nil)))
     }
 
     // MARK: Noticing a late answer
@@ -223,13 +168,10 @@ final class StallProfiler: Sendable {
     /// An answer is late: start sampling (on the detector's thread), unless a session
     /// is open.
     func begin(now: Int64) {
-        let due = state.withLock { state -> (UInt64, Int64)? in
-            guard !state.stopped, state.session == nil else { return nil }
-            state.generation &+= 1
-            state.session = Session(generation: state.generation)
-            state.pace.beginStall()
-            active.store(true, ordering: .sequentiallyConsistent)
-            return (state.generation, state.pace.next(now: now))
+        let due = state.withLock { state -> (generation: UInt64, at: Int64)? in
+            let due = state.sessions.open(now: now)
+            if due != nil { active.store(true, ordering: .sequentiallyConsistent) }
+            return due
         }
         if let (generation, at) = due { schedule(generation: generation, at: at, now: now) }
     }
@@ -242,32 +184,12 @@ final class StallProfiler: Sendable {
     func stallStarted(backtrace: StallBacktrace, activities: [String], start: Int64, seen: Int64?, at time: Int64) {
         let answered = lastAnswer.load(ordering: .sequentiallyConsistent)
         let usable = backtrace.unavailableReason == nil && !(answered > start && (seen ?? .min) > answered)
-        let schedule = state.withLock { state -> (UInt64, Int64)? in
-            guard !state.stopped else { return nil }
-            var opened: (UInt64, Int64)?
-            if state.session == nil {
-                state.generation &+= 1
-                state.session = Session(generation: state.generation)
-                state.pace.beginStall()
-                active.store(true, ordering: .sequentiallyConsistent)
-                opened = (state.generation, state.pace.next(now: time))
-                // The target answered after the stall's start, before this session
-                // opened: the profile ends at that answer, as it would in a session
-                // open when the answer came.
-                if answered > start { state.session?.answeredAt = answered }
-            }
-            state.session?.recorder.dropSamples(before: start)
-            if usable, let id = backtrace.threadID.map({ Int32(truncatingIfNeeded: $0) }) {
-                // The detection's choice of thread stands: samples of another
-                // thread, found before the threshold, go.
-                if let earlier = state.session?.thread, earlier != id {
-                    state.session?.recorder.dropSamples(before: .max)
-                }
-                state.session?.thread = id
-            }
-            // Without a thread of its own, the report keeps what the samples'
-            // thread was doing.
-            if usable { state.session?.activities = activities }
+        let thread = backtrace.threadID.map { Int32(truncatingIfNeeded: $0) }
+        let schedule = state.withLock { state -> (generation: UInt64, at: Int64)? in
+            let wasOpen = state.sessions.isOpen
+            let opened = state.sessions.stallStarted(
+                thread: thread, usable: usable, activities: activities, start: start, answered: answered, now: time)
+            if !wasOpen, state.sessions.isOpen { active.store(true, ordering: .sequentiallyConsistent) }
             return opened
         }
         if let (generation, at) = schedule { self.schedule(generation: generation, at: at, now: time) }
@@ -275,9 +197,7 @@ final class StallProfiler: Sendable {
 
     /// `.started` was emitted: the fatal report is written, and refreshed from now on.
     func stallReported(_ event: StallEvent, start: Int64, at time: Int64) {
-        state.withLock { state in
-            state.session?.stall = OpenStall(event: event, start: start, lastWrite: time)
-        }
+        state.withLock { $0.sessions.stallReported(event, start: start, at: time) }
         fatal?.write(event)
     }
 
@@ -291,20 +211,7 @@ final class StallProfiler: Sendable {
     /// What the open session gathered so far, if one is open.
     private func gathered() -> Gathered? {
         let (now, continued) = (Monotonic.now(), StopWitness.recordedContinue)
-        return state.withLock { state in
-            state.session.map { Self.gathered($0, pace: state.pace, now: now, continued: continued) }
-        }
-    }
-
-    /// A session's samples up to the target's answer, or up to now while the
-    /// stall lasts (the last look's stack counts until then; none from after
-    /// the answer), its activities and interval.
-    private static func gathered(_ session: Session, pace: SamplingPace, now: Int64, continued: Int64?) -> Gathered {
-        let end = min(now, session.answeredAt ?? now)
-        var recorder = session.recorder.closed(at: end, continued: continued, baseInterval: pace.minimumInterval)
-        recorder.dropSamples(after: end)
-        return Gathered(
-            recorder: recorder, activities: session.activities, interval: pace.interval, task: session.task)
+        return state.withLock { $0.sessions.gathered(now: now, continued: continued) }
     }
 
     /// The profile of gathered samples, each distinct stack named in full (on
@@ -332,14 +239,12 @@ final class StallProfiler: Sendable {
             last = original
         }
         guard active.load(ordering: .sequentiallyConsistent) else { return }
-        state.withLock { state in
-            if state.session != nil, state.session?.answeredAt == nil { state.session?.answeredAt = time }
-        }
+        state.withLock { $0.sessions.answered(at: time) }
     }
 
     /// How many samples the open session holds, those from after the target
     /// answered too (for tests: sampling stops at the answer).
-    var sessionSampleCount: Int? { state.withLock { $0.session?.recorder.count } }
+    var sessionSampleCount: Int? { state.withLock { $0.sessions.sampleCount } }
 
     /// The target answered (at `answer`, when the caller knows it): the session
     /// ends, and what it gathered up to the answer is returned (for the `.ended`
@@ -350,13 +255,8 @@ final class StallProfiler: Sendable {
         guard active.load(ordering: .sequentiallyConsistent) else { return nil }
         let (now, continued) = (Monotonic.now(), StopWitness.recordedContinue)
         let gathered = state.withLock { state -> Gathered? in
-            defer {
-                state.session = nil
-                active.store(false, ordering: .sequentiallyConsistent)
-            }
-            return state.session.map {
-                Self.gathered($0, pace: state.pace, now: min(now, answer ?? now), continued: continued)
-            }
+            defer { active.store(false, ordering: .sequentiallyConsistent) }
+            return state.sessions.end(now: min(now, answer ?? now), continued: continued)
         }
         releaseFilesLater()
         return gathered
@@ -379,8 +279,7 @@ final class StallProfiler: Sendable {
     /// not end in a kill).
     func stop() {
         let pending = state.withLock { state -> DelayedWork? in
-            state.stopped = true
-            state.session = nil
+            state.sessions.stop()
             active.store(false, ordering: .releasing)
             return state.pending.take()
         }
@@ -404,21 +303,16 @@ final class StallProfiler: Sendable {
             DetectorThreads.work { self?.sample(generation: generation) }
         }
         let stopped = state.withLock { state -> Bool in
-            if !state.stopped { state.pending = work }
-            return state.stopped
+            if !state.sessions.stopped { state.pending = work }
+            return state.sessions.stopped
         }
         // stop() ran meanwhile and could not see this work.
         if stopped { work.cancel() }
     }
 
     private func sample(generation: UInt64) {
-        let due = state.withLock { state -> (thread: Int32?, reported: Bool, misses: Int)? in
-            guard !state.stopped, let session = state.session, session.generation == generation,
-                session.answeredAt == nil
-            else { return nil }
-            return (session.thread, session.stall != nil, session.searchesWithoutThread)
-        }
-        guard let (known, reported, misses) = due else { return }
+        guard let due = state.withLock({ $0.sessions.sampleDue(generation: generation) }) else { return }
+        let (known, reported, misses) = (due.thread, due.reported, due.misses)
         let start = Monotonic.now()
         let cpuBefore = Self.threadCPU()
         let namingBefore = capture.oneTimeCost
@@ -442,16 +336,18 @@ final class StallProfiler: Sendable {
         let labels = found.flatMap {
             $0 == known ? nil : ActivityRecord.activities(ofThread: UInt64(UInt32(bitPattern: $0)))
         }
-        let look = Look(
+        let look = ProfilerSessions.Look(
             frames: frames, known: known, found: found, misses: misses, labels: labels, start: sent, seen: seen,
             task: task)
         var prefetch = false
         let next = state.withLock { state -> (UInt64, Int64)? in
-            guard !state.stopped, state.session?.generation == generation else { return nil }
-            prefetch = Self.keep(look, continued: continued, baseInterval: state.pace.minimumInterval, in: &state)
-            let nextTime = Self.charge(cost, naming: naming, start: start, typical: known != nil, to: &state)
-            refresh = dueRefresh(&state, now: taken, continued: continued)
-            return (generation, nextTime)
+            guard
+                let sampled = state.sessions.sampled(
+                    look, generation: generation, cost: cost, naming: naming, start: start, continued: continued)
+            else { return nil }
+            prefetch = sampled.prefetch
+            refresh = state.sessions.dueRefresh(now: taken, continued: continued)
+            return (generation, sampled.next)
         }
         if prefetch, let frames { capture.prefetchNames(frames) }
         if let refresh { worker.async { DetectorThreads.work { self.writeRefresh(refresh) } } }
@@ -461,66 +357,6 @@ final class StallProfiler: Sendable {
             if let frames, frames != Self.unsampledRaw { SamplingTrace.frames(frames) }
         }
         if let (generation, at) = next { schedule(generation: generation, at: at, now: Monotonic.now()) }
-    }
-
-    /// What one look found: the stack (nil: none; ``unsampledRaw``: running, not
-    /// sampled), the thread it followed and the one it found, and when the stack
-    /// was the thread's.
-    private struct Look {
-        let frames: [RawFrame]?
-        let known: Int32?
-        let found: Int32?
-        let misses: Int
-        /// The activities of a thread the profile follows for the first time.
-        let labels: [String]?
-        let start: Int64
-        let seen: Int64
-        /// The task the thread ran, and its parents (``RawStack/task``).
-        let task: TaskChain?
-    }
-
-    /// Adds a look to the open session (under the lock) and returns whether its
-    /// stack's names are to be prefetched. A look is left out when `.started`
-    /// chose another thread while it was under way (and dropped the samples of
-    /// the one it followed): its stack is not the stall's.
-    private static func keep(_ look: Look, continued: Int64?, baseInterval: Int64, in state: inout State) -> Bool {
-        guard var session = state.session else { return false }
-        if let chosen = session.thread, chosen != look.known, chosen != look.found { return false }
-        // Taken out while it changes: the recorder's storage is not copied.
-        state.session = nil
-        var prefetch = false
-        if let labels = look.labels, session.stall == nil { session.activities = labels }
-        if look.frames != nil, look.frames != unsampledRaw, session.stall == nil,
-            session.prefetched < prefetchedSamples
-        {
-            session.prefetched += 1
-            prefetch = true
-        }
-        session.thread = look.found
-        // The task goes with the stack it was read with (none with none).
-        if look.frames != nil { session.task = look.task }
-        session.searchesWithoutThread = look.found == nil ? look.misses + 1 : 0
-        session.recorder.add(
-            look: look.frames, start: look.start, seen: look.seen, continued: continued, baseInterval: baseInterval)
-        state.session = session
-        return prefetch
-    }
-
-    /// Charges a sample's CPU to the pace (thinning the profile out when the
-    /// pace slows down) and returns when the next may start. Work done once
-    /// (naming functions never seen before by their symbols, tens of
-    /// microseconds each, then cached for good; the context's first sample) is
-    /// paid from a one-time allowance first, and charged only beyond it.
-    private static func charge(
-        _ cost: Int64, naming: Int64, start: Int64, typical: Bool, to state: inout State
-    ) -> Int64 {
-        let forgiven = min(naming, state.namingAllowance)
-        state.namingAllowance -= forgiven
-        let stride = state.session?.recorder.stride ?? 1
-        let (next, slower) = state.pace.sampled(
-            start: start, cost: cost - forgiven + overheadPerSample, stride: stride, typical: typical)
-        if slower { state.session?.recorder.thinOut() }
-        return next
     }
 
     /// One sample of the blocked thread (`known`, or found as `.started` finds
@@ -595,22 +431,12 @@ final class StallProfiler: Sendable {
     }
 
     /// The detector's look during a stall (every heartbeat): the fatal report is
-    /// rewritten if its last write is `fatalRefresh` old, whether or not samples
+    /// rewritten if its last write is ``ProfilerSessions/fatalRefresh`` old, whether or not samples
     /// came meanwhile.
     func refreshFatalReport(now: Int64) {
         guard fatal != nil else { return }
         let continued = StopWitness.recordedContinue
-        if let due = state.withLock({ dueRefresh(&$0, now: now, continued: continued) }) { writeRefresh(due) }
-    }
-
-    /// What to write now, if a stall was reported and its file is `fatalRefresh`
-    /// old.
-    private func dueRefresh(_ state: inout State, now: Int64, continued: Int64?) -> Gathered? {
-        guard fatal != nil, let session = state.session, let stall = session.stall,
-            now - stall.lastWrite >= Self.fatalRefresh
-        else { return nil }
-        state.session?.stall?.lastWrite = now
-        return Self.gathered(session, pace: state.pace, now: now, continued: continued)
+        if let due = state.withLock({ $0.sessions.dueRefresh(now: now, continued: continued) }) { writeRefresh(due) }
     }
 
     /// Writes the fatal report of the open stall with `gathered`'s samples
@@ -621,7 +447,7 @@ final class StallProfiler: Sendable {
         // while its profile was named (its `.ended` removes the report right
         // after) gets no report written after that removal.
         state.withLock { state in
-            guard let stall = state.session?.stall else { return }
+            guard let stall = state.sessions.openStall else { return }
             fatal?.write(stall.event.inProgress(duration: Monotonic.now() - stall.start, profile: profile))
         }
     }
