@@ -8,6 +8,7 @@ import StallDetection
 //   ACTIVITIES <id> <phase> <labels joined by " › ">
 //   STALLCPU <ms of CPU of every other thread> <wall ms>   over a stalled block
 //   THREADCPU <ms>                                           the blocked thread's own CPU over it
+//   POSTED <ms>, GATE <ms>, REAL <ms>   backlog: posting the items, the queue's wait at their gate, items run
 
 /// The scenarios this file runs.
 let profileScenarios: Set<String> = [
@@ -190,7 +191,13 @@ private func runBacklogScenario() -> Never {
         // stall would rightly start only once it answered, after the items
         // before it (on a loaded machine, most of the backlog).
         let gate = DispatchSemaphore(value: 0)
-        queue.async { gate.wait() }
+        queue.async {
+            // How long the queue waited at the gate: part of the stall, and not
+            // in `backlogItem` (long when the posting thread waits for a core).
+            let waitStart = ContinuousClock.now
+            gate.wait()
+            emit("GATE \(milliseconds(ContinuousClock.now - waitStart))")
+        }
         usleep(75_000)
         let start = ContinuousClock.now
         for index in 0..<300 { queue.async { backlogItem(index) } }

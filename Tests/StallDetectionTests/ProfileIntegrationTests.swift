@@ -108,10 +108,19 @@ extension StallDetectorIntegrationTests {
             #expect(run.ended.count == 1, "\(run.lines)")
             let profile = try #require(Self.profile(run), "\(run.lines)")
             let items = Self.samples(of: "backlogItem(", in: run)
-            print("backlog: backlogItem in \(items) of \(profile.count) samples")
+            // The queue's wait at the gate is the stall's too (the stall counts
+            // from a probe posted during it): a posting thread that waited for
+            // a core holds the gate shut, and those samples are rightly not in
+            // `backlogItem`. Every other sample must be.
+            let gate = try #require(run.value("GATE").first, "\(run.lines)")
+            let atGate = Int((gate / max(1, profile.interval)).rounded(.up)) + 1
+            print("backlog: backlogItem in \(items) of \(profile.count) samples; \(gate) ms at the gate")
             #expect(
-                Double(items) >= Double(profile.count) * 0.8,
-                "\(items) of \(profile.count); the profile's functions: \(Self.functions(run).prefix(12))")
+                Double(items) >= Double(max(0, profile.count - atGate)) * 0.8,
+                """
+                \(items) of \(profile.count), \(gate) ms at the gate at one sample every \(profile.interval) ms; \
+                the profile's functions: \(Self.functions(run).prefix(12))
+                """)
             #expect(profile.count >= (ProbeRun.probeIsRelease ? 30 : 5), "\(profile.count) samples")
             // The stall is the time the queue did not answer a probe: from the
             // last probe posted among the items (while they were posted, as
