@@ -282,6 +282,12 @@ struct DetectorMachineTests {
         var unknown = machine
         let unknownConfirms = unknown.confirmsWithoutJob(third, executor: nil)
         #expect(unknownConfirms)
+        // The thread was sampled answering a probe: the target answered, whatever it ran.
+        for executor in [ran, nil] {
+            var answered = machine
+            let confirms = answered.confirmsWithoutJob(third, executor: executor, answering: true)
+            #expect(!confirms, "\(String(describing: executor))")
+        }
     }
 
     @Test("an unconfirmed stall that ends before the second look is a missed stall")

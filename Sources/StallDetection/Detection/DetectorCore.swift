@@ -680,6 +680,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
         var samples: [Int32: StallBacktrace] = [:]
         var seen: Int64?
         var signalled = false
+        var answering = false
         let (lastAnswering, queue) = state.withLock {
             ($0.machine.lastAnsweringThread, $0.machine.lastAnsweringQueue)
         }
@@ -698,6 +699,7 @@ final class DetectorCore: Sendable, HeartbeatMember {
             let blocked = sampling.named(search, awaitsInFull: false)
             (reported, samples, seen) = (blocked.backtrace, blocked.samples, search.found?.time)
             signalled = search.found?.signalled ?? false
+            answering = search.answeringProbe
             profiler.stallStarted(
                 backtrace: reported, activities: blocked.activities, start: now - decision.duration, seen: seen,
                 at: sampleStart)
@@ -711,7 +713,9 @@ final class DetectorCore: Sendable, HeartbeatMember {
             || DetectorMachine.confirms(target, by: reported, runnable: sampledThreadRunnable(reported, signalled))
         let executor = jobSeen ? nil : lastAnswering.flatMap(executorThread)
         let (report, settled, endedAt) = state.withLock { state in
-            let confirmed = jobSeen || state.machine.confirmsWithoutJob(decision, executor: executor)
+            let confirmed =
+                jobSeen
+                || state.machine.confirmsWithoutJob(decision, executor: executor, answering: answering)
             return state.machine.sampled(
                 decision, reported: reported, samples: samples, seen: seen, samplingTime: samplingTime,
                 confirmed: confirmed, suppressed: suppressed)

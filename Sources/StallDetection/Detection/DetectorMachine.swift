@@ -128,7 +128,7 @@ struct DetectorMachine: Sendable {
         var endedWhileSampling: (duration: Int64, at: Int64, thread: Int32?, processRan: Bool, waited: Int64?)?
         var phase = Phase.sampling
         /// The executor's thread as the last look that found no job saw it
-        /// (``confirmsWithoutJob(_:executor:)``).
+        /// (``confirmsWithoutJob(_:executor:answering:)``).
         var executor: ExecutorThread?
     }
 
@@ -666,13 +666,18 @@ struct DetectorMachine: Sendable {
     /// without a stack): the next look asks again, and the answer, when it
     /// comes, is weighed as a stall no look confirmed
     /// (``missedIsStall(duration:threshold:processRan:sampled:waitedForCore:)``).
-    /// A thread asleep, or one that ran, confirms it as before.
-    mutating func confirmsWithoutJob(_ decision: Decision, executor: ExecutorThread?) -> Bool {
+    /// A thread asleep, or one that ran, confirms it as before. A look whose
+    /// sample found the target's thread `answering` a probe never confirms: the
+    /// target answered (a starved loop at nice 19, sampled as it ran the probe
+    /// it had waited 0.75 s of CPU for, was reported as a stall with "the
+    /// stall it answers was over" for its stack); the answer, when it arrives,
+    /// is weighed as above.
+    mutating func confirmsWithoutJob(_ decision: Decision, executor: ExecutorThread?, answering: Bool = false) -> Bool {
         guard lifecycle == .running, var stall = open, stall.id == decision.id else { return decision.second }
         let previous = stall.executor
         stall.executor = executor
         open = stall
-        guard decision.second else { return false }
+        guard decision.second, !answering else { return false }
         guard let previous, let executor, previous.thread == executor.thread, previous.runnable, executor.runnable
         else { return true }
         return executor.ran - previous.ran >= 1_000_000

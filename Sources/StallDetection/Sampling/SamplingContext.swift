@@ -401,6 +401,9 @@ final class SamplingContext: @unchecked Sendable {
         var others: [RawStack] = []
         /// The found thread's activities, when read before its capture.
         var activities: [String]? = nil
+        /// Whether the target's thread was found answering a detector's probe:
+        /// the target answered, so the stall a look decided was over by then.
+        var answeringProbe = false
     }
 
     /// A search's result, named (``named(_:)``), for a `.started` report.
@@ -560,7 +563,8 @@ final class SamplingContext: @unchecked Sendable {
                 found: nil,
                 failure: .unavailable(
                     "thread \(drainer), which drains the queue, was \(Self.detectorWork(answeringProbe))",
-                    threadID: Self.reportedID(drainer)))
+                    threadID: Self.reportedID(drainer)),
+                answeringProbe: answeringProbe)
         }
     }
 
@@ -617,8 +621,10 @@ final class SamplingContext: @unchecked Sendable {
             threadID: Self.reportedID(thread))
         // The worker that ran the last probe may be doing a detector's work now
         // (detectors' queues run on the same workers): never its stack.
+        var answering = false
         switch sample(thread, queue: queue) {
         case .detectorWork(let answeringProbe):
+            answering = answeringProbe
             // Not "waiting for work": a thread that answered a probe while it was
             // sampled (a starved loop finishing its job) was not seen waiting.
             trail?.append("\(thread):detector")
@@ -636,7 +642,9 @@ final class SamplingContext: @unchecked Sendable {
         if let queue, let drainer = drainerHint(of: queue, excluding: [thread, own], trail: &trail) {
             return Search(found: drainer, failure: failure)
         }
-        guard !candidatesOnly, queue != nil else { return Search(found: nil, failure: failure) }
+        guard !candidatesOnly, queue != nil else {
+            return Search(found: nil, failure: failure, answeringProbe: answering)
+        }
         for other in otherThreads(excluding: [thread]) {
             let sampled = sample(other, queue: queue)
             if case .failed(let backtrace) = sampled {
@@ -648,7 +656,7 @@ final class SamplingContext: @unchecked Sendable {
             if runsJob { trail?.append(SamplingTrace.verdict(other, raw, runsJob: runsJob, took: takes)) }
             if takes { return Search(found: raw, failure: failure) }
         }
-        return Search(found: nil, failure: failure)
+        return Search(found: nil, failure: failure, answeringProbe: answering)
     }
 
     /// The thread a custom executor's queue (the one its probes answered on)
