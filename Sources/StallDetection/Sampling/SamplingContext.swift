@@ -401,8 +401,9 @@ final class SamplingContext: @unchecked Sendable {
         var others: [RawStack] = []
         /// The found thread's activities, when read before its capture.
         var activities: [String]? = nil
-        /// Whether the target's thread was found answering a detector's probe:
-        /// the target answered, so the stall a look decided was over by then.
+        /// Whether the thread that answers the target's probes was found running
+        /// a detector's probe: not held in a job at that moment, so the look
+        /// that sampled it confirms no stall (a later look may).
         var answeringProbe = false
     }
 
